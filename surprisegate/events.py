@@ -1,0 +1,61 @@
+"""Events the controller's stream yields. Consumers switch on the class.
+
+`Token` carries text that may still be rewound (in `emit` streaming) or is final (in `holdback`).
+`Rewind` retracts the last `n_tokens` visible tokens (only sent in `emit` streaming).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Token:
+    index: int  # position in the visible reply, 0-based
+    token_id: int
+    text: str
+    surprise: float  # bits, -log2 p under the raw model distribution
+    window_stat: float  # rolling statistic after pushing this token
+
+
+@dataclass(frozen=True)
+class Trigger:
+    token_index: int  # reply index of the token that pushed the window over the threshold
+    statistic: str
+    value: float
+    threshold: float
+    span_start: int  # reply index of the first token of the doubtful span
+    span_text: str
+    round: int
+
+
+@dataclass(frozen=True)
+class Grounding:
+    round: int
+    span_class: str
+    arm_order: tuple[str, ...]
+    found: bool
+    source: str | None
+    evidence: str | None
+    reason: str  # why grounding was accepted or not
+
+
+@dataclass(frozen=True)
+class Rewind:
+    round: int
+    n_tokens: int  # visible tokens retracted (0 in holdback streaming when none were shown)
+    dropped_text: str
+    injected_tokens: int
+
+
+@dataclass(frozen=True)
+class Done:
+    text: str
+    finish_reason: str  # "stop" | "length"
+    n_tokens: int
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    receipt: dict[str, Any] | None = None
+
+
+Event = Token | Trigger | Grounding | Rewind | Done
