@@ -1,0 +1,368 @@
+"""Command line: `surprisegate ask | demo | memory | receipts | bench | config`.
+
+User mistakes (`SurpriseGateError`) become one-line messages and non-zero exit codes, never tracebacks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import __version__
+from .config import Config, load_config, to_toml
+from .errors import InputError, SurpriseGateError
+
+DEMO_QUESTION = "What is the capital of Burkina Faso?"
+
+
+def home() -> Path:
+    return Path(os.environ.get("SURPRISEGATE_HOME") or Path.home() / ".cache" / "surprisegate")
+
+
+class Group(click.Group):
+    """Turns our errors (and llama.cpp load failures we already wrapped) into clean exits."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SurpriseGateError as err:
+            click.echo(f"error: {err}", err=True)
+            ctx.exit(err.exit_code)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
+
+
+@click.group(cls=Group)
+@click.version_option(__version__, prog_name="surprisegate")
+def main() -> None:
+    """Surprise-gated decoding: ground a model mid-reply only where its own surprise says it is unsure."""
+
+
+# ---------------------------------------------------------------------------------------------
+# shared options
+# ---------------------------------------------------------------------------------------------
+def _number(kind):
+    def convert(ctx, param, value):
+        if value is None:
+            return None
+        try:
+            return kind(value)
+        except ValueError:
+            raise InputError(f"--{param.name.replace('_', '-')}={value!r} is not a {'whole number' if kind is int else 'number'}; "
+                             f"pass e.g. --{param.name.replace('_', '-')} {'16' if kind is int else '2.5'}") from None
+    return convert
+
+
+def config_options(f):
+    opts = [
+        click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML config file."),
+        click.option("--mode", type=str, help="off | detect | intervene (env: SURPRISE_CANARY=1, SURPRISE_INTERVENE=1)."),
+        click.option("--threshold", callback=_number(float), help="Trigger threshold in bits."),
+        click.option("--window", callback=_number(int), help="Rolling window size W in tokens."),
+        click.option("--statistic", type=str, help="mean | p90 | max."),
+        click.option("--max-rounds", callback=_number(int), help="Most grounding rounds per reply."),
+        click.option("--deadline", "round_deadline_s", callback=_number(float), help="Per-round deadline in seconds."),
+        click.option("--stream", type=str, help="holdback | emit."),
+        click.option("--backend", type=str, help="llamacpp | transformers."),
+        click.option("--model", type=str, help="GGUF file (llamacpp) or HF model dir / .gguf (transformers)."),
+        click.option("--max-tokens", callback=_number(int), help="Most tokens in the reply."),
+        click.option("--temperature", callback=_number(float), help="0 = greedy."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+CONFIG_KEYS = ("mode", "threshold", "window", "statistic", "max_rounds", "round_deadline_s", "stream", "backend",
+               "model", "max_tokens", "temperature")
+
+
+def resolve_config(kwargs: dict) -> Config:
+    overrides = {k: kwargs.pop(k) for k in CONFIG_KEYS if k in kwargs}
+    return load_config(kwargs.pop("config_file", None), overrides)
+
+
+def build_arms(config: Config, memory: str | None, tools: bool = True) -> dict:
+    from .arms.memory import MemoryArm
+    from .arms.tools import CalculatorTool
+    from .store.sqlite import SQLiteMemory
+
+    arms: dict = {}
+    if memory and memory != "none":
+        path = ensure_demo(quiet=False) if memory == "demo" else Path(memory)
+        arms["memory"] = MemoryArm(SQLiteMemory(path), floor=config.relevance_floor)
+    if tools:
+        arms["tool"] = CalculatorTool()
+    return arms
+
+
+def ensure_demo(quiet: bool = True) -> Path:
+    from .demo_kb import ensure_demo_memory
+
+    path = home() / "demo-memory.sqlite"
+    if not path.exists() and not quiet:
+        click.echo(f"building the demo knowledge base at {path} (once) ...", err=True)
+    return ensure_demo_memory(path)
+
+
+def load_backend_for(config: Config):
+    from .backends import load_backend
+
+    return load_backend(config.backend, config.model or None, n_ctx=config.n_ctx, seed=config.seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# ask
+# ---------------------------------------------------------------------------------------------
+class TerminalView:
+    """Streams a reply and shows each intervention: what was dropped, which arm grounded it, with what."""
+
+    def __init__(self, color: bool):
+        self.color = color
+        self.pieces: list[str] = []  # text of each visible token, so emit-mode rewinds can retract them
+
+    @property
+    def shown(self) -> str:
+        return "".join(self.pieces)
+
+    def paint(self, text: str, code: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
+
+    def __call__(self, event) -> None:
+        from .events import Done, Grounding, Rewind, Token, Trigger
+
+        if isinstance(event, Token):
+            self.pieces.append(event.text)
+            click.echo(event.text, nl=False)
+        elif isinstance(event, Trigger):
+            click.echo(self.paint(
+                f"\n  ⚠ round {event.round}: {event.statistic} surprise {event.value:.2f} > {event.threshold:.2f} bits "
+                f"on {event.span_text.strip()!r}", "33"))
+        elif isinstance(event, Grounding):
+            if event.found:
+                click.echo(self.paint(f"  ↳ {event.span_class} span, arms {' → '.join(event.arm_order)}: "
+                                      f"grounded by {event.source}: {event.evidence!r}", "36"))
+            else:
+                click.echo(self.paint(f"  ↳ {event.span_class} span, arms {' → '.join(event.arm_order) or '(none)'}: "
+                                      f"{event.reason}; resuming unmodified", "2"))
+                click.echo(self.shown, nl=False)
+        elif isinstance(event, Rewind):
+            if event.n_tokens:  # emit streaming: those tokens were shown; retract them
+                del self.pieces[len(self.pieces) - event.n_tokens:]
+            click.echo(self.paint(f"  ⟲ dropped {event.dropped_text.strip()!r}, injected {event.injected_tokens} "
+                                  "tokens of evidence; rewriting", "35"))
+            click.echo(self.shown, nl=False)
+        elif isinstance(event, Done):
+            click.echo()
+
+
+@main.command()
+@click.argument("question", required=False, default="")
+@config_options
+@click.option("--memory", default="demo", show_default=True,
+              help="Memory store (SQLite file); 'demo' = built-in demo knowledge base; 'none' = no memory arm.")
+@click.option("--no-tools", is_flag=True, help="Disable the calculator tool arm.")
+@click.option("--receipts", "receipts_path", type=click.Path(dir_okay=False), default=None,
+              help="Receipts JSONL file [default: $SURPRISEGATE_HOME/receipts.jsonl].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming.")
+def ask(question: str, memory: str, no_tools: bool, receipts_path: str | None, as_json: bool, **kwargs) -> None:
+    """Answer QUESTION, streaming the reply and showing any intervention."""
+    from .controller import generate
+    from .prompting import chat_messages
+    from .receipts import ReceiptWriter
+
+    chat_messages(question)  # validates the question before anything slow happens
+    config = resolve_config(kwargs)
+    if memory not in ("demo", "none") and not Path(memory).exists():
+        raise InputError(f"--memory={memory!r} does not exist; build it with: surprisegate memory add --memory {memory} FILE.jsonl")
+    arms = build_arms(config, memory, tools=not no_tools) if config.mode == "intervene" else {}
+    backend = load_backend_for(config)
+    receipts_file = Path(receipts_path) if receipts_path else home() / "receipts.jsonl"
+    view = None if as_json else TerminalView(color=sys.stdout.isatty())
+    if view:
+        click.echo(view.paint(f"[{config.mode}] ", "2") + question.strip())
+    result = generate(backend, question, config, arms, on_event=view)
+    ReceiptWriter(receipts_file).append(result.receipt)
+    if as_json:
+        click.echo(json.dumps({"reply": result.text, "mode": config.mode, "rounds": result.rounds,
+                               "finish_reason": result.finish_reason, "n_tokens": result.n_tokens,
+                               "surprise": result.receipt.get("surprise"), "canary": result.receipt.get("canary"),
+                               "receipt": str(receipts_file), "receipt_id": result.receipt.get("reply_id")},
+                              ensure_ascii=False))
+    else:
+        click.echo(view.paint(f"receipt → {receipts_file}", "2"), err=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# demo
+# ---------------------------------------------------------------------------------------------
+@main.command()
+@click.option("--question", default=DEMO_QUESTION, show_default=True)
+@click.option("--receipts", "receipts_path", type=click.Path(dir_okay=False), default=None)
+def demo(question: str, receipts_path: str | None) -> None:
+    """The main job on the embedded default: the same question plain, then surprise-gated with memory."""
+    from .controller import generate
+    from .receipts import ReceiptWriter
+
+    receipts_file = Path(receipts_path) if receipts_path else home() / "demo-receipts.jsonl"
+    base = load_config()
+    arms = build_arms(base, "demo")
+    click.echo("loading the embedded model (SmolLM2-135M-Instruct, llama.cpp) ...", err=True)
+    backend = load_backend_for(base)
+    writer = ReceiptWriter(receipts_file)
+    outcomes = {}
+    for mode in ("off", "intervene"):
+        config = base.replace(mode=mode)
+        view = TerminalView(color=sys.stdout.isatty())
+        click.echo(view.paint(f"\n── mode={mode} ──", "1"))
+        click.echo(f"Q: {question}\nA: ", nl=False)
+        result = generate(backend, question, config, arms if mode == "intervene" else {}, on_event=view)
+        writer.append(result.receipt)
+        outcomes[mode] = result
+    rounds = outcomes["intervene"].rounds
+    click.echo("\n── summary ──")
+    click.echo(f"off:       {outcomes['off'].text}")
+    click.echo(f"intervene: {outcomes['intervene'].text}")
+    for r in rounds:
+        chosen = r.get("chosen") or {}
+        click.echo(f"round {r['round']}: {r['action']} — {r['reason']}; evidence: {chosen.get('evidence')!r}")
+    click.echo(f"receipts → {receipts_file}  (surprisegate receipts show {receipts_file})")
+
+
+# ---------------------------------------------------------------------------------------------
+# memory
+# ---------------------------------------------------------------------------------------------
+@main.group()
+def memory() -> None:
+    """Build and query a memory store (one SQLite file, FTS5 BM25)."""
+
+
+@memory.command("add")
+@click.option("--memory", "memory_path", required=True, type=click.Path(dir_okay=False), help="SQLite store (created if absent).")
+@click.option("--text-field", default="text", show_default=True)
+@click.option("--id-field", default="kb_id", show_default=True)
+@click.option("--title-field", default="title", show_default=True)
+@click.argument("files", nargs=-1, required=True)
+def memory_add(memory_path: str, text_field: str, id_field: str, title_field: str, files: tuple[str, ...]) -> None:
+    """Ingest JSONL files (one passage per line) and .txt/.md files or folders."""
+    from .store.sqlite import SQLiteMemory
+
+    for f in files:
+        if not Path(f).exists():
+            raise InputError(f"FILE={f!r} does not exist; pass JSONL, .txt or .md files or folders to ingest")
+    with SQLiteMemory(memory_path, create=True) as store:
+        for f in files:
+            p = Path(f)
+            if p.is_file() and p.suffix in (".jsonl", ".json", ".ndjson"):
+                report = store.add_jsonl(p, text_field=text_field, id_field=id_field, title_field=title_field)
+            else:
+                report = store.add_text_files([p])
+            click.echo(f"{f}: added {report.added}, duplicates skipped {report.skipped_duplicates}, errors {len(report.errors)}")
+            for line_no, message in report.errors[:20]:
+                click.echo(f"  line {line_no}: {message}", err=True)
+        click.echo(f"{memory_path}: {store.count()} passages")
+
+
+@memory.command("search")
+@click.option("--memory", "memory_path", required=True, type=click.Path(dir_okay=False))
+@click.option("-k", "k", default=5, show_default=True, type=int)
+@click.option("--json", "as_json", is_flag=True)
+@click.argument("query")
+def memory_search(memory_path: str, k: int, as_json: bool, query: str) -> None:
+    """Search the store; best first, with normalised relevance (0..1) and source."""
+    from .store.sqlite import SQLiteMemory
+
+    with SQLiteMemory(memory_path) as store:
+        hits = store.search(query, k=k)
+    if as_json:
+        click.echo(json.dumps([{"text": h.text, "score": round(h.score, 4), "source": h.source, "title": h.title}
+                               for h in hits], ensure_ascii=False))
+        return
+    if not hits:
+        click.echo("no hits")
+    for i, h in enumerate(hits, 1):
+        click.echo(f"{i}. [{h.score:.2f}] {h.source} — {h.text[:160]}")
+
+
+# ---------------------------------------------------------------------------------------------
+# receipts
+# ---------------------------------------------------------------------------------------------
+@main.group()
+def receipts() -> None:
+    """Read receipts (JSON Lines, one object per reply)."""
+
+
+@receipts.command("show")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--last", type=int, default=None, help="Only the last N receipts.")
+def receipts_show(file: str, last: int | None) -> None:
+    """Print receipts readably; a torn last line is skipped with a note."""
+    from .receipts import format_receipt, read_receipts
+
+    result = read_receipts(file)
+    records = list(result)
+    if last:
+        records = records[-last:]
+    color = sys.stdout.isatty()
+    for rec in records:
+        click.echo(format_receipt(rec, color=color))
+        click.echo()
+    skipped = getattr(result, "skipped_lines", [])
+    if skipped:
+        click.echo(f"note: skipped unreadable line(s) {', '.join(map(str, skipped))} (torn write?)", err=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# config
+# ---------------------------------------------------------------------------------------------
+@main.command("config")
+@config_options
+def config_cmd(**kwargs) -> None:
+    """Print the effective config (flags > file > env > defaults) as TOML."""
+    click.echo(to_toml(resolve_config(kwargs)), nl=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# bench
+# ---------------------------------------------------------------------------------------------
+@main.group()
+def bench() -> None:
+    """Benchmarks that print ratios against a baseline measured in the same run."""
+
+
+@bench.command("decode")
+@click.option("--tokens", default=256, show_default=True, type=int)
+@click.option("--repeats", default=5, show_default=True, type=int)
+@click.option("--json", "as_json", is_flag=True)
+def bench_decode(tokens: int, repeats: int, as_json: bool) -> None:
+    """detect-mode tokens/s ÷ plain llama-cpp-python greedy tokens/s, same model and prompt."""
+    from .bench import bench_decode as run
+
+    out = run(n_tokens=tokens, repeats=repeats, progress=lambda m: click.echo(m, err=True))
+    click.echo(json.dumps(out) if as_json else _pretty(out))
+
+
+@bench.command("rewind")
+@click.option("--context", "context_tokens", default=1500, show_default=True, type=int)
+@click.option("--repeats", default=5, show_default=True, type=int)
+@click.option("--json", "as_json", is_flag=True)
+def bench_rewind(context_tokens: int, repeats: int, as_json: bool) -> None:
+    """(rewind 16 + inject 30 + re-decode 16) ÷ re-prefilling the whole context."""
+    from .bench import bench_rewind as run
+
+    out = run(context_tokens=context_tokens, repeats=repeats, progress=lambda m: click.echo(m, err=True))
+    click.echo(json.dumps(out) if as_json else _pretty(out))
+
+
+def _pretty(d: dict) -> str:
+    return "\n".join(f"{k:>28}: {v}" for k, v in d.items())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""One frozen config: the single source of truth, written into every receipt.
+
+Precedence: explicit argument (CLI flag / keyword) > config file (TOML) > environment > defaults.
+Environment flags: SURPRISE_CANARY=1 -> mode "detect", SURPRISE_INTERVENE=1 -> mode "intervene";
+other keys as SURPRISEGATE_<KEY> (e.g. SURPRISEGATE_THRESHOLD=3.5).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import ConfigError
+from .surprise import STATISTICS
+
+MODES = ("off", "detect", "intervene")
+STREAM_POLICIES = ("holdback", "emit")
+INJECTIONS = ("system_turn", "inline")
+ARM_NAMES = ("memory", "web", "tool")
+
+
+@dataclass(frozen=True)
+class Config:
+    # --- detection ---
+    mode: str = field(default="off", metadata={"help": "off | detect | intervene"})
+    statistic: str = field(default="mean", metadata={"help": "rolling statistic: mean | p90 | max"})
+    window: int = field(default=16, metadata={"help": "rolling window size W in tokens"})
+    threshold: float = field(default=2.5, metadata={"help": "trigger when window statistic (bits) exceeds this"})
+    min_tokens: int = field(default=1, metadata={"help": "tokens in the window before it may trigger"})
+    tail_cut: float = field(default=4.0, metadata={"help": "bits above which a token counts toward tail mass"})
+    # --- intervention ---
+    max_rounds: int = field(default=2, metadata={"help": "most grounding rounds per reply"})
+    round_deadline_s: float = field(default=2.0, metadata={"help": "hard deadline for a whole grounding round (s)"})
+    arm_order_computable: tuple[str, ...] = field(
+        default=("memory", "tool", "web"), metadata={"help": "arm order for computable spans"})
+    arm_order_other: tuple[str, ...] = field(
+        default=("memory", "web", "tool"), metadata={"help": "arm order for entity/other spans"})
+    relevance_floor: float = field(default=0.6, metadata={"help": "memory hits scoring below this count as nothing found"})
+    injection: str = field(default="system_turn", metadata={"help": "system_turn (measured best) | inline"})
+    evidence_template: str = field(
+        default="Fact: {evidence} Use this fact in your answer.",
+        metadata={"help": "text of the injected segment; {evidence} and {source} are filled in"})
+    # --- streaming ---
+    stream: str = field(default="holdback", metadata={"help": "holdback (never show rewound text) | emit (rewind events)"})
+    holdback: int = field(default=-1, metadata={"help": "tokens held back in holdback streaming; -1 = window"})
+    # --- decoding ---
+    backend: str = field(default="llamacpp", metadata={"help": "llamacpp | transformers"})
+    model: str = field(default="", metadata={"help": "GGUF path or HF model dir; empty = embedded SmolLM2-135M"})
+    system_prompt: str = field(
+        default="You are a helpful assistant. Answer the question in one short sentence.",
+        metadata={"help": "system turn of every prompt"})
+    max_tokens: int = field(default=64, metadata={"help": "most tokens in a reply"})
+    temperature: float = field(default=0.0, metadata={"help": "0 = greedy"})
+    seed: int = field(default=0, metadata={"help": "sampling seed (temperature > 0)"})
+    n_ctx: int = field(default=4096, metadata={"help": "context window of the local backend"})
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @property
+    def holdback_tokens(self) -> int:
+        return self.window if self.holdback < 0 else self.holdback
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    def replace(self, **changes: Any) -> "Config":
+        return _build(self.to_dict() | changes, origin="argument")
+
+
+def field_help() -> dict[str, str]:
+    return {f.name: f.metadata.get("help", "") for f in fields(Config)}
+
+
+def _fail(key: str, value: Any, fix: str, origin: str) -> None:
+    where = {"argument": "", "env": " (from the environment)"}.get(origin, f" (in {origin})")
+    raise ConfigError(f"{key}={value!r}{where} is invalid: {fix}")
+
+
+def _validate(c: Config) -> None:
+    def choice(key, allowed):
+        if getattr(c, key) not in allowed:
+            _fail(key, getattr(c, key), f"use one of {', '.join(allowed)}", "argument")
+
+    choice("mode", MODES)
+    choice("statistic", STATISTICS)
+    choice("stream", STREAM_POLICIES)
+    choice("injection", INJECTIONS)
+    if not 1 <= c.window <= 512:
+        _fail("window", c.window, "use a whole number of tokens between 1 and 512, e.g. 16", "argument")
+    if not math.isfinite(c.threshold):
+        _fail("threshold", c.threshold, "use a finite number of bits, e.g. 2.5", "argument")
+    if not 1 <= c.min_tokens <= c.window:
+        _fail("min_tokens", c.min_tokens, f"use a whole number between 1 and window ({c.window})", "argument")
+    if not 0 <= c.max_rounds <= 16:
+        _fail("max_rounds", c.max_rounds, "use a whole number between 0 and 16, e.g. 2", "argument")
+    if not (math.isfinite(c.round_deadline_s) and 0 < c.round_deadline_s <= 600):
+        _fail("round_deadline_s", c.round_deadline_s, "use seconds between 0 and 600, e.g. 2.0", "argument")
+    if not 0.0 <= c.relevance_floor <= 1.0:
+        _fail("relevance_floor", c.relevance_floor, "use a number between 0 and 1, e.g. 0.6", "argument")
+    for key in ("arm_order_computable", "arm_order_other"):
+        order = getattr(c, key)
+        if not order or any(a not in ARM_NAMES for a in order) or len(set(order)) != len(order):
+            _fail(key, list(order), f"use distinct arm names from {', '.join(ARM_NAMES)}", "argument")
+    if "{evidence}" not in c.evidence_template:
+        _fail("evidence_template", c.evidence_template, "include the placeholder {evidence}", "argument")
+    if c.holdback < -1 or c.holdback > 512:
+        _fail("holdback", c.holdback, "use -1 (= window) or a number of tokens up to 512", "argument")
+    if not 1 <= c.max_tokens <= 32768:
+        _fail("max_tokens", c.max_tokens, "use a whole number between 1 and 32768", "argument")
+    if not (math.isfinite(c.temperature) and 0.0 <= c.temperature <= 10.0):
+        _fail("temperature", c.temperature, "use a number between 0 (greedy) and 10", "argument")
+    if not 64 <= c.n_ctx <= 1_048_576:
+        _fail("n_ctx", c.n_ctx, "use a context size between 64 and 1048576 tokens", "argument")
+    if c.backend not in ("llamacpp", "transformers"):
+        _fail("backend", c.backend, "use one of llamacpp, transformers", "argument")
+
+
+_FIELD_TYPES = {f.name: f for f in fields(Config)}
+
+
+def _coerce(key: str, value: Any, origin: str) -> Any:
+    """Turn a TOML/env/flag value into the field's type, or fail naming key, value and fix."""
+    if key not in _FIELD_TYPES:
+        known = ", ".join(sorted(_FIELD_TYPES))
+        raise ConfigError(f"unknown config key {key!r}{'' if origin == 'argument' else f' (in {origin})'}; known keys: {known}")
+    default = _FIELD_TYPES[key].default
+    try:
+        if isinstance(default, bool):
+            return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
+        if isinstance(default, int):
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        if isinstance(default, float):
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if isinstance(default, tuple):
+            items = value.split(",") if isinstance(value, str) else list(value)
+            return tuple(str(i).strip() for i in items if str(i).strip())
+        return str(value)
+    except (TypeError, ValueError):
+        kind = type(default).__name__.replace("tuple", "comma-separated list").replace("float", "number")
+        _fail(key, value, f"expected a {kind}, e.g. {key}={default!r}", origin)
+
+
+def _build(values: Mapping[str, Any], origin: str) -> Config:
+    coerced = {k: _coerce(k, v, origin) for k, v in values.items()}
+    try:
+        return Config(**coerced)
+    except ConfigError as err:
+        if origin != "argument":
+            where = "the environment" if origin == "env" else origin
+            raise ConfigError(str(err).replace(" is invalid", f" (from {where}) is invalid", 1)) from None
+        raise
+
+
+def env_values(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Config values from the environment (lowest precedence after defaults)."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    if env.get("SURPRISE_CANARY", "").strip() == "1":
+        values["mode"] = "detect"
+    if env.get("SURPRISE_INTERVENE", "").strip() == "1":
+        values["mode"] = "intervene"  # intervene includes detection
+    for name in _FIELD_TYPES:
+        raw = env.get(f"SURPRISEGATE_{name.upper()}")
+        if raw is not None and raw != "":
+            values[name] = raw
+    return values
+
+
+def file_values(path: str | Path) -> dict[str, Any]:
+    """Config values from a TOML file: top-level keys or a [surprisegate] table."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config={str(p)!r} does not exist; pass an existing TOML file or drop --config")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config={str(p)!r} is not valid TOML ({err}); fix the file or drop --config") from None
+    data = data.get("surprisegate", data)
+    for key in data:
+        if key not in _FIELD_TYPES:
+            _coerce(key, data[key], str(p))  # raises the unknown-key error naming the file
+    return dict(data)
+
+
+def load_config(
+    config_file: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Config:
+    """Resolve the config: explicit overrides > config file > environment > defaults."""
+    base = Config().to_dict()
+    env_part = env_values(env)
+    # Validate each layer on its own so an error names where the bad value came from.
+    _build(base | env_part, origin="env")
+    merged = base | env_part
+    if config_file is not None:
+        file_part = file_values(config_file)
+        _build(merged | file_part, origin=str(config_file))
+        merged |= file_part
+    explicit = {k: v for k, v in (overrides or {}).items() if v is not None}
+    return _build(merged | explicit, origin="argument")
+
+
+def to_toml(config: Config) -> str:
+    """Render a config as TOML (written by `calibrate`, readable by `load_config`)."""
+    lines = ["[surprisegate]"]
+    for key, value in config.to_dict().items():
+        if isinstance(value, bool):
+            lines.append(f"{key} = {'true' if value else 'false'}")
+        elif isinstance(value, (int, float)):
+            lines.append(f"{key} = {value!r}")
+        elif isinstance(value, list):
+            lines.append(f"{key} = [{', '.join(_toml_str(v) for v in value)}]")
+        else:
+            lines.append(f"{key} = {_toml_str(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_str(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'

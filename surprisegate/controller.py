@@ -1,0 +1,380 @@
+"""The ONE loop: decode, measure surprise, and when the rolling window crosses the threshold, ground
+the doubtful span, rewind it (KV cache kept for everything before it), inject evidence, resume.
+
+Layered like mlx-lm's generate.py:
+  decode_step   one token from logits: (token id, surprise in bits)
+  stream        the loop; yields Token / Trigger / Grounding / Rewind / Done events
+  generate      runs the stream to the end and returns the result with its receipt
+
+The controller knows no backend or arm by name: it gets a `SteerableBackend` and a mapping of arm name
+to `Arm`, and the router decides the order.
+"""
+
+from __future__ import annotations
+
+import codecs
+import math
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from .arms import Arm, Evidence, Query
+from .backends import SteerableBackend
+from .config import Config
+from .errors import ArmError, SurpriseGateError
+from .events import Done, Event, Grounding, Rewind, Token, Trigger
+from .prompting import PromptLayout, chat_messages
+from .surprise import LN2, RollingWindow, aggregates
+
+
+# --------------------------------------------------------------------------------------------
+# step
+# --------------------------------------------------------------------------------------------
+def decode_step(logits: np.ndarray, temperature: float, rng: np.random.Generator | None, scored: bool) -> tuple[int, float]:
+    """Pick the next token and its surprise (bits) under the raw distribution. Never writes `logits`."""
+    if temperature <= 0.0:
+        token = int(logits.argmax())
+    else:
+        z = logits.astype(np.float64) / temperature
+        p = np.exp(z - z.max())
+        token = int(rng.choice(p.size, p=p / p.sum()))
+    if not scored:
+        return token, math.nan
+    m = float(logits.max())
+    log_z = m + math.log(float(np.exp(logits - m).sum()))
+    return token, (log_z - float(logits[token])) / LN2
+
+
+# --------------------------------------------------------------------------------------------
+# grounding round
+# --------------------------------------------------------------------------------------------
+def call_with_deadline(fn: Callable[[], Any], deadline: float) -> tuple[str, Any]:
+    """Run fn in a daemon thread; return ("ok", value) | ("error", exc) | ("timeout", None) by `deadline`.
+
+    A daemon thread, so an arm stuck in DNS or a dead socket can never stall the reply or the exit.
+    """
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - reported, never raised into the loop
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, daemon=True, name="surprisegate-arm").start()
+    if not done.wait(max(0.0, deadline - time.monotonic())):
+        return "timeout", None
+    if "error" in box:
+        return "error", box["error"]
+    return "ok", box.get("value")
+
+
+def ground_round(arms: Mapping[str, Arm], order: Sequence[str], query: Query, deadline: float) -> tuple[Evidence | None, list[dict]]:
+    """Try arms in order until one returns evidence; all of it under one hard deadline."""
+    reports: list[dict] = []
+    for name in order:
+        arm = arms.get(name)
+        if arm is None:
+            reports.append({"arm": name, "status": "skipped", "reason": "arm not configured", "latency_ms": 0.0, "results": []})
+            continue
+        if time.monotonic() >= deadline:
+            reports.append({"arm": name, "status": "timeout", "reason": "round deadline passed before this arm", "latency_ms": 0.0, "results": []})
+            continue
+        started = time.monotonic()
+        status, value = call_with_deadline(lambda arm=arm: arm.ground(query, deadline), deadline)
+        report = {"arm": name, "query": {"span": query.span, "question": query.question, "sentence": query.sentence},
+                  "status": status, "latency_ms": round((time.monotonic() - started) * 1000, 2), "results": []}
+        if status == "error":
+            report["error"] = f"{type(value).__name__}: {value}"
+        elif status == "ok":
+            results = list(value or [])
+            report["results"] = [e.to_dict() for e in results]
+            if results:
+                reports.append(report)
+                return results[0], reports
+            report["status"] = "empty"
+        reports.append(report)
+    return None, reports
+
+
+# --------------------------------------------------------------------------------------------
+# stream
+# --------------------------------------------------------------------------------------------
+_SENTENCE_END = re.compile(r"[.!?](?:\s|$)")
+
+
+def _current_sentence(text: str) -> str:
+    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
+    # A sentence that ends exactly at the end of the text is still the current one.
+    ends = [e for e in ends if e < len(text.rstrip())]
+    return text[ends[-1]:].strip() if ends else text.strip()
+
+
+@dataclass
+class _Reply:
+    """The visible reply: token ids, their surprises and bytes. Kept apart from the model's context."""
+
+    tokens: list[int] = field(default_factory=list)
+    surprises: list[float] = field(default_factory=list)
+    window_stats: list[float] = field(default_factory=list)  # rolling statistic right after each token
+    pieces: list[bytes] = field(default_factory=list)
+
+    def text(self, upto: int | None = None) -> str:
+        return b"".join(self.pieces[:upto]).decode("utf-8", "replace")
+
+    def cut(self, n: int) -> None:
+        del self.tokens[n:], self.surprises[n:], self.window_stats[n:], self.pieces[n:]
+
+
+def stream(
+    backend: SteerableBackend,
+    question: str,
+    config: Config,
+    arms: Mapping[str, Arm] | None = None,
+    router: Callable[..., Any] | None = None,
+) -> Iterator[Event]:
+    """Generate one reply to `question`, yielding events. Mutates the backend's context (KV cache).
+
+    Token events carry text once it can no longer be rewound (`holdback`), or at once with explicit
+    Rewind events (`emit`). The last event is Done, which carries the receipt.
+    """
+    arms = dict(arms or {})
+    if router is None:
+        from .router import route as router
+    scored = config.mode != "off"
+    intervening = config.mode == "intervene"
+    started = time.monotonic()
+    rng = np.random.default_rng(config.seed) if config.temperature > 0 else None
+
+    messages = chat_messages(question, config.system_prompt)
+    layout = PromptLayout.from_template(backend.chat_prompt, messages)
+    prompt_tokens = backend.tokenize(layout.body) + backend.tokenize(layout.open_assistant)
+
+    backend.reset()
+    logits = backend.append(prompt_tokens)
+    window = RollingWindow(config.window, config.statistic)
+    window_origin = 0  # reply index of the window's push index 0
+    reply = _Reply()
+    rounds: list[dict] = []
+    would_trigger: list[dict] = []  # detect mode: crossings recorded, never acted on
+    decoded = 0  # every token sampled, including dropped ones
+    injected_total = 0
+    finish_reason = "length"
+    emitted = 0  # visible tokens already sent as Token events
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    emitted_texts: list[str] = []
+    holdback = config.stream == "holdback"
+    eos = backend.eos_token_ids
+    max_decoded = config.max_tokens * (config.max_rounds + 1) + 8
+
+    def emit_upto(n: int, final: bool = False) -> Iterator[Token]:
+        nonlocal emitted
+        while emitted < n:
+            i = emitted
+            text = decoder.decode(reply.pieces[i], final=final and i == n - 1)
+            emitted_texts.append(text)
+            emitted += 1
+            yield Token(i, reply.tokens[i], text, reply.surprises[i], reply.window_stats[i])
+
+    while len(reply.tokens) < config.max_tokens and decoded < max_decoded:
+        token, s = decode_step(logits, config.temperature, rng, scored)
+        decoded += 1
+        if token in eos:
+            finish_reason = "stop"
+            break
+        reply.tokens.append(token)
+        reply.surprises.append(s)
+        reply.pieces.append(backend.token_bytes(token))
+
+        triggered = False
+        value = window.push(s) if scored else math.nan
+        reply.window_stats.append(value)
+        if scored:
+            triggered = (
+                len(window) >= config.min_tokens
+                and value > config.threshold
+                and len(rounds) + len(would_trigger) < config.max_rounds
+            )
+        if triggered:
+            span_start = window_origin + window.start
+            trigger = Trigger(
+                token_index=len(reply.tokens) - 1, statistic=config.statistic, value=value,
+                threshold=config.threshold, span_start=span_start,
+                span_text=reply.text()[len(reply.text(span_start)):], round=len(rounds) + len(would_trigger) + 1,
+            )
+            if not intervening:
+                would_trigger.append(_trigger_dict(trigger))
+            else:
+                yield trigger
+                record, new_logits = yield from _intervene(
+                    backend, layout, config, arms, router, question, reply, trigger, emitted, emitted_texts, holdback,
+                )
+                rounds.append(record)
+                if new_logits is not None:
+                    logits = new_logits
+                    injected_total += record["tokens_injected"]
+                    if not holdback:
+                        emitted = min(emitted, len(reply.tokens))
+                        del emitted_texts[emitted:]
+                        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+                        decoder.decode(b"".join(reply.pieces), final=False)
+                    window.reset()
+                    window_origin = len(reply.tokens)
+                    continue
+            window.reset()  # after a round (acted on or not) the window starts afresh
+            window_origin = len(reply.tokens)
+
+        logits = backend.append([token])
+        # Tokens before the window start can no longer be rewound: safe to show in holdback streaming.
+        can_rewind = intervening and len(rounds) < config.max_rounds
+        final_upto = (window_origin + window.start) if (holdback and can_rewind) else len(reply.tokens)
+        yield from emit_upto(final_upto)
+
+    yield from emit_upto(len(reply.tokens), final=True)
+    text = reply.text()
+    surprise_summary = aggregates(reply.surprises, config.tail_cut) if scored else None
+    if surprise_summary is not None:
+        # The highest rolling statistic seen over the final reply: what the gate compares to the threshold.
+        surprise_summary["window_max"] = max(reply.window_stats, default=0.0)
+        surprise_summary["statistic"] = config.statistic
+    result = {
+        "reply": text,
+        "finish_reason": finish_reason,
+        "n_tokens": len(reply.tokens),
+        "tokens_decoded": decoded,
+        "tokens_injected": injected_total,
+        "prompt_tokens": len(prompt_tokens),
+        "surprise": surprise_summary,
+        "token_surprises": [round(x, 4) for x in reply.surprises] if scored else [],
+        "rounds": rounds,
+        "would_trigger": would_trigger,
+        "latency_ms": round((time.monotonic() - started) * 1000, 2),
+        "messages": messages,
+    }
+    yield Done(text=text, finish_reason=finish_reason, n_tokens=len(reply.tokens), rounds=rounds, receipt=result)
+
+
+def _trigger_dict(t: Trigger) -> dict:
+    return {"token_index": t.token_index, "statistic": t.statistic, "value": round(t.value, 4),
+            "threshold": t.threshold, "span_start": t.span_start, "span_text": t.span_text}
+
+
+def _intervene(backend, layout, config, arms, router, question, reply, trigger, emitted, emitted_texts, holdback):
+    """One grounding round. Returns (convergence record, new logits or None when resumed unmodified)."""
+    started = time.monotonic()
+    deadline = started + config.round_deadline_s
+    reply_text = reply.text()
+    query = Query(span=trigger.span_text.strip(), question=question.strip(), sentence=_current_sentence(reply_text))
+    route = router(query.span, query.question, query.sentence, available=tuple(arms))
+    configured = config.arm_order_computable if route.span_class == "computable" else config.arm_order_other
+    order = tuple(a for a in configured if a in arms)
+    query = Query(query.span, query.question, query.sentence, span_class=route.span_class)
+
+    chosen, arm_reports = ground_round(arms, order, query, deadline)
+    record: dict[str, Any] = {
+        "round": trigger.round,
+        "trigger": _trigger_dict(trigger),
+        "span_class": route.span_class,
+        "route_rule": route.rule,
+        "arm_order": list(order),
+        "arms": arm_reports,
+        "chosen": chosen.to_dict() if chosen else None,
+        "tokens_dropped": 0,
+        "tokens_injected": 0,
+        "dropped_text": "",
+    }
+    if chosen is None:
+        statuses = ", ".join(f"{r['arm']}: {r['status']}" for r in arm_reports) or "no arms configured"
+        record.update(action="resumed_unmodified", reason=f"no grounding found ({statuses})",
+                      latency_ms=round((time.monotonic() - started) * 1000, 2))
+        yield Grounding(trigger.round, route.span_class, order, False, None, None, record["reason"])
+        return record, None
+
+    yield Grounding(trigger.round, route.span_class, order, True, chosen.source, chosen.evidence, "evidence accepted")
+    # Rewind: the span's tokens leave the context (the triggering token was never fed, so one fewer).
+    span_len = len(reply.tokens) - trigger.span_start
+    in_context = span_len - 1
+    if not backend.can_trim():
+        raise SurpriseGateError(f"backend {backend.name!r} cannot trim its cache")  # checked before the loop too
+    trimmed = backend.trim(in_context)
+    dropped_text = reply.text()[len(reply.text(trigger.span_start)):]
+    kept_prefix = reply.tokens[: trigger.span_start]
+    reply.cut(trigger.span_start)
+    evidence_text = config.evidence_template.format(evidence=chosen.evidence, source=chosen.source)
+    segment = backend.tokenize(layout.segment(evidence_text, config.injection))
+    refeed = kept_prefix if config.injection == "system_turn" else []
+    logits = backend.append(segment + refeed)
+    shown = max(0, emitted - trigger.span_start)  # visible tokens a consumer must retract (emit streaming)
+    record.update(
+        action="rewound", reason=f"grounded by {chosen.source}", tokens_dropped=span_len,
+        tokens_trimmed=trimmed, tokens_injected=len(segment) + len(refeed), dropped_text=dropped_text,
+        injected_text=evidence_text, latency_ms=round((time.monotonic() - started) * 1000, 2),
+    )
+    yield Rewind(trigger.round, 0 if holdback else shown, dropped_text, record["tokens_injected"])
+    return record, logits
+
+
+# --------------------------------------------------------------------------------------------
+# generate
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Result:
+    text: str
+    finish_reason: str
+    n_tokens: int
+    rounds: list[dict]
+    receipt: dict[str, Any]
+
+
+def generate(
+    backend: SteerableBackend,
+    question: str,
+    config: Config,
+    arms: Mapping[str, Arm] | None = None,
+    router: Callable[..., Any] | None = None,
+    on_event: Callable[[Event], None] | None = None,
+) -> Result:
+    """Run the stream to the end and build the receipt (not written: see receipts.ReceiptWriter)."""
+    done: Done | None = None
+    for event in stream(backend, question, config, arms, router):
+        if on_event is not None:
+            on_event(event)
+        if isinstance(event, Done):
+            done = event
+    assert done is not None and done.receipt is not None
+    receipt = build_receipt_for(backend, question, config, done.receipt)
+    return Result(done.text, done.finish_reason, done.n_tokens, done.rounds, receipt)
+
+
+def build_receipt_for(backend: SteerableBackend, question: str, config: Config, result: dict) -> dict:
+    from .canary import groundedness_canary
+    from .receipts import build_receipt
+
+    surprise = result["surprise"]
+    canary = groundedness_canary(surprise or {}, result["rounds"], config.threshold) if surprise else {
+        "verdict": "not_scored", "reason": "mode=off: no surprise measured", "uncertainty": None, "anchoring": None}
+    return build_receipt(
+        reply_id=uuid.uuid4().hex,
+        created=time.time(),
+        model=backend.model_id,
+        backend=backend.name,
+        config=config.to_dict(),
+        prompt=question,
+        reply=result["reply"],
+        n_tokens=result["n_tokens"],
+        surprise=surprise or {},
+        canary=canary,
+        rounds=result["rounds"],
+        mode=config.mode,
+        finish_reason=result["finish_reason"],
+        extra={k: result[k] for k in ("tokens_decoded", "tokens_injected", "prompt_tokens", "token_surprises",
+                                      "would_trigger", "latency_ms")},
+    )

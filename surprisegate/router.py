@@ -1,0 +1,249 @@
+"""Router: classify a doubtful span and choose the order in which grounding arms are tried.
+
+Pure and deterministic: the same span and context always give the same `Route`, and `Route.rule` names
+the rule that fired (with the field it fired on, e.g. "arithmetic@question") so a receipt can say why.
+
+Classes (DESIGN.md §2b):
+- computable: arithmetic, date math, code, file contents, live status; a tool can settle it.
+- entity: named entities, numbers, dates; memory or the web can settle it.
+- other: everything else.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from surprisegate.arms.tools import extract_computation
+from surprisegate.errors import InputError
+
+logger = logging.getLogger(__name__)
+
+SPAN_CLASSES = ("computable", "entity", "other")
+DEFAULT_ARMS = ("memory", "web", "tool")
+
+# A tool result is the strongest grounding, so computable spans try it before the web (DESIGN.md §2c).
+_ARM_ORDERS = {
+    "computable": ("memory", "tool", "web"),
+    "entity": ("memory", "web", "tool"),
+    "other": ("memory", "web", "tool"),
+}
+
+
+@dataclass(frozen=True)
+class Route:
+    span_class: str  # "computable" | "entity" | "other"
+    rule: str  # the rule that fired and the field it fired on, e.g. "date_math@question"
+    arm_order: tuple[str, ...]  # arm names to try, first to last, already filtered to the available arms
+
+
+# --------------------------------------------------------------------------------------------------
+# computable rules: each takes one text (span, sentence or question) and says whether it matches
+
+_MONTHS = "january february march april may june july august september october november december".split()
+_WEEKDAYS = "monday tuesday wednesday thursday friday saturday sunday".split()
+
+_DATE_MATH = re.compile(
+    r"\b(?:days?|weeks?|months?|years?|hours?|minutes?)\s+(?:between|until|till|since|from\s+now|ago|before|after|left)\b"
+    r"|\bday\s+of\s+the\s+week\b"
+    r"|\bwhat\s+day\s+(?:is|was|will)\b"
+    r"|\bhow\s+(?:many|much)\s+(?:days|weeks|months|years|hours|minutes|time)\b.*\b(?:until|till|since|between|before|after|ago|left|from)\b"
+    r"|\bhow\s+long\s+(?:ago|until|since|before|after)\b"
+    r"|\bhow\s+old\s+(?:was|is|will|would)\b.*\b(?:in|on|by)\s+\d{4}\b"
+    r"|\bwhat\s+(?:date|day)\s+(?:is|was|will\s+be)\s+\d+\s+(?:days?|weeks?|months?|years?)\b"
+    r"|\b\d+\s+(?:days?|weeks?|months?|years?)\s+(?:after|before|from)\b",
+    re.IGNORECASE,
+)
+
+_CODE = re.compile(
+    r"`[^`]+`"  # inline code or a fenced block
+    r"|^\s*>>>"  # an interpreter prompt
+    r"|\b(?:[a-z_][a-z0-9_]*\.)*[a-z_][a-z0-9_]*\((?:[^()]|\([^()]*\))*\)"  # a call: sorted([3, 1, 2]), math.sqrt(2)
+    r"|\bwhat\s+(?:does|will|would)\b.*\b(?:return|print|output|evaluate\s+to|raise)\b"
+    r"|\b(?:in|using)\s+(?:python|javascript|bash|sql)\b",
+    re.IGNORECASE,
+)
+
+_FILE_EXTENSIONS = "txt|json|jsonl|toml|ya?ml|cfg|ini|conf|csv|tsv|md|py|log|xml|html|env"
+_PATH = rf"(?:~?/[\w.-]+(?:/[\w.-]+)*|\./[\w./-]+|\b[\w-]+\.(?:{_FILE_EXTENSIONS})\b)"
+_FILE_CONTENTS = re.compile(
+    rf"\b(?:contents?\s+of|what(?:'s|\s+is)\s+in(?:side)?|inside|read|open|cat|show(?:\s+me)?|lines?\s+of)\b.*(?:{_PATH}|\bfile\b)"
+    r"|\bfile\s+contents?\b"
+    rf"|\bwhat\s+does\s+(?:the\s+file\s+)?{_PATH}\s+(?:say|contain)\b"
+    rf"|\b(?:contains?|in)\s+(?:the\s+file\s+)?{_PATH}",
+    re.IGNORECASE,
+)
+
+_HOST = (
+    r"(?:https?://\S+|\blocalhost\b|\b\d{1,3}(?:\.\d{1,3}){3}\b"
+    r"|\b[a-z0-9-]+(?:\.[a-z0-9-]+)*\.(?:com|org|net|io|dev|ai|edu|gov|co|uk|de|fr|app|info|me)\b"
+    r"|\bports?\s+\d{1,5}\b)"
+)
+_STATUS_WORD = r"\b(?:up|down|online|offline|reachable|unreachable|responding|open|closed|listening|running|ping|status)\b"
+_LIVE_STATUS = re.compile(rf"{_HOST}.*{_STATUS_WORD}|{_STATUS_WORD}.*{_HOST}", re.IGNORECASE)
+
+_NUMBER_TOKEN = re.compile(
+    r"\b\d+(?:[.,]\d+)*\b|\b(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|"
+    r"forty|fifty|hundred|dozen)\b",
+    re.IGNORECASE,
+)
+# Word problems ask for a quantity built from several numbers without stating the operations.
+_WORD_PROBLEM_ASK = re.compile(
+    r"\bhow\s+(?:many|much)\b|\bhow\s+long\s+(?:would|will|does|did|do|can)\b.*\b(?:take|last)\b"
+    r"|\bin\s+total\b|\btotal\b|\baltogether\b|\bin\s+all\b(?!\s+of)|\bleft\s+over\b|\bremain(?:ing|s)?\b"
+    r"|\beach\b|\bper\b|\baverage\b|\bcombined\b",
+    re.IGNORECASE,
+)
+
+
+def _is_arithmetic(text: str) -> bool:
+    # The same extractor the calculator uses, so "computable" means the tool can actually compute it.
+    return extract_computation(text) is not None
+
+
+def _is_word_problem(text: str) -> bool:
+    return bool(_WORD_PROBLEM_ASK.search(text)) and len(_NUMBER_TOKEN.findall(text)) >= 2
+
+
+_COMPUTABLE_RULES: list[tuple[str, Callable[[str], bool]]] = [
+    ("file_contents", lambda text: bool(_FILE_CONTENTS.search(text))),
+    ("live_status", lambda text: bool(_LIVE_STATUS.search(text))),
+    ("code", lambda text: bool(_CODE.search(text))),
+    ("date_math", lambda text: bool(_DATE_MATH.search(text))),
+    ("arithmetic", _is_arithmetic),
+    ("word_problem", _is_word_problem),
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# entity rules
+
+# Capitalised words that start sentences or stand alone without naming anything.
+_NOT_NAMES = set(
+    """a an the i i'm i've i'd it it's its this that these those there here he she they we you my your his her our
+    their in on at of for to by from with as and or but if so yes no not sure well however also then thus
+    therefore what who whom whose when where which why how is are was were be been do does did can could will
+    would should may might must shall let okay ok hello hi thanks thank please note first second finally answer
+    """.split()
+)
+# Words that commonly open a request; a question's first capitalised word names something unless it is one.
+_REQUEST_OPENERS = set(
+    """tell give list explain describe define compare summarize summarise write name find show calculate compute
+    evaluate solve translate suggest help consider imagine assume suppose given according after before during
+    since because although while today yesterday tomorrow now one some many most all every each other another
+    """.split()
+)
+_CAPITALISED_WORD = re.compile(r"\b[A-Z][\w'’.-]*")
+_NEXT_CAPITALISED_WORD = re.compile(r"\s+([A-Z][\w'’-]*)")
+_SENTENCE_START = re.compile(r"(?:^|[.!?:;]\s+|\n)\s*[\"'(]*$")
+
+_ENTITY_QUESTION = re.compile(
+    r"\b(?:who|whom|whose|when|where|which)\b"
+    r"|\bwhat\s+(?:year|date|day|month|century|country|city|state|language|currency|continent)\b"
+    r"|\bcapital\s+of\b|\bpopulation\b|\bcalling\s+code\b|\batomic\s+number\b|\bsymbol\s+for\b"
+    r"|\bhow\s+(?:many|much|old|tall|long|far|big|high|deep|large)\b"
+    r"|\b(?:born|died|founded|invented|discovered|wrote|written|directed|located|named|called|headquarters)\b",
+    re.IGNORECASE,
+)
+_NUMBER_SHAPED = re.compile(
+    r"\d|\b(?:hundred|thousand|million|billion|trillion|dozen|twenty|thirty|forty|fifty|sixty|seventy|eighty|"
+    r"ninety|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve)\b",
+    re.IGNORECASE,
+)
+_DATE_SHAPED = re.compile(
+    rf"\b(?:{'|'.join(_MONTHS + _WEEKDAYS)})\b|\b(?:century|decade|bc|bce|ad|ce)\b",
+    re.IGNORECASE,
+)
+
+
+def _has_name(text: str, *, is_span: bool) -> bool:
+    """True when text holds a capitalised word that names something (not a sentence-initial "The").
+
+    A span is cut from the middle of the reply, so its first word counts. In a sentence or question a
+    capitalised word at a sentence start counts unless it is a common opener ("Tell me", "The"), and two
+    capitalised words in a row count ("Marie Curie").
+    """
+    for match in _CAPITALISED_WORD.finditer(text):
+        word = match.group().rstrip(".'’")
+        if len(word) < 2 or word.lower() in _NOT_NAMES:
+            continue
+        at_sentence_start = bool(_SENTENCE_START.search(text[: match.start()]))
+        if is_span or not at_sentence_start or word.lower() not in _REQUEST_OPENERS:
+            return True
+        following = _NEXT_CAPITALISED_WORD.match(text, match.end())
+        if following and following.group(1).lower() not in _NOT_NAMES:
+            return True
+    return False
+
+
+def _span_entity_rule(span: str) -> str | None:
+    if _DATE_SHAPED.search(span):
+        return "date"
+    if _NUMBER_SHAPED.search(span):
+        return "number"
+    if _has_name(span, is_span=True):
+        return "named_entity"
+    return None
+
+
+def _context_entity_rule(text: str) -> str | None:
+    if _ENTITY_QUESTION.search(text):
+        return "entity_question"
+    if _has_name(text, is_span=False):
+        return "named_entity"
+    if _DATE_SHAPED.search(text):
+        return "date"
+    if _NUMBER_SHAPED.search(text):
+        return "number"
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# public API
+
+
+def classify_span(span: str, question: str = "", sentence: str = "") -> tuple[str, str]:
+    """Return (span_class, rule): "computable", "entity" or "other", and "<rule>@<field>" that decided it.
+
+    Computable rules look at the span, then the sentence so far, then the question, because the span is often
+    just the doubtful answer ("1776") while the question states the computation ("What is 37 times 48?").
+    Entity rules then look at the span's own shape, then at the sentence and question.
+    """
+    fields = (("span", span or ""), ("sentence", sentence or ""), ("question", question or ""))
+    for field_name, text in fields:
+        if not text.strip():
+            continue
+        for rule_name, matches in _COMPUTABLE_RULES:
+            if matches(text):
+                return "computable", f"{rule_name}@{field_name}"
+    span_rule = _span_entity_rule(span or "")
+    if span_rule:
+        return "entity", f"{span_rule}@span"
+    for field_name, text in fields[1:]:
+        context_rule = _context_entity_rule(text)
+        if context_rule:
+            return "entity", f"{context_rule}@{field_name}"
+    return "other", "no_rule_matched"
+
+
+def arm_order(span_class: str, available: Sequence[str] = DEFAULT_ARMS) -> tuple[str, ...]:
+    """The arms to try for a span class, first to last, keeping only those in `available`.
+
+    computable -> memory, tool, web; entity and other -> memory, web, tool.
+    """
+    if span_class not in _ARM_ORDERS:
+        raise InputError(f"span_class {span_class!r} is unknown; use one of {', '.join(SPAN_CLASSES)}")
+    if isinstance(available, str):  # a bare "tool" would otherwise be read as the letters t, o, o, l
+        raise InputError(f"available={available!r} must be a sequence of arm names, e.g. ('memory', 'tool')")
+    offered = set(available)
+    return tuple(name for name in _ARM_ORDERS[span_class] if name in offered)
+
+
+def route(span: str, question: str = "", sentence: str = "", available: Sequence[str] = DEFAULT_ARMS) -> Route:
+    """Classify the span and pick the arm order; the decision is logged at DEBUG level."""
+    span_class, rule = classify_span(span, question, sentence)
+    decision = Route(span_class=span_class, rule=rule, arm_order=arm_order(span_class, available))
+    logger.debug("route span=%r class=%s rule=%s arms=%s", span, span_class, rule, ",".join(decision.arm_order))
+    return decision

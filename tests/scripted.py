@@ -1,0 +1,124 @@
+"""A scripted steerable backend with fixed logits, for controller tests (like simonw/llm's MockModel).
+
+Vocabulary: the 256 bytes plus three specials. The "model" writes a target reply chosen from the
+text of its context, one byte per token, giving each byte a scripted probability: so the test knows
+the exact surprise of every token and where the window must cross the threshold.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+
+IM_START, IM_END, EOS = 256, 257, 258
+SPECIALS = {"<|im_start|>": IM_START, "<|im_end|>": IM_END, "<eos>": EOS}
+VOCAB = 259
+
+
+def chatml(messages, add_generation_prompt=True):
+    out = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return out + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+class ScriptedBackend:
+    """`script(context_text) -> list[(char, prob)]` gives the whole intended reply for a context.
+
+    The intended next byte gets probability `prob`; the rest of the mass is spread evenly.
+    """
+
+    name = "scripted"
+    model_id = "scripted-test-model"
+    eos_token_ids = frozenset({IM_END, EOS})
+
+    def __init__(self, script: Callable[[str], list[tuple[str, float]]], trimmable: bool = True):
+        self.script = script
+        self.trimmable = trimmable
+        self.context: list[int] = []
+        self.fed_tokens = 0  # every token ever evaluated: rewinds must not re-feed the prompt
+        self.append_calls: list[int] = []  # sizes of each append
+        self.trim_calls: list[int] = []
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.context)
+
+    def tokenize(self, text: str) -> list[int]:
+        out: list[int] = []
+        i = 0
+        while i < len(text):
+            for name, tid in SPECIALS.items():
+                if text.startswith(name, i):
+                    out.append(tid)
+                    i += len(name)
+                    break
+            else:
+                out.extend(text[i].encode("utf-8"))
+                i += 1
+        return out
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return bytes([token_id]) if token_id < 256 else b""
+
+    def chat_prompt(self, messages, add_generation_prompt=True):
+        return chatml(messages, add_generation_prompt)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        names = {v: k for k, v in SPECIALS.items()}
+        out, buf = [], bytearray()
+        for t in tokens:
+            if t < 256:
+                buf.append(t)
+            else:
+                out.append(buf.decode("utf-8", "replace")); buf = bytearray(); out.append(names[t])
+        out.append(buf.decode("utf-8", "replace"))
+        return "".join(out)
+
+    def reset(self) -> None:
+        self.context = []
+
+    def append(self, tokens: Sequence[int]) -> np.ndarray:
+        self.context.extend(int(t) for t in tokens)
+        self.fed_tokens += len(tokens)
+        self.append_calls.append(len(tokens))
+        return self.logits()
+
+    def logits(self) -> np.ndarray:
+        text = self.detokenize(self.context)
+        turn = text.rsplit("<|im_start|>assistant\n", 1)[-1]
+        plan = self.script(text)
+        pos = len(turn.encode("utf-8"))
+        if pos < len(plan):
+            char, prob = plan[pos]
+            target = ord(char)
+        else:
+            target, prob = IM_END, 0.99
+        rest = (1.0 - prob) / (VOCAB - 1)
+        logits = np.full(VOCAB, math.log(rest), dtype=np.float32)
+        logits[target] = math.log(prob)
+        return logits
+
+    def can_trim(self) -> bool:
+        return self.trimmable
+
+    def trim(self, n: int) -> int:
+        k = min(n, len(self.context))
+        if k:
+            del self.context[-k:]
+        self.trim_calls.append(k)
+        return k
+
+
+def plan(text: str, prob: float = 0.95, doubtful: str = "", doubtful_prob: float = 0.02) -> list[tuple[str, float]]:
+    """A reply plan: every byte at `prob`, except the bytes of `doubtful` (first occurrence) at `doubtful_prob`."""
+    out = [(c, prob) for c in text]
+    if doubtful:
+        start = text.index(doubtful)
+        for i in range(start, start + len(doubtful)):
+            out[i] = (text[i], doubtful_prob)
+    return out
+
+
+def bits(p: float) -> float:
+    return -math.log2(p)

@@ -1,0 +1,89 @@
+"""Config: precedence (argument > file > env > defaults), env flags, validation messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from surprisegate.config import Config, load_config, to_toml
+from surprisegate.errors import ConfigError
+
+
+def test_defaults_are_off():
+    c = load_config(env={})
+    assert c.mode == "off" and c.max_rounds == 2 and c.window == 16 and c.statistic == "mean"
+
+
+@pytest.mark.parametrize("env,mode", [
+    ({}, "off"),
+    ({"SURPRISE_CANARY": "1"}, "detect"),
+    ({"SURPRISE_INTERVENE": "1"}, "intervene"),
+    ({"SURPRISE_CANARY": "1", "SURPRISE_INTERVENE": "1"}, "intervene"),
+    ({"SURPRISE_CANARY": "0"}, "off"),
+    ({"SURPRISE_INTERVENE": "true"}, "off"),  # only "1" switches it on
+])
+def test_env_flags(env, mode):
+    assert load_config(env=env).mode == mode
+
+
+def test_precedence_argument_beats_file_beats_env(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text('[surprisegate]\nmode = "detect"\nthreshold = 3.25\nwindow = 8\n')
+    env = {"SURPRISE_INTERVENE": "1", "SURPRISEGATE_THRESHOLD": "9.0", "SURPRISEGATE_MAX_ROUNDS": "3"}
+    c = load_config(toml, env=env)
+    assert (c.mode, c.threshold, c.window, c.max_rounds) == ("detect", 3.25, 8, 3)
+    c = load_config(toml, overrides={"mode": "off", "threshold": 1.5, "window": None}, env=env)
+    assert (c.mode, c.threshold, c.window) == ("off", 1.5, 8)
+
+
+def test_toml_round_trip(tmp_path):
+    c = Config(mode="intervene", threshold=2.75, arm_order_other=("web", "memory"), evidence_template='Say "{evidence}"')
+    p = tmp_path / "rt.toml"
+    p.write_text(to_toml(c))
+    assert load_config(p, env={}) == c
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    ({"mode": "loud"}, "mode='loud'"),
+    ({"threshold": "abc"}, "threshold='abc'"),
+    ({"threshold": float("nan")}, "threshold=nan"),
+    ({"window": 0}, "window=0"),
+    ({"window": "sixteen"}, "window='sixteen'"),
+    ({"statistic": "median"}, "statistic='median'"),
+    ({"max_rounds": -1}, "max_rounds=-1"),
+    ({"round_deadline_s": 0}, "round_deadline_s=0"),
+    ({"relevance_floor": 2}, "relevance_floor=2"),
+    ({"arm_order_other": ("memory", "oracle")}, "arm_order_other="),
+    ({"evidence_template": "no placeholder"}, "evidence_template="),
+    ({"stream": "tty"}, "stream='tty'"),
+    ({"bogus": 1}, "unknown config key 'bogus'"),
+])
+def test_invalid_values_name_key_value_and_fix(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=overrides, env={})
+    msg = str(err.value)
+    assert needle in msg
+    assert any(word in msg for word in ("use ", "expected", "known keys", "include"))
+
+
+def test_bad_env_value_says_it_came_from_the_environment():
+    with pytest.raises(ConfigError, match="window='0'.*environment|window=0.*env"):
+        load_config(env={"SURPRISEGATE_WINDOW": "0"})
+
+
+def test_bad_file_is_named(tmp_path):
+    p = tmp_path / "bad.toml"
+    p.write_text("threshold = [")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(p, env={})
+    p.write_text("[surprisegate]\nthreshhold = 2\n")
+    with pytest.raises(ConfigError, match="unknown config key 'threshhold'.*bad.toml"):
+        load_config(p, env={})
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml", env={})
+
+
+def test_config_is_frozen():
+    c = Config()
+    with pytest.raises(Exception):
+        c.mode = "intervene"  # type: ignore[misc]
+    assert c.replace(mode="detect").mode == "detect" and c.mode == "off"

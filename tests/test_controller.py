@@ -1,0 +1,216 @@
+"""Controller behaviour on a scripted backend with fixed logits: every surprise is known exactly."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from surprisegate.arms import Evidence
+from surprisegate.config import Config
+from surprisegate.controller import decode_step, generate, stream
+from surprisegate.events import Done, Grounding, Rewind, Token, Trigger
+from surprisegate.surprise import RollingWindow
+
+from scripted import ScriptedBackend, bits, plan
+
+QUESTION = "What is the capital of Testland?"
+WRONG = "The capital is Wrongville."
+RIGHT = "The capital is Rightburg."
+
+
+def script_testland(context: str):
+    if "Rightburg" in context.split("<|im_start|>assistant\n", 1)[-1] or "Fact: The capital of Testland is Rightburg" in context:
+        return plan(RIGHT)
+    return plan(WRONG, doubtful="Wrongville")
+
+
+class StaticArm:
+    def __init__(self, name, evidence=(), delay=0.0, error=None):
+        self.name, self.evidence, self.delay, self.error = name, list(evidence), delay, error
+        self.calls = []
+
+    def ground(self, query, deadline):
+        self.calls.append(query)
+        if self.delay:
+            time.sleep(self.delay)
+        if self.error:
+            raise self.error
+        return self.evidence
+
+
+RIGHT_EVIDENCE = Evidence(claim="capital of Testland", evidence="The capital of Testland is Rightburg.",
+                          confidence=0.9, source="memory:country:TL")
+
+
+def cfg(**kw):
+    base = dict(mode="intervene", statistic="max", window=4, threshold=3.0, max_tokens=60, system_prompt="")
+    return Config(**(base | kw))
+
+
+def run(config, arms=None, script=script_testland, backend=None):
+    backend = backend or ScriptedBackend(script)
+    events = list(stream(backend, QUESTION, config, arms or {}))
+    return backend, events, events[-1]
+
+
+def test_decode_step_reads_logits_without_writing():
+    logits = np.array([0.0, 2.0, -1.0, 0.5], dtype=np.float32)
+    before = logits.copy()
+    token, s = decode_step(logits, 0.0, None, scored=True)
+    assert token == 1
+    p = np.exp(logits - logits.max()); p /= p.sum()
+    assert s == pytest.approx(-np.log2(p[1]), rel=1e-6)
+    np.testing.assert_array_equal(logits, before)
+
+
+def test_detect_mode_scores_every_token_with_the_scripted_surprise():
+    _, events, done = run(cfg(mode="detect"))
+    tokens = [e for e in events if isinstance(e, Token)]
+    assert done.text == WRONG and "".join(t.text for t in tokens) == WRONG
+    wrong_start = WRONG.index("Wrongville")
+    for t in tokens:
+        expected = bits(0.02) if wrong_start <= t.index < wrong_start + 10 else bits(0.95)
+        assert t.surprise == pytest.approx(expected, abs=1e-3)
+    assert done.rounds == []  # detect never intervenes
+    assert done.receipt["would_trigger"][0]["token_index"] == wrong_start
+
+
+@pytest.mark.parametrize("statistic,window,threshold", [("max", 4, 3.0), ("mean", 4, 3.0), ("mean", 8, 2.0), ("p90", 6, 4.0)])
+def test_trigger_fires_at_the_exact_token(statistic, window, threshold):
+    config = cfg(statistic=statistic, window=window, threshold=threshold)
+    _, events, _ = run(config, {"memory": StaticArm("memory", [RIGHT_EVIDENCE])})
+    trigger = next(e for e in events if isinstance(e, Trigger))
+    # Recompute the expected crossing with a fresh window over the scripted surprises.
+    w = RollingWindow(window, statistic)
+    surprises = [s for _, s in [(c, bits(p)) for c, p in plan(WRONG, doubtful="Wrongville")]]
+    expected = next(i for i, s in enumerate(surprises) if w.push(s) > threshold)
+    assert trigger.token_index == expected
+    assert trigger.span_start == max(0, expected - window + 1)
+    assert trigger.value > threshold
+
+
+def test_rewind_drops_the_span_injects_evidence_and_fixes_the_reply():
+    arm = StaticArm("memory", [RIGHT_EVIDENCE])
+    backend, events, done = run(cfg(), {"memory": arm})
+    assert done.text == RIGHT
+    (record,) = done.rounds
+    trigger = next(e for e in events if isinstance(e, Trigger))
+    assert record["action"] == "rewound"
+    assert record["tokens_dropped"] == trigger.token_index - trigger.span_start + 1
+    assert record["dropped_text"] == WRONG[trigger.span_start: trigger.token_index + 1]
+    # The triggering token was never fed, so the cache loses one token fewer than the span.
+    assert backend.trim_calls == [record["tokens_dropped"] - 1]
+    # Injected text is in the model's context but never in the visible reply.
+    assert "Rightburg." in backend.detokenize(backend.context)
+    assert "Fact:" in backend.detokenize(backend.context) and "Fact:" not in done.text
+    assert record["chosen"]["source"] == "memory:country:TL"
+    assert arm.calls[0].question == QUESTION
+
+
+def test_rewind_keeps_the_cache_prompt_is_fed_once():
+    backend, events, done = run(cfg(), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])})
+    (record,) = done.rounds
+    prompt_len = backend.append_calls[0]
+    assert prompt_len == done.receipt["prompt_tokens"]
+    # After the prompt: one token per decode step and one batch for the injected segment, never a re-prefill.
+    later = backend.append_calls[1:]
+    assert sorted(set(later)) == sorted({1, record["tokens_injected"]})
+    assert later.count(record["tokens_injected"]) == 1
+    assert backend.fed_tokens == prompt_len + record["tokens_injected"] + later.count(1)
+
+
+def test_max_rounds_bounds_interventions():
+    def stubborn(context):
+        return plan(WRONG, doubtful="Wrongville")  # evidence never helps
+
+    for max_rounds in (0, 1, 2, 3):
+        _, events, done = run(cfg(max_rounds=max_rounds), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, script=stubborn)
+        assert len(done.rounds) == max_rounds
+        assert sum(isinstance(e, Trigger) for e in events) == max_rounds
+        assert done.text == WRONG
+
+
+@pytest.mark.parametrize("arm", [
+    StaticArm("memory", []),  # empty grounding
+    StaticArm("memory", [RIGHT_EVIDENCE], delay=0.6),  # slower than the round deadline
+    StaticArm("memory", [RIGHT_EVIDENCE], error=RuntimeError("store offline")),
+])
+def test_failed_grounding_gives_the_detect_mode_reply(arm):
+    _, _, detect = run(cfg(mode="detect"))
+    started = time.monotonic()
+    _, _, done = run(cfg(round_deadline_s=0.3, max_rounds=1), {"memory": arm})
+    elapsed = time.monotonic() - started
+    assert done.text == detect.text == WRONG
+    (record,) = done.rounds
+    assert record["action"] == "resumed_unmodified"
+    assert record["tokens_dropped"] == 0
+    status = record["arms"][0]["status"]
+    assert status in ("empty", "timeout", "error")
+    assert status in record["reason"]
+    if arm.delay:
+        assert elapsed < 0.3 + 0.1 + 0.2  # deadline + slack for decoding the scripted reply
+
+
+def test_arm_order_falls_through_to_the_next_arm():
+    empty_memory = StaticArm("memory", [])
+    tool = StaticArm("tool", [RIGHT_EVIDENCE])
+    _, _, done = run(cfg(), {"memory": empty_memory, "tool": tool})
+    (record,) = done.rounds
+    assert [a["arm"] for a in record["arms"]][-1] == "tool"
+    assert record["arms"][0]["status"] == "empty"
+    assert done.text == RIGHT
+
+
+def test_holdback_stream_never_shows_rewound_text():
+    _, events, done = run(cfg(stream="holdback"), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])})
+    shown = "".join(e.text for e in events if isinstance(e, Token))
+    assert shown == done.text == RIGHT
+    assert "Wrong" not in shown
+    assert all(e.n_tokens == 0 for e in events if isinstance(e, Rewind))
+    # Shown in order, each index once.
+    indices = [e.index for e in events if isinstance(e, Token)]
+    assert indices == list(range(len(indices)))
+
+
+def test_emit_stream_sends_rewind_events_a_consumer_can_apply():
+    _, events, done = run(cfg(stream="emit", statistic="mean"), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])})
+    screen: list[str] = []
+    saw_wrong = False
+    for e in events:
+        if isinstance(e, Token):
+            screen.append(e.text)
+            saw_wrong |= "W" in e.text
+        elif isinstance(e, Rewind):
+            assert e.n_tokens > 0
+            del screen[len(screen) - e.n_tokens:]
+    assert saw_wrong  # emit shows tokens at once ...
+    assert "".join(screen) == done.text == RIGHT  # ... and the rewind retracts them
+
+
+def test_off_and_detect_give_identical_tokens():
+    _, _, off = run(cfg(mode="off"))
+    _, _, detect = run(cfg(mode="detect"))
+    assert off.text == detect.text
+    assert off.receipt["surprise"] is None and detect.receipt["surprise"]["n"] == len(WRONG)
+
+
+def test_window_resets_after_a_round_and_the_receipt_records_it():
+    arm = StaticArm("memory", [RIGHT_EVIDENCE])
+    result = generate(ScriptedBackend(script_testland), QUESTION, cfg(), {"memory": arm})
+    assert result.text == RIGHT
+    receipt = result.receipt
+    assert receipt["config"]["threshold"] == 3.0 and receipt["mode"] == "intervene"
+    (record,) = receipt["rounds"]
+    for key in ("trigger", "span_class", "arm_order", "arms", "chosen", "action", "tokens_dropped",
+                "tokens_injected", "latency_ms"):
+        assert key in record
+    assert receipt["canary"]["verdict"] != "not_scored"
+
+
+def test_empty_question_is_a_clear_error():
+    from surprisegate.errors import InputError
+
+    with pytest.raises(InputError, match="question is empty"):
+        list(stream(ScriptedBackend(script_testland), "   ", cfg()))
