@@ -36,6 +36,14 @@ class Group(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(130)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except Exception as err:  # a bug, not a user mistake: short message, traceback on request
+            if os.environ.get("SURPRISEGATE_DEBUG") == "1":
+                raise
+            click.echo(f"internal error: {type(err).__name__}: {err} (set SURPRISEGATE_DEBUG=1 for the traceback "
+                       "and please report it)", err=True)
+            ctx.exit(70)
 
 
 @click.group(cls=Group)
@@ -89,15 +97,16 @@ def resolve_config(kwargs: dict) -> Config:
 
 
 def build_arms(config: Config, memory: str | None, tools: bool = True) -> dict:
-    from .arms.memory import MemoryArm
-    from .arms.tools import CalculatorTool
-    from .store.sqlite import SQLiteMemory
-
     arms: dict = {}
     if memory and memory != "none":
+        from .arms.memory import MemoryArm
+        from .store.sqlite import SQLiteMemory
+
         path = ensure_demo(quiet=False) if memory == "demo" else Path(memory)
         arms["memory"] = MemoryArm(SQLiteMemory(path), floor=config.relevance_floor)
     if tools:
+        from .arms.tools import CalculatorTool
+
         arms["tool"] = CalculatorTool()
     return arms
 

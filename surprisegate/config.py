@@ -29,9 +29,12 @@ class Config:
     # --- detection ---
     mode: str = field(default="off", metadata={"help": "off | detect | intervene"})
     statistic: str = field(default="mean", metadata={"help": "rolling statistic: mean | p90 | max"})
-    window: int = field(default=16, metadata={"help": "rolling window size W in tokens"})
-    threshold: float = field(default=2.5, metadata={"help": "trigger when window statistic (bits) exceeds this"})
-    min_tokens: int = field(default=1, metadata={"help": "tokens in the window before it may trigger"})
+    # Provisional operating point from 200 factqa_dev items on SmolLM2-135M (fires on 84% of replies,
+    # precision 0.73, recall 0.87: with a gold memory a rewound right answer stays right);
+    # `surprisegate calibrate` writes a measured one.
+    window: int = field(default=4, metadata={"help": "rolling window size W in tokens"})
+    threshold: float = field(default=1.0, metadata={"help": "trigger when window statistic (bits) exceeds this"})
+    min_tokens: int = field(default=4, metadata={"help": "tokens in the window before it may trigger (capped at window)"})
     tail_cut: float = field(default=4.0, metadata={"help": "bits above which a token counts toward tail mass"})
     # --- intervention ---
     max_rounds: int = field(default=2, metadata={"help": "most grounding rounds per reply"})
@@ -43,7 +46,7 @@ class Config:
     relevance_floor: float = field(default=0.6, metadata={"help": "memory hits scoring below this count as nothing found"})
     injection: str = field(default="system_turn", metadata={"help": "system_turn (measured best) | inline"})
     evidence_template: str = field(
-        default="Fact: {evidence} Use this fact in your answer.",
+        default="Fact: {evidence}",
         metadata={"help": "text of the injected segment; {evidence} and {source} are filled in"})
     # --- streaming ---
     stream: str = field(default="holdback", metadata={"help": "holdback (never show rewound text) | emit (rewind events)"})
@@ -96,8 +99,8 @@ def _validate(c: Config) -> None:
         _fail("window", c.window, "use a whole number of tokens between 1 and 512, e.g. 16", "argument")
     if not math.isfinite(c.threshold):
         _fail("threshold", c.threshold, "use a finite number of bits, e.g. 2.5", "argument")
-    if not 1 <= c.min_tokens <= c.window:
-        _fail("min_tokens", c.min_tokens, f"use a whole number between 1 and window ({c.window})", "argument")
+    if not 1 <= c.min_tokens <= 512:
+        _fail("min_tokens", c.min_tokens, "use a whole number between 1 and 512 (it is capped at window)", "argument")
     if not 0 <= c.max_rounds <= 16:
         _fail("max_rounds", c.max_rounds, "use a whole number between 0 and 16, e.g. 2", "argument")
     if not (math.isfinite(c.round_deadline_s) and 0 < c.round_deadline_s <= 600):

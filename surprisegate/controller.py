@@ -199,7 +199,7 @@ def stream(
         reply.window_stats.append(value)
         if scored:
             triggered = (
-                len(window) >= config.min_tokens
+                len(window) >= min(config.min_tokens, config.window)
                 and value > config.threshold
                 and len(rounds) + len(would_trigger) < config.max_rounds
             )
@@ -215,7 +215,7 @@ def stream(
             else:
                 yield trigger
                 record, new_logits = yield from _intervene(
-                    backend, layout, config, arms, router, question, reply, trigger, emitted, emitted_texts, holdback,
+                    backend, layout, config, arms, router, question, reply, trigger, emitted, holdback, rounds,
                 )
                 rounds.append(record)
                 if new_logits is not None:
@@ -267,7 +267,7 @@ def _trigger_dict(t: Trigger) -> dict:
             "threshold": t.threshold, "span_start": t.span_start, "span_text": t.span_text}
 
 
-def _intervene(backend, layout, config, arms, router, question, reply, trigger, emitted, emitted_texts, holdback):
+def _intervene(backend, layout, config, arms, router, question, reply, trigger, emitted, holdback, earlier_rounds):
     """One grounding round. Returns (convergence record, new logits or None when resumed unmodified)."""
     started = time.monotonic()
     deadline = started + config.round_deadline_s
@@ -296,6 +296,14 @@ def _intervene(backend, layout, config, arms, router, question, reply, trigger, 
         record.update(action="resumed_unmodified", reason=f"no grounding found ({statuses})",
                       latency_ms=round((time.monotonic() - started) * 1000, 2))
         yield Grounding(trigger.round, route.span_class, order, False, None, None, record["reason"])
+        return record, None
+    # The same evidence is already in the context: injecting it again only invites the model to echo it.
+    repeat = next((r["round"] for r in earlier_rounds
+                   if r["action"] == "rewound" and r["chosen"]["evidence"] == chosen.evidence), None)
+    if repeat is not None:
+        record.update(action="resumed_unmodified", reason=f"evidence already injected in round {repeat}",
+                      latency_ms=round((time.monotonic() - started) * 1000, 2))
+        yield Grounding(trigger.round, route.span_class, order, False, chosen.source, chosen.evidence, record["reason"])
         return record, None
 
     yield Grounding(trigger.round, route.span_class, order, True, chosen.source, chosen.evidence, "evidence accepted")

@@ -40,49 +40,88 @@ class Route:
 
 
 # --------------------------------------------------------------------------------------------------
-# computable rules: each takes one text (span, sentence or question) and says whether it matches
+# computable rules: each takes one text (span, sentence or question) and says whether it matches.
+# Repetitions are bounded ({0,4}) so that no pattern goes quadratic on a long reply.
 
-_MONTHS = "january february march april may june july august september october november december".split()
-_WEEKDAYS = "monday tuesday wednesday thursday friday saturday sunday".split()
 
-_DATE_MATH = re.compile(
-    r"\b(?:days?|weeks?|months?|years?|hours?|minutes?)\s+(?:between|until|till|since|from\s+now|ago|before|after|left)\b"
-    r"|\bday\s+of\s+the\s+week\b"
-    r"|\bwhat\s+day\s+(?:is|was|will)\b"
-    r"|\bhow\s+(?:many|much)\s+(?:days|weeks|months|years|hours|minutes|time)\b.*\b(?:until|till|since|between|before|after|ago|left|from)\b"
-    r"|\bhow\s+long\s+(?:ago|until|since|before|after)\b"
-    r"|\bhow\s+old\s+(?:was|is|will|would)\b.*\b(?:in|on|by)\s+\d{4}\b"
-    r"|\bwhat\s+(?:date|day)\s+(?:is|was|will\s+be)\s+\d+\s+(?:days?|weeks?|months?|years?)\b"
-    r"|\b\d+\s+(?:days?|weeks?|months?|years?)\s+(?:after|before|from)\b",
-    re.IGNORECASE,
+def _followed_by(first: str, then: str) -> Callable[[str], bool]:
+    """Match `first` and, somewhere after it, `then`: linear time, where a regex `first.*then` is quadratic."""
+    first_pattern = re.compile(first, re.IGNORECASE)
+    then_pattern = re.compile(then, re.IGNORECASE)
+
+    def matches(text: str) -> bool:
+        found = first_pattern.search(text)
+        return bool(found and then_pattern.search(text, found.end()))
+
+    return matches
+
+
+def _searches(pattern: str) -> Callable[[str], bool]:
+    compiled = re.compile(pattern, re.IGNORECASE)
+    return lambda text: compiled.search(text) is not None
+
+
+def _any_of(*predicates: Callable[[str], bool]) -> Callable[[str], bool]:
+    return lambda text: any(predicate(text) for predicate in predicates)
+
+
+_TIME_UNIT = r"(?:days?|weeks?|months?|years?|hours?|minutes?)"
+_is_date_math = _any_of(
+    _searches(
+        rf"\b{_TIME_UNIT}\s+(?:between|until|till|since|from\s+now|ago|before|after|left)\b"
+        r"|\bday\s+of\s+the\s+week\b"
+        r"|\bwhat\s+day\s+(?:is|was|will)\b"
+        r"|\bhow\s+long\s+(?:ago|until|since|before|after)\b"
+        rf"|\bwhat\s+(?:date|day)\s+(?:is|was|will\s+be)\s+\d+\s+{_TIME_UNIT}\b"
+        rf"|\b\d+\s+{_TIME_UNIT}\s+(?:after|before|from)\b"
+    ),
+    _followed_by(
+        rf"\bhow\s+(?:many|much)\s+(?:{_TIME_UNIT}|time)\b",
+        r"\b(?:until|till|since|between|before|after|ago|left|from)\b",
+    ),
+    _followed_by(r"\bhow\s+old\s+(?:was|is|will|would)\b", r"\b(?:in|on|by)\s+\d{4}\b"),
 )
 
-_CODE = re.compile(
-    r"`[^`]+`"  # inline code or a fenced block
-    r"|^\s*>>>"  # an interpreter prompt
-    r"|\b(?:[a-z_][a-z0-9_]*\.)*[a-z_][a-z0-9_]*\((?:[^()]|\([^()]*\))*\)"  # a call: sorted([3, 1, 2]), math.sqrt(2)
-    r"|\bwhat\s+(?:does|will|would)\b.*\b(?:return|print|output|evaluate\s+to|raise)\b"
-    r"|\b(?:in|using)\s+(?:python|javascript|bash|sql)\b",
-    re.IGNORECASE,
+_is_code = _any_of(
+    _searches(
+        r"`[^`]+`"  # inline code or a fenced block
+        r"|^\s*>>>"  # an interpreter prompt
+        # a call such as sorted([3, 1, 2]) or math.sqrt(2), but not the plural marker in "friend(s)"
+        r"|\b(?:[a-z_][a-z0-9_]*\.){0,4}[a-z_][a-z0-9_]*\((?!e?s\))(?:[^()]|\([^()]{0,200}\)){0,200}\)"
+        r"|\b(?:in|using)\s+(?:python|javascript|bash|sql)\b"
+    ),
+    # "what does x[0] return": the subject must look like code (brackets, dots, underscores, operators)
+    _followed_by(
+        r"\bwhat\s+(?:does|will|would)\s+\S*[][()._=+*/<>]", r"\b(?:return|print|output|evaluate\s+to|raise)\b"
+    ),
 )
 
 _FILE_EXTENSIONS = "txt|json|jsonl|toml|ya?ml|cfg|ini|conf|csv|tsv|md|py|log|xml|html|env"
-_PATH = rf"(?:~?/[\w.-]+(?:/[\w.-]+)*|\./[\w./-]+|\b[\w-]+\.(?:{_FILE_EXTENSIONS})\b)"
-_FILE_CONTENTS = re.compile(
-    rf"\b(?:contents?\s+of|what(?:'s|\s+is)\s+in(?:side)?|inside|read|open|cat|show(?:\s+me)?|lines?\s+of)\b.*(?:{_PATH}|\bfile\b)"
-    r"|\bfile\s+contents?\b"
-    rf"|\bwhat\s+does\s+(?:the\s+file\s+)?{_PATH}\s+(?:say|contain)\b"
-    rf"|\b(?:contains?|in)\s+(?:the\s+file\s+)?{_PATH}",
-    re.IGNORECASE,
+_PATH = (
+    r"(?:~?/[\w.-]{1,255}(?:/[\w.-]{1,255}){0,20}"  # /etc/hosts, ~/notes
+    r"|\./[\w./-]{1,255}"  # ./data/notes.txt
+    rf"|\b[\w-]{{1,255}}\.(?:{_FILE_EXTENSIONS})\b)"  # config.toml
+)
+_is_file_contents = _any_of(
+    _followed_by(
+        r"\b(?:contents?\s+of|what(?:'s|\s+is)\s+in(?:side)?|inside|read|open|cat|show(?:\s+me)?|lines?\s+of)\b",
+        rf"{_PATH}|\bfile\b",
+    ),
+    _searches(
+        r"\bfile\s+contents?\b"
+        rf"|\bwhat\s+does\s+(?:the\s+file\s+)?{_PATH}\s+(?:say|contain)\b"
+        rf"|\b(?:contains?|in)\s+(?:the\s+file\s+)?{_PATH}"
+    ),
 )
 
-_HOST = (
-    r"(?:https?://\S+|\blocalhost\b|\b\d{1,3}(?:\.\d{1,3}){3}\b"
-    r"|\b[a-z0-9-]+(?:\.[a-z0-9-]+)*\.(?:com|org|net|io|dev|ai|edu|gov|co|uk|de|fr|app|info|me)\b"
-    r"|\bports?\s+\d{1,5}\b)"
+_has_host = _searches(
+    r"https?://\S+|\blocalhost\b|\b\d{1,3}(?:\.\d{1,3}){3}\b"
+    r"|\b[a-z0-9-]{1,63}(?:\.[a-z0-9-]{1,63}){0,4}\.(?:com|org|net|io|dev|ai|edu|gov|co|uk|de|fr|app|info|me)\b"
+    r"|\bports?\s+\d{1,5}\b"
 )
-_STATUS_WORD = r"\b(?:up|down|online|offline|reachable|unreachable|responding|open|closed|listening|running|ping|status)\b"
-_LIVE_STATUS = re.compile(rf"{_HOST}.*{_STATUS_WORD}|{_STATUS_WORD}.*{_HOST}", re.IGNORECASE)
+_has_status_word = _searches(
+    r"\b(?:up|down|online|offline|reachable|unreachable|responding|open|closed|listening|running|ping|status)\b"
+)
 
 _NUMBER_TOKEN = re.compile(
     r"\b\d+(?:[.,]\d+)*\b|\b(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|"
@@ -90,11 +129,13 @@ _NUMBER_TOKEN = re.compile(
     re.IGNORECASE,
 )
 # Word problems ask for a quantity built from several numbers without stating the operations.
-_WORD_PROBLEM_ASK = re.compile(
-    r"\bhow\s+(?:many|much)\b|\bhow\s+long\s+(?:would|will|does|did|do|can)\b.*\b(?:take|last)\b"
-    r"|\bin\s+total\b|\btotal\b|\baltogether\b|\bin\s+all\b(?!\s+of)|\bleft\s+over\b|\bremain(?:ing|s)?\b"
-    r"|\beach\b|\bper\b|\baverage\b|\bcombined\b",
-    re.IGNORECASE,
+_asks_for_a_quantity = _any_of(
+    _searches(
+        r"\bhow\s+(?:many|much)\b"
+        r"|\bin\s+total\b|\btotal\b|\baltogether\b|\bin\s+all\b(?!\s+of)|\bleft\s+over\b|\bremain(?:ing|s)?\b"
+        r"|\beach\b|\bper\b|\baverage\b|\bcombined\b"
+    ),
+    _followed_by(r"\bhow\s+long\s+(?:would|will|does|did|do|can)\b", r"\b(?:take|last)\b"),
 )
 
 
@@ -104,14 +145,14 @@ def _is_arithmetic(text: str) -> bool:
 
 
 def _is_word_problem(text: str) -> bool:
-    return bool(_WORD_PROBLEM_ASK.search(text)) and len(_NUMBER_TOKEN.findall(text)) >= 2
+    return _asks_for_a_quantity(text) and len(_NUMBER_TOKEN.findall(text)) >= 2
 
 
 _COMPUTABLE_RULES: list[tuple[str, Callable[[str], bool]]] = [
-    ("file_contents", lambda text: bool(_FILE_CONTENTS.search(text))),
-    ("live_status", lambda text: bool(_LIVE_STATUS.search(text))),
-    ("code", lambda text: bool(_CODE.search(text))),
-    ("date_math", lambda text: bool(_DATE_MATH.search(text))),
+    ("file_contents", _is_file_contents),
+    ("live_status", lambda text: _has_host(text) and _has_status_word(text)),
+    ("code", _is_code),
+    ("date_math", _is_date_math),
     ("arithmetic", _is_arithmetic),
     ("word_problem", _is_word_problem),
 ]
@@ -125,7 +166,8 @@ _NOT_NAMES = set(
     """a an the i i'm i've i'd it it's its this that these those there here he she they we you my your his her our
     their in on at of for to by from with as and or but if so yes no not sure well however also then thus
     therefore what who whom whose when where which why how is are was were be been do does did can could will
-    would should may might must shall let okay ok hello hi thanks thank please note first second finally answer
+    would should may might must shall has have had am let okay ok hello hi thanks thank please note first second
+    finally answer
     """.split()
 )
 # Words that commonly open a request; a question's first capitalised word names something unless it is one.
@@ -136,8 +178,6 @@ _REQUEST_OPENERS = set(
     """.split()
 )
 _CAPITALISED_WORD = re.compile(r"\b[A-Z][\w'’.-]*")
-_NEXT_CAPITALISED_WORD = re.compile(r"\s+([A-Z][\w'’-]*)")
-_SENTENCE_START = re.compile(r"(?:^|[.!?:;]\s+|\n)\s*[\"'(]*$")
 
 _ENTITY_QUESTION = re.compile(
     r"\b(?:who|whom|whose|when|where|which)\b"
@@ -152,28 +192,35 @@ _NUMBER_SHAPED = re.compile(
     r"ninety|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve)\b",
     re.IGNORECASE,
 )
+_MONTHS = "january february march april may june july august september october november december".split()
+_WEEKDAYS = "monday tuesday wednesday thursday friday saturday sunday".split()
 _DATE_SHAPED = re.compile(
-    rf"\b(?:{'|'.join(_MONTHS + _WEEKDAYS)})\b|\b(?:century|decade|bc|bce|ad|ce)\b",
+    rf"\b(?:{'|'.join(_MONTHS)}|(?:{'|'.join(_WEEKDAYS)})s?)\b|\b(?:century|decade|bc|bce|ad|ce)\b"
+    r"|\b\d{4}-\d{2}-\d{2}\b|(?<![\d.,+-])\b(?:1[0-9]|20)\d{2}s?\b(?![.,]\d)",  # ISO dates, years
     re.IGNORECASE,
 )
 
 
+def _starts_a_sentence(text: str, index: int) -> bool:
+    """True when only quotes, brackets and spaces stand between `index` and a sentence end (or the start)."""
+    index -= 1
+    while index >= 0 and text[index] in " \t\"'(“‘":
+        index -= 1
+    return index < 0 or text[index] in ".!?:;\n"
+
+
 def _has_name(text: str, *, is_span: bool) -> bool:
-    """True when text holds a capitalised word that names something (not a sentence-initial "The").
+    """True when text holds a capitalised word that names something ("Paris", not "The").
 
     A span is cut from the middle of the reply, so its first word counts. In a sentence or question a
-    capitalised word at a sentence start counts unless it is a common opener ("Tell me", "The"), and two
-    capitalised words in a row count ("Marie Curie").
+    capitalised word at a sentence start counts too ("Estonia shares a border with") unless it is a common
+    opener of requests ("Tell me", "Explain").
     """
     for match in _CAPITALISED_WORD.finditer(text):
         word = match.group().rstrip(".'’")
         if len(word) < 2 or word.lower() in _NOT_NAMES:
             continue
-        at_sentence_start = bool(_SENTENCE_START.search(text[: match.start()]))
-        if is_span or not at_sentence_start or word.lower() not in _REQUEST_OPENERS:
-            return True
-        following = _NEXT_CAPITALISED_WORD.match(text, match.end())
-        if following and following.group(1).lower() not in _NOT_NAMES:
+        if is_span or not _starts_a_sentence(text, match.start()) or word.lower() not in _REQUEST_OPENERS:
             return True
     return False
 

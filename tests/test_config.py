@@ -10,7 +10,8 @@ from surprisegate.errors import ConfigError
 
 def test_defaults_are_off():
     c = load_config(env={})
-    assert c.mode == "off" and c.max_rounds == 2 and c.window == 16 and c.statistic == "mean"
+    assert c.mode == "off" and c.max_rounds == 2 and c.statistic == "mean"
+    assert 1 <= c.min_tokens and c.window >= 1 and c.threshold > 0
 
 
 @pytest.mark.parametrize("env,mode", [

@@ -45,7 +45,7 @@ RIGHT_EVIDENCE = Evidence(claim="capital of Testland", evidence="The capital of 
 
 
 def cfg(**kw):
-    base = dict(mode="intervene", statistic="max", window=4, threshold=3.0, max_tokens=60, system_prompt="")
+    base = dict(mode="intervene", statistic="max", window=4, threshold=3.0, min_tokens=1, max_tokens=60, system_prompt="")
     return Config(**(base | kw))
 
 
@@ -89,6 +89,18 @@ def test_trigger_fires_at_the_exact_token(statistic, window, threshold):
     assert trigger.token_index == expected
     assert trigger.span_start == max(0, expected - window + 1)
     assert trigger.value > threshold
+
+
+def test_min_tokens_delays_the_first_possible_trigger():
+    def early_doubt(context):
+        if "Rightburg" in context:
+            return plan(RIGHT)
+        return plan("Wrongville is the capital.", doubtful="Wrongville")
+
+    _, events, _ = run(cfg(min_tokens=1), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, script=early_doubt)
+    assert next(e for e in events if isinstance(e, Trigger)).token_index == 0
+    _, events, _ = run(cfg(min_tokens=3), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, script=early_doubt)
+    assert next(e for e in events if isinstance(e, Trigger)).token_index == 2
 
 
 def test_rewind_drops_the_span_injects_evidence_and_fixes_the_reply():

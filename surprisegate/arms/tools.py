@@ -65,7 +65,9 @@ def calculate(expression: str) -> Number:
     try:
         tree = ast.parse(text, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
-        raise InputError(f"expression {_shown(expression)} is not valid arithmetic ({err}); {ALLOWED_SUMMARY}") from None
+        raise InputError(
+            f"expression {_shown(expression)} is not valid arithmetic ({err}); {ALLOWED_SUMMARY}"
+        ) from None
     try:
         value = _evaluate(tree.body, expression)
     except RecursionError:
@@ -73,9 +75,10 @@ def calculate(expression: str) -> Number:
     return _normalise(value)
 
 
-def _shown(expression: str) -> str:
+def _shown(expression: object) -> str:
     """The expression quoted for an error message, cut short so a long input cannot flood the log."""
-    return repr(expression if len(expression) <= 80 else expression[:77] + "...")
+    text = repr(expression)
+    return text if len(text) <= 80 else text[:76] + "...'"
 
 
 def _evaluate(node: ast.AST, expression: str) -> Number:
@@ -158,12 +161,15 @@ def _log10(value: Number) -> float:
 
 def _checked(value: Number, expression: str) -> Number:
     if isinstance(value, float) and not math.isfinite(value):
-        raise InputError(f"expression {_shown(expression)} overflows; results are limited to {MAX_RESULT_DIGITS} digits")
+        raise InputError(
+            f"expression {_shown(expression)} overflows; results are limited to {MAX_RESULT_DIGITS} digits"
+        )
     # Fractions with huge denominators are as costly as huge integers, so bound both parts.
     parts = (value.numerator, value.denominator) if isinstance(value, Fraction) else (value,)
     if any(abs(part) > MAX_RESULT for part in parts):
         raise InputError(
-            f"expression {_shown(expression)} produces a number over {MAX_RESULT_DIGITS} digits; use smaller operands"
+            f"expression {_shown(expression)} produces a number over {MAX_RESULT_DIGITS} digits; "
+            "use smaller operands"
         )
     return value
 
@@ -310,10 +316,12 @@ _MONTH = (
     r"(?:january|february|march|april|may|june|july|august|september|october|november|december"
     r"|jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec)\.?"
 )
+_ORDINAL = r"(?:st|nd|rd|th)?"
 _NOT_ARITHMETIC = re.compile(
     r"\b\d{1,4}[-/.]\d{1,2}[-/.]\d{1,4}\b"  # 2024-01-05, 1/2/2024, 3.11.7
     r"|\b\d{1,2}:\d{2}\b"  # 10:30
-    rf"|(?:\b\d{{1,4}}(?:st|nd|rd|th)?\s+)?\b{_MONTH}(?=\s|,|$)(?:\s+\d{{1,4}}(?:st|nd|rd|th)?\b)?(?:,?\s+\d{{4}}\b)?"
+    rf"|(?:\b\d{{1,4}}{_ORDINAL}\s+)?\b{_MONTH}(?=\s|,|$)"  # 11 December, 3rd May
+    rf"(?:\s+\d{{1,4}}{_ORDINAL}\b)?(?:,?\s+\d{{4}}\b)?"  # December 11, 1933
 )
 # In prose a dash or slash glued between digits is a range, score or season ("1844-1846", "6-4", "1895/96");
 # only a text that is nothing but a computation asked for ("What is 12-7?", "12-7=") reads it as arithmetic.
@@ -324,6 +332,8 @@ _ASKED_COMPUTATION = re.compile(
     r"|^[\d\s.,+\-–—*/×÷^%()x]+(?:\?|=)\s*$"
 )
 MAX_RUN_TOKENS_TO_TRIM = 40
+MAX_RUN_TOKENS = 150
+MAX_PARSES_PER_TEXT = 2000  # bounds extraction time on long adversarial text (about 50 ms)
 _THOUSANDS_SEPARATOR = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
 
@@ -338,16 +348,21 @@ def extract_computation(text: str) -> str | None:
         return None
     normalised = _normalise_text(text)
     tokens = _tokenize(normalised)
-    best: tuple[int, int, str] | None = None  # (operator count, position, expression)
-    for position, run in enumerate(_operator_runs(tokens)):
-        found = _longest_expression(run)
-        if found is None:
-            continue
-        expression, operator_count = found
-        # The run with the most operators wins; ties go to the later one (questions end with the ask).
-        if best is None or (operator_count, position) >= best[:2]:
-            best = (operator_count, position, expression)
-    return None if best is None else best[2]
+    best: tuple[int, str] | None = None  # (operator count, expression)
+    parses_left = MAX_PARSES_PER_TEXT
+    runs = _operator_runs(tokens)
+    # Last run first: questions end with the ask, so that is where the parse budget is spent.
+    for position in reversed(range(len(runs))):
+        found, parses_used = _longest_expression(runs[position], parses_left)
+        parses_left -= parses_used
+        if found is not None:
+            expression, operator_count = found
+            # The run with the most operators wins; ties go to the later one.
+            if best is None or operator_count > best[0]:
+                best = (operator_count, expression)
+        if parses_left <= 0:
+            break
+    return None if best is None else best[1]
 
 
 def _normalise_text(text: str) -> str:
@@ -374,7 +389,8 @@ def _normalise_text(text: str) -> str:
 
 
 _NUMBER_WORD = re.compile(
-    rf"\b(?:(?P<tens>{'|'.join(_TENS)})(?:[-\s](?P<ones>{'|'.join(_UNITS[1:10])}))?|(?P<single>{'|'.join(_UNITS)}))\b"
+    rf"\b(?:(?P<tens>{'|'.join(_TENS)})(?:[-\s](?P<ones>{'|'.join(_UNITS[1:10])}))?"  # twenty, twenty-one
+    rf"|(?P<single>{'|'.join(_UNITS)}))\b"  # zero .. nineteen
 )
 
 
@@ -444,14 +460,22 @@ def _operator_runs(tokens: list[tuple[str, str]]) -> list[list[str]]:
     return runs
 
 
-def _longest_expression(run: list[str]) -> tuple[str, int] | None:
-    """The longest slice of `run` that parses and holds at least one binary operator."""
-    if len(run) < 3:
-        return None
+def _longest_expression(run: list[str], max_parses: int) -> tuple[tuple[str, int] | None, int]:
+    """The longest slice of `run` that parses and holds a binary operator, with its operator count.
+
+    Returns (found or None, parses used); gives up after `max_parses` attempts.
+    """
+    # A run longer than any expression `calculate` accepts is not a computation a person stated.
+    if len(run) < 3 or len(run) > MAX_RUN_TOKENS:
+        return None, 0
     # Trimming a long run costs quadratically many parses; real questions have short runs.
     shortest = 3 if len(run) <= MAX_RUN_TOKENS_TO_TRIM else len(run)
+    parses = 0
     for length in range(len(run), shortest - 1, -1):
         for start in range(len(run) - length + 1):
+            if parses >= max_parses:
+                return None, parses
+            parses += 1
             candidate = " ".join(run[start : start + length])
             try:
                 tree = ast.parse(candidate, mode="eval")
@@ -459,8 +483,8 @@ def _longest_expression(run: list[str]) -> tuple[str, int] | None:
                 continue
             operator_count = sum(isinstance(node, ast.BinOp) for node in ast.walk(tree))
             if operator_count:
-                return ast.unparse(tree), operator_count
-    return None
+                return (ast.unparse(tree), operator_count), parses
+    return None, parses
 
 
 # --------------------------------------------------------------------------------------------------

@@ -66,6 +66,7 @@ class LlamaCppBackend:
         import llama_cpp
 
         self._llama = llama
+        self._llama_cpp = llama_cpp
         self._token_bytes_cache: dict[int, bytes] = {}
         self.model_id = model_id
         self.n_vocab = llama.n_vocab()
@@ -89,8 +90,13 @@ class LlamaCppBackend:
     def token_bytes(self, token_id: int) -> bytes:
         cached = self._token_bytes_cache.get(token_id)
         if cached is None:
-            # special=False: control tokens (end of turn) have no visible text.
-            cached = self._llama.detokenize([token_id], special=False)
+            # Control tokens (end of turn) have no visible text; special=True for the rest, because
+            # special=False also blanks some ordinary tokens (long whitespace runs, dash lines).
+            vocab = self._llama_cpp.llama_model_get_vocab(self._llama.model)
+            if self._llama_cpp.llama_vocab_is_control(vocab, token_id):
+                cached = b""
+            else:
+                cached = self._llama.detokenize([token_id], special=True)
             self._token_bytes_cache[token_id] = cached
         return cached
 
@@ -174,6 +180,7 @@ class LlamaCppBackend:
 
 def from_llamacpp(model: str | None = None, n_ctx: int = 4096, seed: int = 0, n_threads: int | None = None, **_) -> LlamaCppBackend:
     """Load a GGUF model (default: the embedded SmolLM2-135M-Instruct) with llama-cpp-python."""
+    path = embedded_model_path() if not model else check_gguf(model)
     try:
         import llama_cpp  # noqa: F401
         from llama_cpp import Llama
@@ -182,7 +189,6 @@ def from_llamacpp(model: str | None = None, n_ctx: int = 4096, seed: int = 0, n_
             "the llamacpp backend needs llama-cpp-python: pip install 'surprisegate[llamacpp]' "
             "(or run scripts/setup.sh, which caches the built wheel)"
         ) from None
-    path = embedded_model_path() if not model else check_gguf(model)
     try:
         llama = Llama(
             model_path=str(path),

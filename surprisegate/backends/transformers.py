@@ -32,6 +32,10 @@ _MISSING_TORCH = (
 _MISSING_GGUF = (
     "loading a .gguf file with transformers needs gguf and accelerate: pip install gguf accelerate"
 )
+# Special tokens that end a turn across chat formats (the list llama.cpp matches by text).
+END_OF_TURN_TOKENS = frozenset(
+    {"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<EOT>"}
+)
 _DTYPES = ("float32", "bfloat16", "float16")
 _BYTE_FALLBACK_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -272,11 +276,17 @@ def _resolve_model_path(model: str | None) -> tuple[str, str | None, str]:
 
 
 def _eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
-    """Every id that the generation config, model config or tokenizer declares as end of sequence."""
+    """Ids that end generation: those the configs or tokenizer declare, plus the special
+    end-of-turn tokens that llama.cpp also treats as end of generation."""
     declared: list[Any] = [
         getattr(getattr(model, "generation_config", None), "eos_token_id", None),
         getattr(model.config, "eos_token_id", None),
         getattr(tokenizer, "eos_token_id", None),
+    ]
+    declared += [
+        token_id
+        for token_id, added in tokenizer.added_tokens_decoder.items()
+        if added.special and added.content in END_OF_TURN_TOKENS
     ]
     ids: set[int] = set()
     for value in declared:
@@ -306,16 +316,18 @@ def _build_token_bytes_table(tokenizer: Any) -> list[bytes]:
     """The raw bytes of every token id, undoing the tokenizer's byte-to-text encoding."""
     decoder_types = _decoder_types(tokenizer)
     byte_level = "ByteLevel" in decoder_types
-    special_text = {
-        token_id: added.content for token_id, added in tokenizer.added_tokens_decoder.items()
+    # Special (control) tokens have no visible text, as in the llama.cpp backend; other added
+    # tokens are stored verbatim, not byte-encoded.
+    added_text = {
+        token_id: b"" if added.special else added.content.encode("utf-8")
+        for token_id, added in tokenizer.added_tokens_decoder.items()
     }
     byte_of_char = _gpt2_unicode_to_byte() if byte_level else {}
     pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
     table: list[bytes] = []
     for token_id, piece in enumerate(pieces):
-        if token_id in special_text:
-            # Added tokens are stored verbatim, not byte-encoded: <|im_start|> is its own text.
-            table.append(special_text[token_id].encode("utf-8"))
+        if token_id in added_text:
+            table.append(added_text[token_id])
         elif piece is None:
             table.append(b"")
         elif byte_level:

@@ -1,0 +1,101 @@
+"""CLI through click's CliRunner: bad input is a one-line error with the fix, exit code != 0, no traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from surprisegate.cli import main
+
+
+@pytest.fixture
+def runner(tmp_path, monkeypatch):
+    monkeypatch.setenv("SURPRISEGATE_HOME", str(tmp_path / "home"))
+    for var in ("SURPRISE_CANARY", "SURPRISE_INTERVENE"):
+        monkeypatch.delenv(var, raising=False)
+    return CliRunner()
+
+
+def assert_clean_error(result, *needles):
+    assert result.exit_code != 0, result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    message = result.output.strip()
+    assert message.count("\n") == 0, f"expected one line, got: {message!r}"
+    for needle in needles:
+        assert needle in message, message
+
+
+def test_empty_question(runner):
+    assert_clean_error(runner.invoke(main, ["ask", "  "]), "question is empty", "surprisegate ask")
+
+
+def test_unknown_mode(runner):
+    assert_clean_error(runner.invoke(main, ["ask", "Hi?", "--mode", "loud"]), "mode='loud'", "off, detect, intervene")
+
+
+def test_threshold_not_a_number(runner):
+    assert_clean_error(runner.invoke(main, ["ask", "Hi?", "--threshold", "high"]), "--threshold='high'", "e.g.")
+
+
+def test_missing_memory_file(runner, tmp_path):
+    missing = tmp_path / "nope.sqlite"
+    result = runner.invoke(main, ["ask", "Hi?", "--mode", "intervene", "--memory", str(missing)])
+    assert_clean_error(result, str(missing), "memory add")
+
+
+def test_model_that_is_not_gguf(runner, tmp_path):
+    fake = tmp_path / "model.bin"
+    fake.write_bytes(b"PK\x03\x04not a gguf")
+    assert_clean_error(runner.invoke(main, ["ask", "Hi?", "--model", str(fake)]), "not a GGUF file", ".gguf")
+    assert_clean_error(runner.invoke(main, ["ask", "Hi?", "--model", str(tmp_path / "missing.gguf")]), "does not exist")
+    assert_clean_error(runner.invoke(main, ["ask", "Hi?", "--model", str(tmp_path)]), "is a directory", "--backend transformers")
+
+
+def test_bad_config_file(runner, tmp_path):
+    bad = tmp_path / "c.toml"
+    bad.write_text("[surprisegate]\nwindow = 0\n")
+    assert_clean_error(runner.invoke(main, ["ask", "Hi?", "--config", str(bad)]), "window=0", str(bad))
+
+
+def test_env_flag_picks_mode_and_flag_beats_env(runner, monkeypatch):
+    monkeypatch.setenv("SURPRISE_INTERVENE", "1")
+    out = runner.invoke(main, ["config"])
+    assert out.exit_code == 0 and 'mode = "intervene"' in out.output
+    out = runner.invoke(main, ["config", "--mode", "detect", "--threshold", "3.5"])
+    assert 'mode = "detect"' in out.output and "threshold = 3.5" in out.output
+
+
+def test_receipts_show_missing_and_torn(runner, tmp_path):
+    assert_clean_error(runner.invoke(main, ["receipts", "show", str(tmp_path / "none.jsonl")]), "does not exist")
+    from surprisegate.receipts import ReceiptWriter, build_receipt
+
+    path = tmp_path / "r.jsonl"
+    rec = build_receipt(reply_id="abc", created=0.0, model="m", backend="b", config={"mode": "detect"}, prompt="Q?",
+                        reply="A.", n_tokens=2, surprise={"n": 2, "mean": 1.0, "p90": 1.5, "max": 2.0, "tail_mass": 0.0},
+                        canary={"verdict": "confident_unanchored"}, rounds=[], mode="detect", finish_reason="stop")
+    ReceiptWriter(path).append(rec)
+    with open(path, "a") as fh:
+        fh.write('{"torn": ')
+    result = runner.invoke(main, ["receipts", "show", str(path)])
+    assert result.exit_code == 0
+    assert "A." in result.output and "skipped" in result.output
+
+
+def test_memory_add_and_search_json(runner, tmp_path):
+    data = tmp_path / "kb.jsonl"
+    data.write_text(
+        json.dumps({"kb_id": "country:BF", "title": "Burkina Faso", "text": "The capital of Burkina Faso is Ouagadougou."}) + "\n"
+        + "{not json\n"
+        + json.dumps({"kb_id": "country:TD", "title": "Chad", "text": "The capital of Chad is N'Djamena."}) + "\n"
+    )
+    store = tmp_path / "m.sqlite"
+    result = runner.invoke(main, ["memory", "add", "--memory", str(store), str(data)])
+    assert result.exit_code == 0, result.output
+    assert "added 2" in result.output and "line 2" in result.output
+    result = runner.invoke(main, ["memory", "search", "--memory", str(store), "--json", "capital of Burkina Faso"])
+    hits = json.loads(result.output)
+    assert hits[0]["source"] == "country:BF" and "Ouagadougou" in hits[0]["text"]
+    assert_clean_error(runner.invoke(main, ["memory", "search", "--memory", str(tmp_path / "x.sqlite"), "q"]), "does not exist")

@@ -1,0 +1,79 @@
+"""End to end on the real embedded model, through the real CLI in a subprocess, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def sg(*args, home, timeout=300):
+    env = os.environ | {"SURPRISEGATE_HOME": str(home)}
+    env.pop("SURPRISE_CANARY", None)
+    env.pop("SURPRISE_INTERVENE", None)
+    return subprocess.run([sys.executable, "-m", "surprisegate", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def factkb_memory(tmp_path_factory, shared_data):
+    pytest.importorskip("llama_cpp")
+    home = tmp_path_factory.mktemp("home")
+    store = home / "factkb.sqlite"
+    out = sg("memory", "add", "--memory", str(store), str(shared_data / "factkb_passages.jsonl"), home=home)
+    assert out.returncode == 0, out.stderr
+    return home, store
+
+
+def ask_json(home, *args):
+    out = sg("ask", "--json", *args, home=home)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_burkina_faso_capital_via_memory(factkb_memory):
+    home, store = factkb_memory
+    question = "What is the capital of Burkina Faso?"
+    off = ask_json(home, "--mode", "off", "--memory", str(store), question)
+    assert "ouagadougou" not in off["reply"].lower()
+    assert off["rounds"] == []
+    on = ask_json(home, "--mode", "intervene", "--memory", str(store), question)
+    assert "Ouagadougou" in on["reply"].split(".")[0]
+    rewound = [r for r in on["rounds"] if r["action"] == "rewound"]
+    assert rewound and rewound[0]["chosen"]["source"] == "memory:country:BF"
+    assert "Ouagadougou" in rewound[0]["chosen"]["evidence"]
+    # The receipt was written and says the same.
+    lines = [json.loads(l) for l in open(on["receipt"], encoding="utf-8")]
+    receipt = next(r for r in lines if r["reply_id"] == on["receipt_id"])
+    assert receipt["rounds"][0]["action"] == "rewound" and receipt["config"]["mode"] == "intervene"
+
+
+def test_multiplication_via_the_calculator(factkb_memory):
+    home, store = factkb_memory
+    question = "What is 37 times 48?"
+    off = ask_json(home, "--mode", "off", "--memory", str(store), question)
+    assert "1776" not in off["reply"].replace(",", "")
+    on = ask_json(home, "--mode", "intervene", "--memory", str(store), question)
+    assert "1776" in on["reply"].replace(",", "")
+    chosen = [r["chosen"] for r in on["rounds"] if r["action"] == "rewound"]
+    assert chosen and chosen[0]["source"] == "tool:calculator" and chosen[0]["observable"] == 1.0
+
+
+def test_demo_command_wrong_then_right(tmp_path):
+    pytest.importorskip("llama_cpp")
+    out = sg("demo", home=tmp_path, timeout=600)
+    assert out.returncode == 0, out.stderr
+    summary = out.stdout.split("── summary ──", 1)[1]
+    off_line = next(l for l in summary.splitlines() if l.startswith("off:"))
+    on_line = next(l for l in summary.splitlines() if l.startswith("intervene:"))
+    assert "Ouagadougou" not in off_line and "Ouagadougou" in on_line
+    receipts = [json.loads(l) for l in open(tmp_path / "demo-receipts.jsonl", encoding="utf-8")]
+    assert [r["mode"] for r in receipts] == ["off", "intervene"]
+    round1 = receipts[1]["rounds"][0]
+    assert round1["action"] == "rewound" and round1["chosen"]["source"].startswith("memory:")
+    assert "Ouagadougou" in round1["chosen"]["evidence"]

@@ -1,0 +1,252 @@
+"""The router: span classes from deterministic rules, and arm orders filtered to the available arms."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from surprisegate.errors import InputError
+from surprisegate.router import Route, arm_order, classify_span, route
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+# (span, question, sentence so far, expected class)
+LABELLED_SPANS = [
+    ("1776", "What is 37 times 48?", "", "computable"),
+    ("109", "What is 80 plus 29?", "", "computable"),
+    ("", "What is 12 * (3 + 4)?", "", "computable"),
+    ("37 × 48 = 1,776", "", "", "computable"),
+    ("12", "What is 15% of 80?", "", "computable"),
+    ("25", "What is 5 squared?", "", "computable"),
+    ("7", "What is the sum of 3 and 4?", "", "computable"),
+    ("3.5", "What is 7 divided by 2?", "", "computable"),
+    ("64", "A team had 12 members but 4 didn't show up. If each scored 8 points, how many points in total?",
+     "", "computable"),
+    ("36", "Adam bought 13 boxes and gave 7 away. If each box has 6 pieces, how many pieces did he keep?",
+     "", "computable"),
+    ("56", "", "They had 7 players with 8 lives each, so in total they had 56", "computable"),
+    ("59", "How many days are there between March 3 and May 1?", "", "computable"),
+    ("Tuesday", "What day of the week was July 4, 1976?", "", "computable"),
+    ("42", "How many days until Christmas?", "", "computable"),
+    ("March 15", "What date is 30 days after February 14?", "", "computable"),
+    ("1", "What does `sorted([3,1,2])[0]` return?", "", "computable"),
+    ("3", "What does len('abc') return in Python?", "", "computable"),
+    ("[1, 2, 3]", "What is the output of sorted([3, 1, 2])?", "", "computable"),
+    ("localhost", "What are the contents of /etc/hosts?", "", "computable"),
+    ("debug = true", "What is in file config.toml?", "", "computable"),
+    ("42", "How many lines are in ./data/notes.txt?", "", "computable"),
+    ("up", "Is example.com up?", "", "computable"),
+    ("open", "Is port 8080 open?", "", "computable"),
+    ("down", "Is https://api.example.org/health responding?", "", "computable"),
+    ("200", "What is the status of localhost:8000?", "", "computable"),
+    ("Paris", "What is the capital of France?", "", "entity"),
+    ("Ouagadougou", "", "The capital of Burkina Faso is Ouagadougou", "entity"),
+    ("Barack Obama", "Who was the 44th US president?", "", "entity"),
+    ("1969", "When did Apollo 11 land on the Moon?", "", "entity"),
+    ("July 20", "When did Apollo 11 land on the Moon?", "", "entity"),
+    ("in the Pacific", "Where is Fiji?", "", "entity"),
+    ("67 million", "What is the population of France?", "", "entity"),
+    ("+376", "What is the calling code of Andorra?", "", "entity"),
+    ("Au", "What is the chemical symbol for gold?", "", "entity"),
+    ("79", "What is the atomic number of gold?", "", "entity"),
+    ("Euro", "What currency is used in Andorra?", "", "entity"),
+    ("Catalan", "What is the official language of Andorra?", "", "entity"),
+    ("Shakespeare", "Who wrote Hamlet?", "", "entity"),
+    ("a playwright", "Who wrote Hamlet?", "", "entity"),
+    ("Persian", "The official language of Qazvin Province is", "", "entity"),
+    ("Manhattan", "The headquarters location of Columbia University is", "", "entity"),
+    ("Europe", "On which continent is Andorra located?", "", "entity"),
+    ("1896", "In which year was Utah admitted to the union?", "", "entity"),
+    ("Marie Curie", "", "", "entity"),
+    ("December", "", "", "entity"),
+    ("the 19th century", "", "", "entity"),
+    ("1,234", "", "", "entity"),
+    ("seven", "", "", "entity"),
+    ("New York City", "Tell me about the Big Apple.", "", "entity"),
+    ("physicist", "Tell me about Marie Curie.", "", "entity"),
+    ("Estonia", "Estonia shares a border with", "", "entity"),
+    ("Latvia", "Estonia shares a border with", "", "entity"),
+    ("happy", "How are you today?", "", "other"),
+    ("the", "Write a poem about the sea.", "", "other"),
+    ("because it is", "Why is the sky blue?", "", "other"),
+    ("delicious", "Describe the taste of chocolate.", "", "other"),
+    ("maybe", "", "I think that maybe", "other"),
+    ("Sure", "Can you help me?", "", "other"),
+    ("However", "", "However", "other"),
+    ("", "", "", "other"),
+    ("kind and patient", "What makes a good teacher?", "", "other"),
+    ("photosynthesis", "Explain photosynthesis in simple terms.", "", "other"),
+    ("water", "What is ice made of?", "", "other"),
+    ("over the summer", "What did you do over the summer?", "", "other"),
+    ("apples", "Solve for x in a friendly way.", "", "other"),
+    ("It", "", "It", "other"),
+    ("1844-1846", "When was Arthur's Magazine published?", "", "entity"),
+    ("May 3, 1990", "When was he born?", "", "entity"),
+    ("2024-01-05", "", "", "entity"),
+    # more contrasts: the same word with and without a computable context
+    ("", "Which of my friend(s) came to the party?", "", "entity"),
+    ("", "What does x[0] return?", "", "computable"),
+    ("Mondays", "What does the library do on Mondays?", "", "entity"),
+    ("open", "Is the store open late?", "", "other"),
+    ("1766", "", "37 times 48 is 1766", "computable"),
+    ("4", "How many legs does a dog have?", "", "entity"),
+    ("Tokyo", "Is example.com hosted in Tokyo or in Osaka?", "", "entity"),
+]
+
+
+@pytest.mark.parametrize(
+    ("span", "question", "sentence", "expected"),
+    LABELLED_SPANS,
+    ids=[f"{i}-{case[3]}-{(case[0] or case[1] or case[2])[:24]}" for i, case in enumerate(LABELLED_SPANS)],
+)
+def test_labelled_spans(span, question, sentence, expected):
+    span_class, rule = classify_span(span, question, sentence)
+    assert span_class == expected, f"rule {rule} fired"
+
+
+def test_the_table_is_large_and_covers_every_class():
+    assert len(LABELLED_SPANS) >= 60
+    assert {case[3] for case in LABELLED_SPANS} == {"computable", "entity", "other"}
+
+
+@pytest.mark.parametrize(
+    ("span", "question", "sentence", "expected_rule"),
+    [
+        ("1776", "What is 37 times 48?", "", "arithmetic@question"),
+        ("37 × 48 = 1,776", "", "", "arithmetic@span"),
+        ("1766", "", "37 times 48 is 1766", "arithmetic@sentence"),
+        ("9", "Sam had 8 dollars and got 7 more. How many 3 dollar toys can he buy?", "", "word_problem@question"),
+        ("Tuesday", "What day of the week was July 4, 1976?", "", "date_math@question"),
+        ("1", "What does `sorted([3,1,2])[0]` return?", "", "code@question"),
+        ("x", "What are the contents of /etc/hosts?", "", "file_contents@question"),
+        ("up", "Is example.com up?", "", "live_status@question"),
+        ("Paris", "What is the capital of France?", "", "named_entity@span"),
+        ("1969", "", "", "date@span"),
+        ("79", "", "", "number@span"),
+        ("a playwright", "Who wrote Hamlet?", "", "entity_question@question"),
+        ("physicist", "Tell me about Marie Curie.", "", "named_entity@question"),
+        ("happy", "How are you today?", "", "no_rule_matched"),
+    ],
+)
+def test_rule_names_say_which_rule_and_field_fired(span, question, sentence, expected_rule):
+    assert classify_span(span, question, sentence)[1] == expected_rule
+
+
+def test_computable_context_outranks_an_entity_shaped_span():
+    # The span is only the doubtful answer; the question says it is arithmetic.
+    assert classify_span("1776")[0] == "entity"
+    assert classify_span("1776", question="What is 37 times 48?")[0] == "computable"
+
+
+def test_classification_is_deterministic():
+    for span, question, sentence, _ in LABELLED_SPANS:
+        assert classify_span(span, question, sentence) == classify_span(span, question, sentence)
+
+
+@pytest.mark.parametrize(
+    "unit",
+    ["The quick brown fox jumps over example.com. ", "up ", "a-a-", "a.a.", "read ", "how many days ", "f(",
+     "1 plus 1 word "],
+)
+def test_long_text_is_classified_quickly(unit):
+    # Rules are linear: a regex like `host.*status` would take seconds on a long reply.
+    text = unit * (15_000 // len(unit))
+    started = time.perf_counter()
+    classify_span(text[:2000], text, text)
+    assert time.perf_counter() - started < 2.0
+
+
+# --------------------------------------------------------------------------------------------------
+# arm order
+
+
+def test_arm_order_for_each_class():
+    assert arm_order("computable") == ("memory", "tool", "web")
+    assert arm_order("entity") == ("memory", "web", "tool")
+    assert arm_order("other") == ("memory", "web", "tool")
+
+
+@pytest.mark.parametrize(
+    ("span_class", "available", "expected"),
+    [
+        ("computable", ("tool",), ("tool",)),
+        ("computable", ("web", "tool"), ("tool", "web")),  # the class decides the order, not `available`
+        ("computable", ["tool", "memory"], ("memory", "tool")),
+        ("entity", ("tool", "web", "memory"), ("memory", "web", "tool")),
+        ("entity", ("memory",), ("memory",)),
+        ("other", (), ()),
+        ("other", ("oracle", "web"), ("web",)),  # names the router does not know are dropped
+    ],
+)
+def test_arm_order_keeps_only_available_arms(span_class, available, expected):
+    assert arm_order(span_class, available) == expected
+
+
+def test_arm_order_rejects_an_unknown_class():
+    with pytest.raises(InputError, match="span_class 'number' is unknown; use one of computable, entity, other"):
+        arm_order("number")
+
+
+def test_arm_order_rejects_a_bare_string_for_available():
+    with pytest.raises(InputError, match="sequence of arm names"):
+        arm_order("entity", "tool")
+
+
+# --------------------------------------------------------------------------------------------------
+# route
+
+
+def test_route_combines_class_rule_and_order():
+    decision = route("1776", question="What is 37 times 48?")
+    expected = Route(span_class="computable", rule="arithmetic@question", arm_order=("memory", "tool", "web"))
+    assert decision == expected
+
+
+def test_route_filters_to_the_available_arms():
+    decision = route("Paris", question="What is the capital of France?", available=("tool", "memory"))
+    assert decision.span_class == "entity"
+    assert decision.arm_order == ("memory", "tool")
+
+
+def test_route_is_frozen():
+    decision = route("x")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decision.span_class = "entity"  # type: ignore[misc]
+
+
+def test_route_logs_its_decision(caplog):
+    with caplog.at_level(logging.DEBUG, logger="surprisegate.router"):
+        route("1776", question="What is 37 times 48?")
+    assert "class=computable rule=arithmetic@question arms=memory,tool,web" in caplog.text
+
+
+def test_route_accepts_keyword_arguments_as_the_controller_calls_it():
+    decision = route("1776", "What is 37 times 48?", "The answer is 1776", available=("memory", "web", "tool"))
+    assert decision.span_class == "computable"
+
+
+# --------------------------------------------------------------------------------------------------
+# the shared development data: whole question sets should land in the class their category implies
+
+
+def _load_questions(name: str) -> list[str]:
+    path = DATA_DIR / name
+    if not path.exists():
+        pytest.skip(f"{path} is absent (shared evaluation data)")
+    with path.open(encoding="utf-8") as handle:
+        return [json.loads(line)["question"] for line in handle if line.strip()]
+
+
+def test_arithmetic_questions_are_computable():
+    questions = _load_questions("arith_dev.jsonl")
+    assert [q for q in questions if classify_span("", q)[0] != "computable"] == []
+
+
+def test_fact_questions_are_entities():
+    questions = _load_questions("factqa_dev.jsonl")
+    assert [q for q in questions if classify_span("", q)[0] != "entity"] == []
