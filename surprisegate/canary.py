@@ -59,7 +59,8 @@ def groundedness_canary(
     records = [r.to_dict() if hasattr(r, "to_dict") else r for r in rounds or []]
     records = [r for r in records if isinstance(r, dict)]
     anchoring, source = _anchoring(records)
-    unresolved = sum(1 for r in records if r.get("action") != "rewound")
+    # A round that found evidence already injected earlier is covered by that round, not unresolved.
+    unresolved = sum(1 for r in records if r.get("action") != "rewound" and not r.get("already_grounded"))
     result: dict[str, Any] = {
         "uncertainty": None,
         "anchoring": anchoring,

@@ -166,6 +166,7 @@ def stream(
     rounds: list[dict] = []
     would_trigger: list[dict] = []  # detect mode: crossings recorded, never acted on
     decoded = 0  # every token sampled, including dropped ones
+    window_max = 0.0  # highest statistic of a window eligible to trigger, over every token decoded
     injected_total = 0
     finish_reason = "length"
     emitted = 0  # visible tokens already sent as Token events
@@ -198,8 +199,11 @@ def stream(
         value = window.push(s) if scored else math.nan
         reply.window_stats.append(value)
         if scored:
+            eligible = len(window) >= min(config.min_tokens, config.window)
+            if eligible:
+                window_max = max(window_max, value)
             triggered = (
-                len(window) >= min(config.min_tokens, config.window)
+                eligible
                 and value > config.threshold
                 and len(rounds) + len(would_trigger) < config.max_rounds
             )
@@ -242,8 +246,8 @@ def stream(
     text = reply.text()
     surprise_summary = aggregates(reply.surprises, config.tail_cut) if scored else None
     if surprise_summary is not None:
-        # The highest rolling statistic seen over the final reply: what the gate compares to the threshold.
-        surprise_summary["window_max"] = max(reply.window_stats, default=0.0)
+        # The highest eligible rolling statistic seen while decoding: what the gate compares to the threshold.
+        surprise_summary["window_max"] = window_max
         surprise_summary["statistic"] = config.statistic
     result = {
         "reply": text,
@@ -301,7 +305,7 @@ def _intervene(backend, layout, config, arms, router, question, reply, trigger, 
     repeat = next((r["round"] for r in earlier_rounds
                    if r["action"] == "rewound" and r["chosen"]["evidence"] == chosen.evidence), None)
     if repeat is not None:
-        record.update(action="resumed_unmodified", reason=f"evidence already injected in round {repeat}",
+        record.update(action="resumed_unmodified", reason=f"evidence already injected in round {repeat}", already_grounded=True,
                       latency_ms=round((time.monotonic() - started) * 1000, 2))
         yield Grounding(trigger.round, route.span_class, order, False, chosen.source, chosen.evidence, record["reason"])
         return record, None

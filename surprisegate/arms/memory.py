@@ -14,7 +14,7 @@ import unicodedata
 from typing import Protocol
 
 from ..errors import ArmError, ConfigError
-from ..store.sqlite import Hit, query_terms
+from ..store.sqlite import STOPWORDS, Hit, query_terms
 from . import Evidence, Query
 
 # Chosen on factqa_dev (1309 questions over 901 passages): every correct top passage but 0.6% scored
@@ -23,9 +23,12 @@ DEFAULT_FLOOR = 0.6
 PASSAGE_CHARS = 600  # how much of the passage the receipt keeps
 
 # A full stop after these does not end a sentence ("U.S. state", "St. Louis", "Henry A. Smith").
-_ABBREVIATIONS = frozenset("u.s st mt dr mr mrs ms jr sr vs no e.g i.e etc ca approx".split())
+_ABBREVIATIONS = frozenset("st mt dr mr mrs ms jr sr vs e.g i.e etc ca approx".split())
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+(?=[\"'“(\[]?[A-Z0-9])")
+_INITIALS = re.compile(r"(?:[A-Z]\.){2,}")  # "J.L.", "U.S."
 _WORD = re.compile(r"[^\W_]+")
+# In "the capital of [the U.S. state of] X" the word before the first "of" names the relation asked.
+_RELATION_HEAD = re.compile(r"([^\W_]+)\s+of\b", re.IGNORECASE)
 
 
 class MemoryStore(Protocol):
@@ -35,12 +38,14 @@ class MemoryStore(Protocol):
 
 
 def _ends_mid_sentence(text: str) -> bool:
-    # "... U.S." or "... Henry A." ends in an abbreviation or an initial, not a sentence.
-    words = text.split()
-    last = words[-1].rstrip(".") if words else ""
-    if last.lower() in _ABBREVIATIONS:
-        return True
-    return len(last) == 1 and last.isupper() and len(words) > 1 and words[-2][:1].isupper()
+    # "... U.S.", "... St." or "... by R." ends in an abbreviation or an initial, not a sentence.
+    last = text.split()[-1] if text.split() else ""
+    if last.endswith(".."):  # "Jr.." : an abbreviation that also ends the sentence
+        return False
+    stripped = last.rstrip(".")
+    return stripped.lower() in _ABBREVIATIONS or bool(_INITIALS.fullmatch(last)) or (
+        len(stripped) == 1 and stripped.isupper()
+    )
 
 
 def split_sentences(text: str) -> list[str]:
@@ -69,19 +74,21 @@ def light_stem(word: str) -> str:
     return word
 
 
-def best_sentences(passage: str, weights: dict[str, float], count: int = 1) -> str:
-    """The `count` sentences of `passage` whose words carry most weight, in passage order.
+def best_sentences(passage: str, weights: dict[str, float], count: int = 1, relation: str | None = None) -> str:
+    """The `count` sentences of `passage` that best match the question, in passage order.
 
-    `weights` maps stemmed words to weights; ties go to the earlier sentence.
+    `weights` maps stemmed question words to weights. Sentences holding the stemmed `relation` word
+    (e.g. "currency") come first, then by weight; ties go to the earlier sentence.
     """
     sentences = split_sentences(passage) or [passage]
 
-    def weight_of(sentence: str) -> float:
-        stems = {light_stem(word) for word in _WORD.findall(sentence)}
-        return sum(weight for stem, weight in weights.items() if stem in stems)
+    def rank_key(index: int) -> tuple[bool, float, int]:
+        stems = {light_stem(word) for word in _WORD.findall(sentences[index])}
+        weight = sum(weight for stem, weight in weights.items() if stem in stems)
+        return (relation not in stems, -weight, index)
 
-    ranked = sorted(range(len(sentences)), key=lambda index: (-weight_of(sentences[index]), index))
-    return " ".join(sentences[index] for index in sorted(ranked[:count]))
+    best = sorted(range(len(sentences)), key=rank_key)[:count]
+    return " ".join(sentences[index] for index in sorted(best))
 
 
 class MemoryArm:
@@ -114,13 +121,14 @@ class MemoryArm:
             raise ArmError(f"memory search failed for question={search_text!r}: {err}") from err
 
         weights = self._word_weights(search_text)
+        relation = relation_word(search_text)
         evidence: list[Evidence] = []
         for hit in hits:
             if time.monotonic() > deadline:
                 break
             if hit.score < self.floor:
                 continue
-            sentence = best_sentences(hit.text, weights, self.max_sentences)
+            sentence = best_sentences(hit.text, weights, self.max_sentences, relation)
             evidence.append(
                 Evidence(
                     claim=sentence,
@@ -133,12 +141,20 @@ class MemoryArm:
             )
         return evidence
 
-    def _word_weights(self, text: str) -> dict[str, float]:
-        # Rare words pick the sentence ("capital" beats "Burkina", which every sentence repeats).
+    def _word_weights(self, question: str) -> dict[str, float]:
+        # Rare words pick the sentence: "capital" beats "Burkina", which every sentence repeats.
         idf = getattr(self.store, "idf", None)
         weights: dict[str, float] = {}
-        for term in query_terms(text):
-            weight = idf(term.word) if idf else 1.0
+        for term in query_terms(question):
             stem = light_stem(term.word)
-            weights[stem] = max(weights.get(stem, 0.0), weight)
+            weights[stem] = max(weights.get(stem, 0.0), idf(term.word) if idf else 1.0)
         return weights
+
+
+def relation_word(question: str) -> str | None:
+    """The stemmed word naming what is asked: "currency" in "What is the official currency of X?".
+
+    Without it, "official" (as rare as "currency") picks "Official languages of X ..." half the time.
+    """
+    head = _RELATION_HEAD.search(question)
+    return light_stem(head.group(1)) if head and head.group(1).lower() not in STOPWORDS else None

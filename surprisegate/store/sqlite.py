@@ -80,10 +80,11 @@ class QueryTerm:
     word: str  # lower-case, as typed; FTS5 applies the same stemming to it as to passages
     weight: float  # multiplies the term's IDF in `score`
     is_name: bool = False  # capitalised inside a sentence
+    lower_case: bool = False  # typed in lower case (so surely not a name)
 
 
 def _tokens(text: str):
-    """Yield (word, looks_like_name, follows_previous_word) for each word of `text`.
+    """Yield (token, looks_like_name, follows_previous_word) for each word of `text`.
 
     A name is capitalised inside a sentence; `follows_previous_word` is true when only spaces or a
     hyphen separate it from the word before ("Burkina Faso", "Bobo-Dioulasso").
@@ -95,16 +96,17 @@ def _tokens(text: str):
         between = "." if previous_end is None else text[previous_end : match.start()]
         previous_end = match.end()
         sentence_start = any(mark in between for mark in ".!?")
-        yield token.lower(), token[0].isupper() and not sentence_start, between.strip() in ("", "-")
+        yield token, token[0].isupper() and not sentence_start, between.strip() in ("", "-")
 
 
 def query_terms(text: str, weight: float = 1.0) -> list[QueryTerm]:
     """Content words of `text`, in order, without duplicates; names weigh NAME_WEIGHT times more."""
     terms: dict[str, QueryTerm] = {}
-    for word, looks_like_name, _ in _tokens(text):
+    for token, looks_like_name, _ in _tokens(text):
+        word = token.lower()
         if word in STOPWORDS and not looks_like_name:  # keep "He"/"In" when they are symbols
             continue
-        term = QueryTerm(word, weight * (NAME_WEIGHT if looks_like_name else 1.0), looks_like_name)
+        term = QueryTerm(word, weight * (NAME_WEIGHT if looks_like_name else 1.0), looks_like_name, token == word)
         if word not in terms or terms[word].weight < term.weight:
             terms[word] = term
     return list(terms.values())
@@ -114,7 +116,8 @@ def query_bigrams(text: str) -> list[str]:
     """Adjacent content-word pairs ("symbol b", "burkina faso"), to favour passages with the phrase."""
     bigrams: list[str] = []
     previous = None
-    for word, looks_like_name, follows_previous in _tokens(text):
+    for token, looks_like_name, follows_previous in _tokens(text):
+        word = token.lower()
         if word in STOPWORDS and not looks_like_name:
             previous = None
             continue
@@ -258,9 +261,12 @@ class SQLiteMemory:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 for passage in passages:
+                    text = passage.get("text")
+                    if not isinstance(text, str) or not text.strip():
+                        raise InputError(f"passage={str(passage)[:80]!r} has no text; give every passage a non-empty 'text'")
                     cursor = self._conn.execute(
                         "INSERT OR IGNORE INTO passages(source, title, text, content_hash) VALUES (?, ?, ?, ?)",
-                        (passage["source"], passage.get("title") or "", passage["text"], _content_hash(passage["text"])),
+                        (str(passage.get("source") or ""), passage.get("title") or "", text, _content_hash(text)),
                     )
                     if cursor.rowcount:
                         report.added += 1
@@ -298,7 +304,9 @@ class SQLiteMemory:
                 if not isinstance(text, str) or not text.strip():
                     errors.append((line_no, f"missing text field {text_field!r} (set another with text_field=)"))
                     continue
-                source = row.get(id_field) or row.get("id") or f"{path.name}:{line_no}"
+                source = next(
+                    (row[key] for key in (id_field, "id") if row.get(key) not in (None, "")), f"{path.name}:{line_no}"
+                )
                 title = row.get(title_field)
                 passages.append({"text": text, "title": title if isinstance(title, str) else "", "source": str(source)})
         report = self.add_passages(passages)
@@ -409,7 +417,7 @@ class SQLiteMemory:
         for term in terms + context_terms:
             holders = self._passages_with(term.word)
             weight = term.weight * self._idf(len(holders), total)
-            if writes_names and not term.is_name and not holders:
+            if writes_names and term.lower_case and not holders:
                 weight *= UNSEEN_WORD_WEIGHT
             whole += weight
             for rowid in holders.intersection(rowids):
