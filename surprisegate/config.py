@@ -49,8 +49,8 @@ class Config:
         default="Fact: {evidence}",
         metadata={"help": "text of the injected segment; {evidence} and {source} are filled in"})
     # --- streaming ---
-    stream: str = field(default="holdback", metadata={"help": "holdback (never show rewound text) | emit (rewind events)"})
-    holdback: int = field(default=-1, metadata={"help": "tokens held back in holdback streaming; -1 = window"})
+    stream: str = field(default="holdback", metadata={
+        "help": "holdback: show a token once it left the window (can't be rewound) | emit: at once, with rewind events"})
     # --- decoding ---
     backend: str = field(default="llamacpp", metadata={"help": "llamacpp | transformers"})
     model: str = field(default="", metadata={"help": "GGUF path or HF model dir; empty = embedded SmolLM2-135M"})
@@ -64,10 +64,6 @@ class Config:
 
     def __post_init__(self) -> None:
         _validate(self)
-
-    @property
-    def holdback_tokens(self) -> int:
-        return self.window if self.holdback < 0 else self.holdback
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -113,8 +109,6 @@ def _validate(c: Config) -> None:
             _fail(key, list(order), f"use distinct arm names from {', '.join(ARM_NAMES)}", "argument")
     if "{evidence}" not in c.evidence_template:
         _fail("evidence_template", c.evidence_template, "include the placeholder {evidence}", "argument")
-    if c.holdback < -1 or c.holdback > 512:
-        _fail("holdback", c.holdback, "use -1 (= window) or a number of tokens up to 512", "argument")
     if not 1 <= c.max_tokens <= 32768:
         _fail("max_tokens", c.max_tokens, "use a whole number between 1 and 32768", "argument")
     if not (math.isfinite(c.temperature) and 0.0 <= c.temperature <= 10.0):

