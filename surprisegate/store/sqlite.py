@@ -1,9 +1,10 @@
 """The embedded memory store: one SQLite file, FTS5 full-text search ranked by BM25.
 
-`search()` returns passages best first, each with FTS5's raw `bm25` and a `score` in [0, 1]: the
-IDF-weighted share of the query's terms that the passage contains. Raw BM25 is unbounded and depends
-on the corpus; the coverage score is comparable across stores, so one relevance floor can decide
-"nothing found".
+`search()` ranks passages by FTS5's BM25 and gives each a `score` in [0, 1]: the IDF-weighted share
+of the query's words that the passage holds, names (capitalised words) weighing more. Raw BM25 is
+unbounded and depends on the corpus; the share is comparable across stores, so one relevance floor
+can decide "nothing found". A query about something the store never mentions scores low, because
+the unknown name carries the largest IDF of all.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ STOPWORDS = frozenset(
     same she should so some such than that the their theirs them themselves then there these they
     this those through to too under until up very was we were what when where which while who whom
     whose why will with would you your yours yourself yourselves s t d ll m re ve tell please one""".split()
+    # Arithmetic operator words: in "What is 2 times 2?" they are operations, not what a passage is about.
+    + "plus minus times multiplied divided".split()
 )
 
 _WORD = re.compile(r"[^\W_]+")  # FTS5's unicode61 tokenizer splits on everything but letters/digits
@@ -75,9 +78,12 @@ class IngestReport:
         self.errors.extend(other.errors)
 
 
+NUMBER_WEIGHT = 0.25
+
+
 @dataclass(frozen=True)
 class QueryTerm:
-    word: str  # lower-case, as typed; FTS5 applies the same stemming to it as to passages
+    word: str  # lower-cased; FTS5 stems it as it stems the passages
     weight: float  # multiplies the term's IDF in `score`
     is_name: bool = False  # capitalised inside a sentence
     lower_case: bool = False  # typed in lower case (so surely not a name)
@@ -106,7 +112,9 @@ def query_terms(text: str, weight: float = 1.0) -> list[QueryTerm]:
         word = token.lower()
         if word in STOPWORDS and not looks_like_name:  # keep "He"/"In" when they are symbols
             continue
-        term = QueryTerm(word, weight * (NAME_WEIGHT if looks_like_name else 1.0), looks_like_name, token == word)
+        # Bare numbers are values or operands ("37 times 48"), rarely what identifies a passage.
+        kind_weight = NUMBER_WEIGHT if word.isdigit() else (NAME_WEIGHT if looks_like_name else 1.0)
+        term = QueryTerm(word, weight * kind_weight, looks_like_name, token == word)
         if word not in terms or terms[word].weight < term.weight:
             terms[word] = term
     return list(terms.values())
@@ -219,7 +227,10 @@ class SQLiteMemory:
             raise
 
     def _open(self, create: bool) -> None:
-        fix = "pass the path of a surprisegate memory, or build a new one with: surprisegate memory add --memory NEW.sqlite FILE.jsonl"
+        fix = (
+            "pass the path of a surprisegate memory, "
+            "or build a new one with: surprisegate memory add --memory NEW.sqlite FILE.jsonl"
+        )
         try:
             tables = {row[0] for row in self._conn.execute("SELECT name FROM sqlite_master")}
             if not tables and create:
@@ -263,7 +274,9 @@ class SQLiteMemory:
                 for passage in passages:
                     text = passage.get("text")
                     if not isinstance(text, str) or not text.strip():
-                        raise InputError(f"passage={str(passage)[:80]!r} has no text; give every passage a non-empty 'text'")
+                        raise InputError(
+                            f"passage={str(passage)[:80]!r} has no text; give every passage a non-empty 'text'"
+                        )
                     cursor = self._conn.execute(
                         "INSERT OR IGNORE INTO passages(source, title, text, content_hash) VALUES (?, ?, ?, ?)",
                         (str(passage.get("source") or ""), passage.get("title") or "", text, _content_hash(text)),
@@ -379,9 +392,8 @@ class SQLiteMemory:
     def _passages_with(self, word: str) -> set[int]:
         # The whole posting list: at memory-store sizes this is faster than filtering by rowid in SQL,
         # and its length is the document frequency (counted after the same stemming as the passages).
-        return {row[0] for row in self._conn.execute(
-            "SELECT rowid FROM passages_fts WHERE passages_fts MATCH ?", (_fts_phrase(word),)
-        )}
+        rows = self._conn.execute("SELECT rowid FROM passages_fts WHERE passages_fts MATCH ?", (_fts_phrase(word),))
+        return {rowid for (rowid,) in rows}
 
     @staticmethod
     def _idf(frequency: int, total: int) -> float:
@@ -413,6 +425,7 @@ class SQLiteMemory:
         # score: the IDF-weighted share of the query's terms each passage holds.
         writes_names = any(term.is_name for term in terms)
         covered = dict.fromkeys(rowids, 0.0)
+        holds_a_word = dict.fromkeys(rowids, False)  # a passage that shares only numbers is not about the query
         whole = 0.0
         for term in terms + context_terms:
             holders = self._passages_with(term.word)
@@ -422,13 +435,21 @@ class SQLiteMemory:
             whole += weight
             for rowid in holders.intersection(rowids):
                 covered[rowid] += weight
+                holds_a_word[rowid] |= not term.word.isdigit()
         best = sorted(rowids, key=ranking.__getitem__)[:k]
-        rows = {
-            row[0]: row[1:]
-            for row in self._conn.execute(
+        stored = {
+            rowid: (text, title, source)
+            for rowid, text, title, source in self._conn.execute(
                 f"SELECT id, text, title, source FROM passages WHERE id IN ({','.join('?' * len(best))})", best
             )
         }
         return [
-            Hit(*rows[rowid], score=min(1.0, covered[rowid] / whole), bm25=query_bm25[rowid]) for rowid in best
+            Hit(
+                text=stored[rowid][0],
+                title=stored[rowid][1],
+                source=stored[rowid][2],
+                score=min(1.0, covered[rowid] / whole) if holds_a_word[rowid] else 0.0,
+                bm25=query_bm25[rowid],
+            )
+            for rowid in best
         ]
