@@ -26,7 +26,6 @@ import numpy as np
 from .arms import Arm, Evidence, Query
 from .backends import SteerableBackend
 from .config import Config
-from .errors import ArmError, SurpriseGateError
 from .events import Done, Event, Grounding, Rewind, Token, Trigger
 from .prompting import PromptLayout, chat_messages
 from .surprise import LN2, RollingWindow, aggregates
@@ -160,6 +159,7 @@ def stream(
 
     backend.reset()
     logits = backend.append(prompt_tokens)
+    context = list(prompt_tokens)  # what the backend holds; lets a backend that cannot trim re-prefill
     window = RollingWindow(config.window, config.statistic)
     window_origin = 0  # reply index of the window's push index 0
     reply = _Reply()
@@ -219,7 +219,7 @@ def stream(
             else:
                 yield trigger
                 record, new_logits = yield from _intervene(
-                    backend, layout, config, arms, router, question, reply, trigger, emitted, holdback, rounds,
+                    backend, layout, config, arms, router, question, reply, trigger, emitted, holdback, rounds, context,
                 )
                 rounds.append(record)
                 if new_logits is not None:
@@ -237,6 +237,7 @@ def stream(
             window_origin = len(reply.tokens)
 
         logits = backend.append([token])
+        context.append(token)
         # Tokens before the window start can no longer be rewound: safe to show in holdback streaming.
         can_rewind = intervening and len(rounds) < config.max_rounds
         final_upto = (window_origin + window.start) if (holdback and can_rewind) else len(reply.tokens)
@@ -271,7 +272,8 @@ def _trigger_dict(t: Trigger) -> dict:
             "threshold": t.threshold, "span_start": t.span_start, "span_text": t.span_text}
 
 
-def _intervene(backend, layout, config, arms, router, question, reply, trigger, emitted, holdback, earlier_rounds):
+def _intervene(backend, layout, config, arms, router, question, reply, trigger, emitted, holdback, earlier_rounds,
+               context):
     """One grounding round. Returns (convergence record, new logits or None when resumed unmodified)."""
     started = time.monotonic()
     deadline = started + config.round_deadline_s
@@ -314,9 +316,15 @@ def _intervene(backend, layout, config, arms, router, question, reply, trigger, 
     # Rewind: the span's tokens leave the context (the triggering token was never fed, so one fewer).
     span_len = len(reply.tokens) - trigger.span_start
     in_context = span_len - 1
-    if not backend.can_trim():
-        raise SurpriseGateError(f"backend {backend.name!r} cannot trim its cache")  # checked before the loop too
-    trimmed = backend.trim(in_context)
+    keep = len(context) - in_context
+    if backend.can_trim():
+        trimmed, rewind_method = backend.trim(in_context), "trim"
+    else:
+        # No trimmable cache: rebuild it from the kept tokens (costly, and the receipt says so).
+        backend.reset()
+        backend.append(context[:keep])
+        trimmed, rewind_method = in_context, "reprefill"
+    del context[keep:]
     dropped_text = reply.text()[len(reply.text(trigger.span_start)):]
     kept_prefix = reply.tokens[: trigger.span_start]
     reply.cut(trigger.span_start)
@@ -324,10 +332,11 @@ def _intervene(backend, layout, config, arms, router, question, reply, trigger, 
     segment = backend.tokenize(layout.segment(evidence_text, config.injection))
     refeed = kept_prefix if config.injection == "system_turn" else []
     logits = backend.append(segment + refeed)
+    context.extend(segment + refeed)
     shown = max(0, emitted - trigger.span_start)  # visible tokens a consumer must retract (emit streaming)
     record.update(
         action="rewound", reason=f"grounded by {chosen.source}", tokens_dropped=span_len,
-        tokens_trimmed=trimmed, tokens_injected=len(segment) + len(refeed), dropped_text=dropped_text,
+        tokens_trimmed=trimmed, rewind_method=rewind_method, tokens_injected=len(segment) + len(refeed), dropped_text=dropped_text,
         injected_text=evidence_text, latency_ms=round((time.monotonic() - started) * 1000, 2),
     )
     yield Rewind(trigger.round, 0 if holdback else shown, dropped_text, record["tokens_injected"])
@@ -382,7 +391,7 @@ def build_receipt_for(backend: SteerableBackend, question: str, config: Config, 
         prompt=question,
         reply=result["reply"],
         n_tokens=result["n_tokens"],
-        surprise=surprise or {},
+        surprise=surprise,
         canary=canary,
         rounds=result["rounds"],
         mode=config.mode,

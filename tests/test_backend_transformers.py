@@ -55,8 +55,8 @@ def test_file_that_is_not_gguf_is_input_error(tmp_path):
 
 
 def test_unknown_option_is_config_error():
-    with pytest.raises(ConfigError, match="n_ctx"):
-        from_transformers("/no/such/model.gguf", n_ctx=2048)
+    with pytest.raises(ConfigError, match="n_gpu_layers"):
+        from_transformers("/no/such/model.gguf", n_gpu_layers=99)
 
 
 def test_missing_torch_is_missing_dependency(tmp_path, monkeypatch):

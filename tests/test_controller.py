@@ -10,7 +10,7 @@ import pytest
 from surprisegate.arms import Evidence
 from surprisegate.config import Config
 from surprisegate.controller import decode_step, generate, stream
-from surprisegate.events import Done, Grounding, Rewind, Token, Trigger
+from surprisegate.events import Rewind, Token, Trigger
 from surprisegate.surprise import RollingWindow
 
 from scripted import ScriptedBackend, bits, plan
@@ -226,3 +226,16 @@ def test_empty_question_is_a_clear_error():
 
     with pytest.raises(InputError, match="question is empty"):
         list(stream(ScriptedBackend(script_testland), "   ", cfg()))
+
+
+def test_backend_that_cannot_trim_falls_back_to_reprefill_and_says_so():
+    arms = {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}
+    trimmable, _, with_trim = run(cfg(), arms)
+    fixed = ScriptedBackend(script_testland, trimmable=False)
+    _, _, without_trim = run(cfg(), arms, backend=fixed)
+    assert without_trim.text == with_trim.text == RIGHT
+    assert fixed.trim_calls == []
+    (record,) = without_trim.rounds
+    assert record["rewind_method"] == "reprefill" and with_trim.rounds[0]["rewind_method"] == "trim"
+    assert fixed.context == trimmable.context  # the same context either way
+    assert fixed.fed_tokens > trimmable.fed_tokens  # ... paid for with a re-prefill

@@ -77,3 +77,22 @@ def test_demo_command_wrong_then_right(tmp_path):
     round1 = receipts[1]["rounds"][0]
     assert round1["action"] == "rewound" and round1["chosen"]["source"].startswith("memory:")
     assert "Ouagadougou" in round1["chosen"]["evidence"]
+
+
+def test_ask_streams_and_shows_the_intervention(factkb_memory):
+    home, store = factkb_memory
+    out = sg("ask", "--mode", "intervene", "--memory", str(store), "What is the capital of Burkina Faso?", home=home)
+    assert out.returncode == 0, out.stderr
+    assert "⟲ dropped" in out.stdout and "grounded by memory:country:BF" in out.stdout
+    last_line = out.stdout.strip().splitlines()[-1]
+    assert "Ouagadougou" in last_line
+    assert "receipt →" in out.stderr
+
+
+def test_detect_mode_never_changes_the_reply(factkb_memory):
+    home, store = factkb_memory
+    question = "What is the capital of Chad?"
+    off = ask_json(home, "--mode", "off", question)
+    detect = ask_json(home, "--mode", "detect", question)
+    assert detect["reply"] == off["reply"] and detect["rounds"] == []
+    assert detect["surprise"]["n"] == detect["n_tokens"] and off["surprise"] is None

@@ -201,7 +201,8 @@ class TransformersBackend:
 
 
 def from_transformers(
-    model: str | None = None, *, device: str = "cpu", dtype: str = "float32", **kwargs: Any
+    model: str | None = None, *, device: str = "cpu", dtype: str = "float32", n_ctx: int | None = None,
+    seed: int = 0, **kwargs: Any
 ) -> TransformersBackend:
     """Load a causal LM with transformers.
 
@@ -210,7 +211,7 @@ def from_transformers(
     """
     if kwargs:
         raise ConfigError(
-            f"from_transformers got unknown options {sorted(kwargs)}; it takes model, device and dtype"
+            f"from_transformers got unknown options {sorted(kwargs)}; it takes model, device, dtype, n_ctx and seed"
         )
     if dtype not in _DTYPES:
         raise ConfigError(f"dtype={dtype!r} is not supported; use one of: {', '.join(_DTYPES)}")
@@ -239,6 +240,8 @@ def from_transformers(
         )
     except (OSError, ValueError) as err:
         raise BackendError(f"transformers could not load model={model_id!r}: {err}") from err
+    torch.manual_seed(seed)  # sampling happens in the controller; this only pins any model-side randomness
+    # n_ctx is accepted for parity with llama.cpp: the cache grows as needed, up to the model's own limit.
     return TransformersBackend(causal_lm.to(device), tokenizer, model_id)
 
 
