@@ -123,7 +123,8 @@ def ensure_demo(quiet: bool = True) -> Path:
 def load_backend_for(config: Config):
     from .backends import load_backend
 
-    return load_backend(config.backend, config.model or None, n_ctx=config.n_ctx, seed=config.seed)
+    return load_backend(config.backend, config.model or None, n_ctx=config.n_ctx, seed=config.seed,
+                        threads=config.threads)
 
 
 # ---------------------------------------------------------------------------------------------

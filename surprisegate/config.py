@@ -61,6 +61,7 @@ class Config:
     temperature: float = field(default=0.0, metadata={"help": "0 = greedy"})
     seed: int = field(default=0, metadata={"help": "sampling seed (temperature > 0)"})
     n_ctx: int = field(default=4096, metadata={"help": "context window of the local backend"})
+    threads: int = field(default=0, metadata={"help": "CPU threads for the local backend; 0 = all cores"})
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -115,6 +116,8 @@ def _validate(c: Config) -> None:
         _fail("temperature", c.temperature, "use a number between 0 (greedy) and 10", "argument")
     if not 64 <= c.n_ctx <= 1_048_576:
         _fail("n_ctx", c.n_ctx, "use a context size between 64 and 1048576 tokens", "argument")
+    if not 0 <= c.threads <= 1024:
+        _fail("threads", c.threads, "use 0 (all cores) or a number of threads", "argument")
     if c.backend not in ("llamacpp", "transformers"):
         _fail("backend", c.backend, "use one of llamacpp, transformers", "argument")
 

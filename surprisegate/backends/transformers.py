@@ -202,7 +202,7 @@ class TransformersBackend:
 
 def from_transformers(
     model: str | None = None, *, device: str = "cpu", dtype: str = "float32", n_ctx: int | None = None,
-    seed: int = 0, **kwargs: Any
+    seed: int = 0, threads: int = 0, **kwargs: Any
 ) -> TransformersBackend:
     """Load a causal LM with transformers.
 
@@ -211,7 +211,7 @@ def from_transformers(
     """
     if kwargs:
         raise ConfigError(
-            f"from_transformers got unknown options {sorted(kwargs)}; it takes model, device, dtype, n_ctx and seed"
+            f"from_transformers got unknown options {sorted(kwargs)}; it takes model, device, dtype, n_ctx, seed and threads"
         )
     if dtype not in _DTYPES:
         raise ConfigError(f"dtype={dtype!r} is not supported; use one of: {', '.join(_DTYPES)}")
@@ -240,6 +240,8 @@ def from_transformers(
         )
     except (OSError, ValueError) as err:
         raise BackendError(f"transformers could not load model={model_id!r}: {err}") from err
+    if threads:
+        torch.set_num_threads(threads)
     torch.manual_seed(seed)  # sampling happens in the controller; this only pins any model-side randomness
     # n_ctx is accepted for parity with llama.cpp: the cache grows as needed, up to the model's own limit.
     return TransformersBackend(causal_lm.to(device), tokenizer, model_id)
