@@ -2,7 +2,7 @@
 the doubtful span, rewind it (KV cache kept for everything before it), inject evidence, resume.
 
 Layered like mlx-lm's generate.py:
-  decode_step   one token from logits: (token id, surprise in bits)
+  decode_step   one token from logits: (token id, surprise in bits, entropy in bits)
   stream        the loop; yields Token / Trigger / Grounding / Rewind / Done events
   generate      runs the stream to the end and returns the result with its receipt
 
@@ -34,8 +34,13 @@ from .surprise import LN2, RollingWindow, aggregates
 # --------------------------------------------------------------------------------------------
 # step
 # --------------------------------------------------------------------------------------------
-def decode_step(logits: np.ndarray, temperature: float, rng: np.random.Generator | None, scored: bool) -> tuple[int, float]:
-    """Pick the next token and its surprise (bits) under the raw distribution. Never writes `logits`."""
+def decode_step(logits: np.ndarray, temperature: float, rng: np.random.Generator | None,
+                scored: bool) -> tuple[int, float, float]:
+    """Pick the next token; return it with its surprise and the distribution's entropy (bits).
+
+    Both come from the raw distribution (temperature 1) whatever the sampling temperature. Never writes
+    `logits`. The entropy costs one dot product on top of the normaliser the surprise needs.
+    """
     if temperature <= 0.0:
         token = int(logits.argmax())
     else:
@@ -43,10 +48,14 @@ def decode_step(logits: np.ndarray, temperature: float, rng: np.random.Generator
         p = np.exp(z - z.max())
         token = int(rng.choice(p.size, p=p / p.sum()))
     if not scored:
-        return token, math.nan
-    m = float(logits.max())
-    log_z = m + math.log(float(np.exp(logits - m).sum()))
-    return token, (log_z - float(logits[token])) / LN2
+        return token, math.nan, math.nan
+    shifted = logits - logits.max()  # (vocab,) new array: the caller's logits stay untouched
+    e = np.exp(shifted)
+    total = float(e.sum())
+    log_z = math.log(total)
+    surprise = (log_z - float(shifted[token])) / LN2
+    entropy = (log_z - float(e @ shifted) / total) / LN2
+    return token, surprise, entropy
 
 
 # --------------------------------------------------------------------------------------------
@@ -123,6 +132,7 @@ class _Reply:
 
     tokens: list[int] = field(default_factory=list)
     surprises: list[float] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
     window_stats: list[float] = field(default_factory=list)  # rolling statistic right after each token
     pieces: list[bytes] = field(default_factory=list)
 
@@ -130,7 +140,7 @@ class _Reply:
         return b"".join(self.pieces[:upto]).decode("utf-8", "replace")
 
     def cut(self, n: int) -> None:
-        del self.tokens[n:], self.surprises[n:], self.window_stats[n:], self.pieces[n:]
+        del self.tokens[n:], self.surprises[n:], self.entropies[n:], self.window_stats[n:], self.pieces[n:]
 
 
 def stream(
@@ -139,8 +149,12 @@ def stream(
     config: Config,
     arms: Mapping[str, Arm] | None = None,
     router: Callable[..., Any] | None = None,
+    assistant_prefix: str = "",
 ) -> Iterator[Event]:
     """Generate one reply to `question`, yielding events. Mutates the backend's context (KV cache).
+
+    `assistant_prefix` starts the assistant's turn (a cloze such as "The capital of Chad is"): the model
+    continues it; the visible reply is the continuation.
 
     Token events carry text once it can no longer be rewound (`holdback`), or at once with explicit
     Rewind events (`emit`). The last event is Done, which carries the receipt.
@@ -155,7 +169,8 @@ def stream(
 
     messages = chat_messages(question, config.system_prompt)
     layout = PromptLayout.from_template(backend.chat_prompt, messages)
-    prompt_tokens = backend.tokenize(layout.body) + backend.tokenize(layout.open_assistant)
+    prefix_tokens = backend.tokenize(assistant_prefix) if assistant_prefix else []
+    prompt_tokens = backend.tokenize(layout.body) + backend.tokenize(layout.open_assistant) + prefix_tokens
 
     backend.reset()
     logits = backend.append(prompt_tokens)
@@ -186,13 +201,14 @@ def stream(
             yield Token(i, reply.tokens[i], text, reply.surprises[i], reply.window_stats[i])
 
     while len(reply.tokens) < config.max_tokens and decoded < max_decoded:
-        token, s = decode_step(logits, config.temperature, rng, scored)
+        token, s, entropy = decode_step(logits, config.temperature, rng, scored)
         decoded += 1
         if token in eos:
             finish_reason = "stop"
             break
         reply.tokens.append(token)
         reply.surprises.append(s)
+        reply.entropies.append(entropy)
         reply.pieces.append(backend.token_bytes(token))
 
         triggered = False
@@ -220,6 +236,7 @@ def stream(
                 yield trigger
                 record, new_logits = yield from _intervene(
                     backend, layout, config, arms, router, question, reply, trigger, emitted, holdback, rounds, context,
+                    prefix_tokens,
                 )
                 rounds.append(record)
                 if new_logits is not None:
@@ -259,6 +276,8 @@ def stream(
         "prompt_tokens": len(prompt_tokens),
         "surprise": surprise_summary,
         "token_surprises": [round(x, 4) for x in reply.surprises] if scored else [],
+        "token_entropies": [round(x, 4) for x in reply.entropies] if scored else [],
+        "token_ids": list(reply.tokens),
         "rounds": rounds,
         "would_trigger": would_trigger,
         "latency_ms": round((time.monotonic() - started) * 1000, 2),
@@ -273,11 +292,13 @@ def _trigger_dict(t: Trigger) -> dict:
 
 
 def _intervene(backend, layout, config, arms, router, question, reply, trigger, emitted, holdback, earlier_rounds,
-               context):
+               context, prefix_tokens):
     """One grounding round. Returns (convergence record, new logits or None when resumed unmodified)."""
     started = time.monotonic()
     deadline = started + config.round_deadline_s
-    reply_text = reply.text()
+    # The sentence so far includes a cloze prefix the assistant turn started with.
+    prefix_text = b"".join(backend.token_bytes(t) for t in prefix_tokens).decode("utf-8", "replace")
+    reply_text = prefix_text + reply.text()
     query = Query(span=trigger.span_text.strip(), question=question.strip(), sentence=_current_sentence(reply_text))
     route = router(query.span, query.question, query.sentence, available=tuple(arms))
     configured = config.arm_order_computable if route.span_class == "computable" else config.arm_order_other
@@ -330,7 +351,7 @@ def _intervene(backend, layout, config, arms, router, question, reply, trigger, 
     reply.cut(trigger.span_start)
     evidence_text = config.evidence_template.format(evidence=chosen.evidence, source=chosen.source)
     segment = backend.tokenize(layout.segment(evidence_text, config.injection))
-    refeed = kept_prefix if config.injection == "system_turn" else []
+    refeed = prefix_tokens + kept_prefix if config.injection == "system_turn" else []
     logits = backend.append(segment + refeed)
     context.extend(segment + refeed)
     shown = max(0, emitted - trigger.span_start)  # visible tokens a consumer must retract (emit streaming)
@@ -362,10 +383,11 @@ def generate(
     arms: Mapping[str, Arm] | None = None,
     router: Callable[..., Any] | None = None,
     on_event: Callable[[Event], None] | None = None,
+    assistant_prefix: str = "",
 ) -> Result:
     """Run the stream to the end and build the receipt (not written: see receipts.ReceiptWriter)."""
     done: Done | None = None
-    for event in stream(backend, question, config, arms, router):
+    for event in stream(backend, question, config, arms, router, assistant_prefix=assistant_prefix):
         if on_event is not None:
             on_event(event)
         if isinstance(event, Done):

@@ -58,10 +58,11 @@ def run(config, arms=None, script=script_testland, backend=None):
 def test_decode_step_reads_logits_without_writing():
     logits = np.array([0.0, 2.0, -1.0, 0.5], dtype=np.float32)
     before = logits.copy()
-    token, s = decode_step(logits, 0.0, None, scored=True)
+    token, s, h = decode_step(logits, 0.0, None, scored=True)
     assert token == 1
     p = np.exp(logits - logits.max()); p /= p.sum()
     assert s == pytest.approx(-np.log2(p[1]), rel=1e-6)
+    assert h == pytest.approx(-(p * np.log2(p)).sum(), rel=1e-6)
     np.testing.assert_array_equal(logits, before)
 
 
