@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import ConfigError
+from .signals import SIGNALS
 from .surprise import STATISTICS
 
 MODES = ("off", "detect", "intervene")
@@ -28,6 +29,9 @@ ARM_NAMES = ("memory", "web", "tool")
 class Config:
     # --- detection ---
     mode: str = field(default="off", metadata={"help": "off | detect | intervene"})
+    signal: str = field(default="surprise", metadata={
+        "help": "per-token value in the window: surprise | entropy | novel (surprise of tokens not copied from "
+                "the question) | novel_entropy"})
     statistic: str = field(default="mean", metadata={"help": "rolling statistic: mean | p90 | max"})
     # Provisional operating point from 200 factqa_dev items on SmolLM2-135M (fires on 84% of replies,
     # precision 0.73, recall 0.87: with a gold memory a rewound right answer stays right);
@@ -90,6 +94,7 @@ def _validate(c: Config) -> None:
 
     choice("mode", MODES)
     choice("statistic", STATISTICS)
+    choice("signal", SIGNALS)
     choice("stream", STREAM_POLICIES)
     choice("injection", INJECTIONS)
     if not 1 <= c.window <= 512:

@@ -28,6 +28,7 @@ from .backends import SteerableBackend
 from .config import Config
 from .events import Done, Event, Grounding, Rewind, Token, Trigger
 from .prompting import PromptLayout, chat_messages
+from .signals import CopyTracker, signal_value
 from .surprise import LN2, RollingWindow, aggregates
 
 
@@ -176,6 +177,8 @@ def stream(
     logits = backend.append(prompt_tokens)
     context = list(prompt_tokens)  # what the backend holds; lets a backend that cannot trim re-prefill
     window = RollingWindow(config.window, config.statistic)
+    # Which tokens merely copy the question (or a cloze prefix): the "novel" signals skip them.
+    copies = CopyTracker(question + " " + assistant_prefix) if config.signal.startswith("novel") else None
     window_origin = 0  # reply index of the window's push index 0
     reply = _Reply()
     rounds: list[dict] = []
@@ -212,7 +215,11 @@ def stream(
         reply.pieces.append(backend.token_bytes(token))
 
         triggered = False
-        value = window.push(s) if scored else math.nan
+        if scored:
+            copied = copies.push(reply.pieces[-1].decode("utf-8", "replace")) if copies else False
+            value = window.push(signal_value(config.signal, s, entropy, copied))
+        else:
+            value = math.nan
         reply.window_stats.append(value)
         if scored:
             eligible = len(window) >= min(config.min_tokens, config.window)
@@ -225,8 +232,9 @@ def stream(
             )
         if triggered:
             span_start = window_origin + window.start
+            statistic = config.statistic if config.signal == "surprise" else f"{config.signal}:{config.statistic}"
             trigger = Trigger(
-                token_index=len(reply.tokens) - 1, statistic=config.statistic, value=value,
+                token_index=len(reply.tokens) - 1, statistic=statistic, value=value,
                 threshold=config.threshold, span_start=span_start,
                 span_text=reply.text()[len(reply.text(span_start)):], round=len(rounds) + len(would_trigger) + 1,
             )
@@ -419,5 +427,6 @@ def build_receipt_for(backend: SteerableBackend, question: str, config: Config, 
         mode=config.mode,
         finish_reason=result["finish_reason"],
         extra={k: result[k] for k in ("tokens_decoded", "tokens_injected", "prompt_tokens", "token_surprises",
+                                      "token_entropies", "token_ids",
                                       "would_trigger", "latency_ms")},
     )

@@ -1,0 +1,113 @@
+"""`surprisegate label`: run the model in detect mode over QA items, grade each reply, keep per-token signals.
+
+Output: DIR/labels.jsonl, one object per item, appended durably. A rerun skips items already labelled,
+so a crash or Ctrl-C loses at most the item in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .config import Config
+from .errors import InputError
+from .grading import grade
+from .receipts import ReceiptWriter, read_receipts
+
+CLOZE_INSTRUCTION = "Complete the sentence: {question}"
+
+
+def read_items(path: str | Path, limit: int | None = None) -> list[dict]:
+    """Evaluation items from JSONL; a malformed line is an error naming the file and line."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"--data={str(p)!r} does not exist; pass a JSONL file of items with question and answers")
+    items = []
+    with open(p, encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise InputError(f"{p}:{line_no} is not valid JSON ({err.msg}); fix or remove that line") from None
+            if not isinstance(item, dict) or "question" not in item or "answers" not in item:
+                raise InputError(f"{p}:{line_no} needs 'question' and 'answers' fields")
+            item.setdefault("id", f"{p.stem}-{line_no}")
+            items.append(item)
+            if limit and len(items) >= limit:
+                break
+    return items
+
+
+def prompt_for(item: dict) -> tuple[str, str]:
+    """(user question, assistant prefix): cloze items are continued as the start of the reply, not asked."""
+    if item.get("format") == "cloze":
+        return CLOZE_INSTRUCTION.format(question=item["question"]), item["question"]
+    return item["question"], ""
+
+
+def label_item(backend, item: dict, config: Config) -> dict:
+    from .controller import generate
+
+    question, prefix = prompt_for(item)
+    started = time.monotonic()
+    result = generate(backend, question, config, {}, assistant_prefix=prefix)
+    extra = result.receipt.get("extra", {})
+    graded = grade(result.text, item)
+    return {
+        "id": item["id"],
+        "question": item["question"],
+        "format": item.get("format", "qa"),
+        "category": item.get("category"),
+        "relation": item.get("relation"),
+        "answers": item["answers"],
+        "reply": result.text,
+        "correct": graded.correct,
+        "grade_rule": graded.rule,
+        "token_ids": extra.get("token_ids", []),
+        "pieces": [backend.token_bytes(t).decode("utf-8", "replace") for t in extra.get("token_ids", [])],
+        "surprises": extra.get("token_surprises", []),
+        "entropies": extra.get("token_entropies", []),
+        "finish_reason": result.finish_reason,
+        "seconds": round(time.monotonic() - started, 3),
+    }
+
+
+def done_ids(out_dir: Path) -> set[str]:
+    path = out_dir / "labels.jsonl"
+    if not path.exists():
+        return set()
+    return {r["id"] for r in read_receipts(path) if "id" in r}
+
+
+def label(data: str | Path, out_dir: str | Path, backend, config: Config, limit: int | None = None,
+          progress: Callable[[int, int, str], None] | None = None) -> dict:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    items = read_items(data, limit)
+    finished = done_ids(out)
+    todo = [it for it in items if it["id"] not in finished]
+    writer = ReceiptWriter(out / "labels.jsonl")
+    config = config.replace(mode="detect")
+    (out / "label_config.json").write_text(json.dumps({"data": str(data), "config": config.to_dict(),
+                                                       "model": backend.model_id}, indent=2))
+    correct = 0
+    for i, item in enumerate(todo, 1):
+        record = label_item(backend, item, config)
+        writer.append(record)
+        correct += record["correct"]
+        if progress:
+            progress(i, len(todo), f"acc {correct / i:.2f}")
+    return {"items": len(items), "labelled_now": len(todo), "already_done": len(items) - len(todo),
+            "out": str(out / "labels.jsonl")}
+
+
+def iter_labels(label_dirs: list[str | Path]) -> Iterator[dict]:
+    for d in label_dirs:
+        path = Path(d) / "labels.jsonl" if Path(d).is_dir() else Path(d)
+        if not path.exists():
+            raise InputError(f"--labels={str(d)!r} holds no labels.jsonl; run: surprisegate label --data FILE --out {d}")
+        yield from read_receipts(path)

@@ -1,0 +1,77 @@
+"""Per-token signals beyond raw surprise, all from logits we already hold. Pure and incremental.
+
+- surprise:  -log2 p(token)                        (the baseline, DESIGN.md §1)
+- entropy:   H(next-token distribution) in bits     (uncertainty before the choice)
+- novel:     surprise of tokens NOT copied from the question; copied tokens count 0
+             ("The capital of Burkina Faso is" is copied; the answer "Kouar-Boukoula" is not)
+
+A token counts as copied when the word it belongs to, so far, is a prefix of a word of the question.
+That is decidable online, token by token, which the trigger needs.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+SIGNALS = ("surprise", "entropy", "novel", "novel_entropy")
+_WORD_CHARS = re.compile(r"[^\W_]+")
+
+
+def _fold(text: str) -> str:
+    text = unicodedata.normalize("NFKD", text)
+    return "".join(c for c in text if not unicodedata.combining(c)).lower()
+
+
+def question_words(question: str) -> frozenset[str]:
+    return frozenset(_WORD_CHARS.findall(_fold(question)))
+
+
+class CopyTracker:
+    """Feed token pieces in order; `push(piece) -> bool` says whether the token is copied from the question."""
+
+    def __init__(self, question: str):
+        self.words = question_words(question)
+        self.prefixes = frozenset(w[:i] for w in self.words for i in range(1, len(w) + 1))
+        self.current = ""  # the word being written, folded
+
+    def push(self, piece: str) -> bool:
+        folded = _fold(piece)
+        if not folded:
+            return False
+        starts_word = not folded[0].isalnum() or not self.current
+        chars = _WORD_CHARS.findall(folded)
+        if not chars:  # pure punctuation / whitespace: ends the word, copies nothing new
+            self.current = ""
+            return True
+        if starts_word or folded[0].isspace():
+            self.current = chars[0]
+        else:
+            self.current += chars[0]
+        if len(chars) > 1 or not folded.rstrip()[-1:].isalnum():
+            # The piece holds a word break: judge the first part, keep the last as the word in progress.
+            copied = self.current in self.prefixes
+            self.current = chars[-1] if folded.rstrip()[-1:].isalnum() else ""
+            return copied
+        return self.current in self.prefixes
+
+    def reset_word(self) -> None:
+        self.current = ""
+
+
+def signal_value(signal: str, surprise: float, entropy: float, copied: bool) -> float:
+    """The value pushed into the rolling window for one token."""
+    if signal == "surprise":
+        return surprise
+    if signal == "entropy":
+        return entropy
+    if signal == "novel":
+        return 0.0 if copied else surprise
+    if signal == "novel_entropy":
+        return 0.0 if copied else entropy
+    raise ValueError(f"signal={signal!r} is not one of {', '.join(SIGNALS)}")
+
+
+def copy_flags(pieces: list[str], question: str) -> list[bool]:
+    tracker = CopyTracker(question)
+    return [tracker.push(p) for p in pieces]
