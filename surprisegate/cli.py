@@ -74,6 +74,9 @@ def config_options(f):
         click.option("--threshold", callback=_number(float), help="Trigger threshold in bits."),
         click.option("--window", callback=_number(int), help="Rolling window size W in tokens."),
         click.option("--statistic", type=str, help="mean | p90 | max."),
+        click.option("--signal", type=str, help="surprise | entropy | novel | novel_entropy."),
+        click.option("--min-tokens", callback=_number(int), help="Tokens in the window before it may trigger."),
+        click.option("--threads", callback=_number(int), help="CPU threads for the local backend (0 = all)."),
         click.option("--max-rounds", callback=_number(int), help="Most grounding rounds per reply."),
         click.option("--deadline", "round_deadline_s", callback=_number(float), help="Per-round deadline in seconds."),
         click.option("--stream", type=str, help="holdback | emit."),
@@ -87,7 +90,7 @@ def config_options(f):
     return f
 
 
-CONFIG_KEYS = ("mode", "threshold", "window", "statistic", "max_rounds", "round_deadline_s", "stream", "backend",
+CONFIG_KEYS = ("mode", "threshold", "window", "statistic", "signal", "min_tokens", "threads", "max_rounds", "round_deadline_s", "stream", "backend",
                "model", "max_tokens", "temperature")
 
 
@@ -326,6 +329,102 @@ def receipts_show(file: str, last: int | None) -> None:
     skipped = getattr(result, "skipped_lines", [])
     if skipped:
         click.echo(f"note: skipped unreadable line(s) {', '.join(map(str, skipped))} (torn write?)", err=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# label / calibrate / eval
+# ---------------------------------------------------------------------------------------------
+def _progress_bar(label: str):
+    from .progress import Progress
+
+    state: dict = {}
+
+    def update(i: int, total: int, note: str = "") -> None:
+        if "bar" not in state:
+            state["bar"] = Progress(total, label)
+        state["bar"].update(1, note)
+
+    return update
+
+
+@main.command()
+@click.option("--data", required=True, type=click.Path(dir_okay=False), help="JSONL items (question, answers).")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder (resumable).")
+@click.option("--limit", type=int, default=None, help="Only the first N items.")
+@config_options
+def label(data: str, out_dir: str, limit: int | None, **kwargs) -> None:
+    """Run the model in detect mode over QA items, grade each reply, keep per-token signals (resumable)."""
+    from .labeling import label as run_label, read_items
+
+    read_items(data, 1)  # fail fast on a bad file before loading the model
+    config = resolve_config(kwargs)
+    backend = load_backend_for(config)
+    summary = run_label(data, out_dir, backend, config, limit=limit, progress=_progress_bar("label"))
+    click.echo(json.dumps(summary))
+
+
+@main.command()
+@click.option("--labels", "label_dirs", required=True, multiple=True, type=click.Path(),
+              help="Folder(s) written by `surprisegate label` (repeatable: pooled).")
+@click.option("--out", "out_config", required=True, type=click.Path(dir_okay=False), help="Config TOML to write.")
+@click.option("--bootstrap", default=500, show_default=True, type=int, help="Bootstrap resamples for AUROC CIs.")
+@click.option("--json", "as_json", is_flag=True)
+def calibrate(label_dirs: tuple[str, ...], out_config: str, bootstrap: int, as_json: bool) -> None:
+    """AUROC of each signal, sweep of trigger rules, chosen operating point written to a config, plots."""
+    from .calibrate import calibrate as run
+
+    report = run(list(label_dirs), out_config, bootstrap=bootstrap, progress=lambda m: click.echo(m, err=True))
+    if as_json:
+        click.echo(json.dumps({k: v for k, v in report.items() if k != "auroc_table"}))
+        return
+    click.echo(f"{report['n']} replies, {report['wrong']} wrong")
+    click.echo("signal         feature            AUROC   95% CI")
+    for row in report["auroc_table"][:12]:
+        click.echo(f"{row['signal']:<14} {row['feature']:<18} {row['auroc']:.3f}   [{row['ci_low']:.3f}, {row['ci_high']:.3f}]")
+    b = report["best_plain_surprise"]
+    click.echo(f"baseline (plain surprise) best: {b['feature']} {b['auroc']:.3f}")
+    c = report["chosen"]
+    click.echo(f"chosen trigger: {c['signal']} {c['statistic']} W={c['window']} min_tokens={c['min_tokens']} "
+               f"threshold={c['threshold']} → precision {c['precision']:.3f}, recall {c['recall']:.3f}")
+    click.echo(f"config → {report['config']}; plots → {', '.join(report['plots'])}")
+
+
+@main.command("eval")
+@click.option("--data", required=True, type=click.Path(dir_okay=False))
+@click.option("--modes", default="off,detect,intervene", show_default=True, help="Comma list of off,detect,intervene,always,flare.")
+@click.option("--memory", default="none", show_default=True, help="Memory store for the memory arm ('none' = no memory).")
+@click.option("--web", "web_url", default=None, help="SearxNG-compatible search URL for the web arm.")
+@click.option("--no-tools", is_flag=True)
+@click.option("--limit", type=int, default=None)
+@click.option("--out", "out_dir", default="eval-out", show_default=True, type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+@config_options
+def eval_cmd(data: str, modes: str, memory: str, web_url: str | None, no_tools: bool, limit: int | None,
+             out_dir: str, as_json: bool, **kwargs) -> None:
+    """The A/B: accuracy, regressions, trigger rate, grounding calls, tokens and time per mode."""
+    from .evaluate import evaluate
+    from .labeling import read_items
+
+    read_items(data, 1)
+    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+    config = resolve_config(kwargs)
+    if memory not in ("none", "demo") and not Path(memory).exists():
+        raise InputError(f"--memory={memory!r} does not exist; build it with: surprisegate memory add --memory {memory} FILE.jsonl")
+    arms = build_arms(config, memory, tools=not no_tools)
+    if web_url:
+        arms["web"] = build_web_arm(web_url)
+    backend = load_backend_for(config)
+    summary = evaluate(data, mode_list, backend, config, arms, out_dir, limit=limit, progress=_progress_bar("eval"))
+    if as_json:
+        click.echo(json.dumps(summary))
+    else:
+        click.echo((Path(out_dir) / "report.md").read_text())
+
+
+def build_web_arm(url: str):
+    from .arms.web import build_web_arm as build
+
+    return build(url)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -257,6 +257,8 @@ def stream(
                         decoder.decode(b"".join(reply.pieces), final=False)
                     window.reset()
                     window_origin = len(reply.tokens)
+                    if copies:
+                        copies.reset_word()  # the word in progress was dropped with the span
                     continue
             window.reset()  # after a round (acted on or not) the window starts afresh
             window_origin = len(reply.tokens)

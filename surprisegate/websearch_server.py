@@ -270,7 +270,9 @@ class LocalSearchServer(ThreadingHTTPServer):
         return f"http://{host}:{port}"
 
     def start(self) -> LocalSearchServer:
-        self._thread = threading.Thread(target=self.serve_forever, daemon=True, name="surprisegate-websearch")
+        # A short poll interval so close() (shutdown) returns promptly in tests.
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
+                                        name="surprisegate-websearch")
         self._thread.start()
         return self
 

@@ -1,0 +1,267 @@
+"""`surprisegate eval`: the A/B. Same items, same model, several modes; accuracy, regressions, cost.
+
+Modes
+  off        plain decoding
+  detect     score every token, never intervene (the reply must equal `off`)
+  intervene  the surprise-gated loop with the configured arms
+  always     ground every reply before it is written (evidence as a system turn), then decode plainly
+  flare      FLARE's trigger (Jiang et al. 2023): decode a look-ahead sentence; if any token has
+             p < theta, retrieve with the low-probability tokens masked and regenerate the sentence by
+             re-prefilling the whole prompt (no KV reuse)
+
+Results go to OUT/results.jsonl (one line per item × mode, resumable) and OUT/report.md (+ PNG).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from .arms import Arm, Query
+from .config import Config
+from .controller import decode_step, generate, ground_round
+from .errors import InputError
+from .grading import grade
+from .labeling import prompt_for, read_items
+from .prompting import PromptLayout, chat_messages
+from .receipts import ReceiptWriter, read_receipts
+from .router import route
+
+MODES = ("off", "detect", "intervene", "always", "flare")
+FLARE_THETA = 0.4  # FLARE's probability threshold for a "low-confidence" token (paper default range 0.4-0.8)
+_SENTENCE_END = re.compile(r"[.!?\n]\s*$")
+
+
+class CountingArm:
+    """Wraps an arm to count grounding calls (the cost `always` pays on every reply)."""
+
+    def __init__(self, arm: Arm):
+        self.arm = arm
+        self.name = arm.name
+        self.calls = 0
+
+    def ground(self, query, deadline):
+        self.calls += 1
+        return self.arm.ground(query, deadline)
+
+
+@dataclass
+class Outcome:
+    reply: str
+    grounding_calls: int
+    triggered: bool
+    tokens_decoded: int
+    tokens_prefilled: int
+    rounds: list = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------------
+# baselines that need their own decoding loop
+# ------------------------------------------------------------------------------------------------
+def _decode(backend, prompt_tokens: list[int], max_tokens: int, stop_at_sentence: bool = False,
+            already: str = "") -> tuple[list[int], list[float], str]:
+    """Greedy decode after a fresh prefill; returns (tokens, probabilities, text)."""
+    backend.reset()
+    logits = backend.append(prompt_tokens)
+    tokens, probs, pieces = [], [], []
+    for _ in range(max_tokens):
+        token, s, _ = decode_step(logits, 0.0, None, scored=True)
+        if token in backend.eos_token_ids:
+            break
+        tokens.append(token)
+        probs.append(2.0 ** -s)
+        pieces.append(backend.token_bytes(token))
+        text = b"".join(pieces).decode("utf-8", "replace")
+        if stop_at_sentence and _SENTENCE_END.search(text) and len(text.strip()) > 1:
+            break
+        logits = backend.append([token])
+    return tokens, probs, b"".join(pieces).decode("utf-8", "replace")
+
+
+def _prompt_tokens(backend, layout: PromptLayout, evidence: str | None, config: Config, prefix: str) -> list[int]:
+    text = layout.body
+    if evidence:
+        text += layout.system_turn_prefix + config.evidence_template.format(evidence=evidence, source="") \
+            + layout.system_turn_suffix
+    return backend.tokenize(text) + backend.tokenize(layout.open_assistant) + (backend.tokenize(prefix) if prefix else [])
+
+
+def run_always(backend, question: str, config: Config, arms: Mapping[str, CountingArm], prefix: str = "") -> Outcome:
+    layout = PromptLayout.from_template(backend.chat_prompt, chat_messages(question, config.system_prompt))
+    r = route("", question, prefix, available=tuple(arms))
+    order = config.arm_order_computable if r.span_class == "computable" else config.arm_order_other
+    order = tuple(a for a in order if a in arms)
+    q = Query(span="", question=question, sentence=prefix, span_class=r.span_class)
+    evidence, _ = ground_round(arms, order, q, time.monotonic() + config.round_deadline_s)
+    prompt = _prompt_tokens(backend, layout, evidence.evidence if evidence else None, config, prefix)
+    tokens, _, text = _decode(backend, prompt, config.max_tokens)
+    return Outcome(text, sum(a.calls for a in arms.values()), True, len(tokens), len(prompt))
+
+
+def run_flare(backend, question: str, config: Config, arms: Mapping[str, CountingArm], prefix: str = "",
+              theta: float = FLARE_THETA) -> Outcome:
+    layout = PromptLayout.from_template(backend.chat_prompt, chat_messages(question, config.system_prompt))
+    accepted, accepted_tokens = prefix, 0
+    evidence_text: str | None = None
+    decoded = prefilled = retrievals = 0
+    triggered = False
+    while accepted_tokens < config.max_tokens:
+        budget = config.max_tokens - accepted_tokens
+        prompt = _prompt_tokens(backend, layout, evidence_text, config, accepted)
+        tokens, probs, sentence = _decode(backend, prompt, budget, stop_at_sentence=True)
+        decoded += len(tokens)
+        prefilled += len(prompt)
+        low = [i for i, p in enumerate(probs) if p < theta]
+        if low and retrievals < config.max_rounds:
+            triggered = True
+            retrievals += 1
+            pieces = [backend.token_bytes(t).decode("utf-8", "replace") for t in tokens]
+            masked = "".join("" if i in low else piece for i, piece in enumerate(pieces)).strip()
+            r = route(masked, question, accepted, available=tuple(arms))
+            order = config.arm_order_computable if r.span_class == "computable" else config.arm_order_other
+            q = Query(span=masked, question=question, sentence=masked, span_class=r.span_class)
+            found, _ = ground_round(arms, tuple(a for a in order if a in arms), q,
+                                    time.monotonic() + config.round_deadline_s)
+            if found:
+                # Regenerate the sentence from scratch: FLARE re-sends the whole prompt with the evidence.
+                evidence_text = found.evidence
+                prompt = _prompt_tokens(backend, layout, evidence_text, config, accepted)
+                tokens, probs, sentence = _decode(backend, prompt, budget, stop_at_sentence=True)
+                decoded += len(tokens)
+                prefilled += len(prompt)
+        accepted += sentence
+        accepted_tokens += len(tokens)
+        if not tokens or not _SENTENCE_END.search(sentence):
+            break  # end of turn (or budget) reached inside the sentence
+    return Outcome(accepted[len(prefix):], sum(a.calls for a in arms.values()), triggered, decoded, prefilled)
+
+
+# ------------------------------------------------------------------------------------------------
+# the A/B
+# ------------------------------------------------------------------------------------------------
+def run_mode(mode: str, backend, item: dict, config: Config, arms: Mapping[str, Arm]) -> Outcome:
+    question, prefix = prompt_for(item)
+    counted = {name: CountingArm(arm) for name, arm in arms.items()}
+    if mode in ("off", "detect", "intervene"):
+        result = generate(backend, question, config.replace(mode=mode), counted if mode == "intervene" else {},
+                          assistant_prefix=prefix)
+        extra = result.receipt.get("extra", {})
+        triggered = bool(result.rounds) or bool(extra.get("would_trigger"))
+        return Outcome(result.text, sum(a.calls for a in counted.values()), triggered,
+                       extra.get("tokens_decoded", result.n_tokens), extra.get("prompt_tokens", 0)
+                       + extra.get("tokens_injected", 0), result.rounds)
+    if mode == "always":
+        return run_always(backend, question, config, counted, prefix)
+    if mode == "flare":
+        return run_flare(backend, question, config, counted, prefix)
+    raise InputError(f"--modes contains {mode!r}; use any of {', '.join(MODES)}")
+
+
+def evaluate(data: str | Path, modes: Sequence[str], backend, config: Config, arms: Mapping[str, Arm],
+             out_dir: str | Path, limit: int | None = None,
+             progress: Callable[[int, int, str], None] | None = None) -> dict:
+    for m in modes:
+        if m not in MODES:
+            raise InputError(f"--modes contains {m!r}; use any of {', '.join(MODES)}")
+    items = read_items(data, limit)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "results.jsonl"
+    done = {(r["id"], r["mode"]) for r in read_receipts(results_path)} if results_path.exists() else set()
+    writer = ReceiptWriter(results_path)
+    todo = [(it, m) for it in items for m in modes if (it["id"], m) not in done]
+    for i, (item, mode) in enumerate(todo, 1):
+        started = time.monotonic()
+        outcome = run_mode(mode, backend, item, config, arms)
+        graded = grade(outcome.reply, item)
+        writer.append({
+            "id": item["id"], "mode": mode, "category": item.get("category"), "relation": item.get("relation"),
+            "question": item["question"], "answers": item["answers"], "reply": outcome.reply,
+            "correct": graded.correct, "grounding_calls": outcome.grounding_calls, "triggered": outcome.triggered,
+            "tokens_decoded": outcome.tokens_decoded, "tokens_prefilled": outcome.tokens_prefilled,
+            "rounds": [{k: r.get(k) for k in ("action", "reason", "tokens_dropped", "span_class")}
+                       | {"source": (r.get("chosen") or {}).get("source")} for r in outcome.rounds],
+            "seconds": round(time.monotonic() - started, 3),
+        })
+        if progress:
+            progress(i, len(todo), f"{mode} {item['id']}")
+    ids = {it["id"] for it in items}
+    rows = [r for r in read_receipts(results_path) if r["id"] in ids and r["mode"] in modes]
+    summary = summarise(rows, modes)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_report(summary, rows, out, data, config)
+    return summary
+
+
+def summarise(rows: list[dict], modes: Sequence[str]) -> dict:
+    by_mode: dict[str, dict[str, dict]] = {m: {} for m in modes}
+    for r in rows:
+        by_mode.setdefault(r["mode"], {})[r["id"]] = r
+    off = by_mode.get("off", {})
+    out: dict = {"modes": {}}
+    for m in modes:
+        rs = by_mode.get(m, {})
+        n = len(rs)
+        if not n:
+            continue
+        correct = sum(r["correct"] for r in rs.values())
+        regressions = sum(1 for i, r in rs.items() if i in off and off[i]["correct"] and not r["correct"])
+        fixes = sum(1 for i, r in rs.items() if i in off and not off[i]["correct"] and r["correct"])
+        triggered = [i for i, r in rs.items() if r["triggered"]]
+        wrong_off = [i for i in rs if i in off and not off[i]["correct"]]
+        precision = (sum(1 for i in triggered if i in off and not off[i]["correct"]) / len(triggered)
+                     if triggered and off else math.nan)
+        recall = (sum(1 for i in wrong_off if rs[i]["triggered"]) / len(wrong_off) if wrong_off else math.nan)
+        out["modes"][m] = {
+            "n": n,
+            "accuracy": round(correct / n, 4),
+            "regressions": regressions,
+            "regression_rate": round(regressions / n, 4),
+            "fixes": fixes,
+            "grounding_calls": sum(r["grounding_calls"] for r in rs.values()),
+            "trigger_rate": round(len(triggered) / n, 4),
+            "intervention_precision": None if math.isnan(precision) else round(precision, 4),
+            "intervention_recall": None if math.isnan(recall) else round(recall, 4),
+            "tokens_decoded": sum(r["tokens_decoded"] for r in rs.values()),
+            "tokens_prefilled": sum(r.get("tokens_prefilled", 0) for r in rs.values()),
+            "seconds": round(sum(r["seconds"] for r in rs.values()), 2),
+        }
+    return out
+
+
+def write_report(summary: dict, rows: list[dict], out: Path, data, config: Config) -> None:
+    lines = [f"# surprisegate eval: {Path(str(data)).name}", "",
+             f"model: SmolLM2-135M-Instruct (embedded) unless the config says otherwise · "
+             f"signal {config.signal} {config.statistic} W={config.window} threshold {config.threshold}", "",
+             "| mode | n | accuracy | regressions | fixes | trigger rate | precision | recall | grounding calls | "
+             "tokens decoded | tokens prefilled | seconds |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for m, s in summary["modes"].items():
+        lines.append(f"| {m} | {s['n']} | {s['accuracy']:.3f} | {s['regressions']} | {s['fixes']} | "
+                     f"{s['trigger_rate']:.2f} | {s['intervention_precision']} | {s['intervention_recall']} | "
+                     f"{s['grounding_calls']} | {s['tokens_decoded']} | {s['tokens_prefilled']} | {s['seconds']} |")
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    modes = list(summary["modes"])
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    axes[0].bar(modes, [summary["modes"][m]["accuracy"] for m in modes], color="#4c72b0")
+    axes[0].set_ylim(0, 1)
+    axes[0].set_title(f"accuracy · {Path(str(data)).stem}")
+    axes[1].bar(modes, [summary["modes"][m]["grounding_calls"] for m in modes], color="#dd8452")
+    axes[1].set_title("grounding calls")
+    fig.tight_layout()
+    fig.savefig(out / "accuracy.png", dpi=110)
+    plt.close(fig)
