@@ -427,6 +427,21 @@ def build_web_arm(url: str):
     return build(url)
 
 
+@main.command("websearch-serve", context_settings={"ignore_unknown_options": True})
+@click.option("--corpus", required=True, type=click.Path(dir_okay=False), help="JSONL documents (doc_id, text).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8888, show_default=True, type=int)
+@click.option("--quiet", is_flag=True)
+def websearch_serve(corpus: str, host: str, port: int, quiet: bool) -> None:
+    """A local SearxNG-compatible search server (BM25 over a JSONL corpus) for tests and evaluation."""
+    from .websearch_server import main as serve_main
+
+    if not Path(corpus).is_file():
+        raise InputError(f"--corpus={corpus!r} does not exist; pass a JSONL file with doc_id and text fields")
+    args = ["--corpus", corpus, "--host", host, "--port", str(port)] + (["--quiet"] if quiet else [])
+    raise SystemExit(serve_main(args) or 0)
+
+
 # ---------------------------------------------------------------------------------------------
 # config
 # ---------------------------------------------------------------------------------------------

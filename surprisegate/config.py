@@ -21,7 +21,7 @@ from .surprise import STATISTICS
 
 MODES = ("off", "detect", "intervene")
 STREAM_POLICIES = ("holdback", "emit")
-INJECTIONS = ("system_turn", "inline")
+INJECTIONS = ("system_turn", "close_reopen", "inline")
 ARM_NAMES = ("memory", "web", "tool")
 
 
@@ -48,7 +48,9 @@ class Config:
     arm_order_other: tuple[str, ...] = field(
         default=("memory", "web", "tool"), metadata={"help": "arm order for entity/other spans"})
     relevance_floor: float = field(default=0.6, metadata={"help": "memory hits scoring below this count as nothing found"})
-    injection: str = field(default="system_turn", metadata={"help": "system_turn (measured best) | inline"})
+    injection: str = field(default="system_turn", metadata={
+        "help": "system_turn: evidence turn before a fresh assistant turn | close_reopen: close the open turn, "
+                "system turn, reopen | inline"})
     evidence_template: str = field(
         default="Fact: {evidence}",
         metadata={"help": "text of the injected segment; {evidence} and {source} are filled in"})

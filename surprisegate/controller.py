@@ -103,6 +103,8 @@ def ground_round(arms: Mapping[str, Arm], order: Sequence[str], query: Query, de
                   "status": status, "latency_ms": round((time.monotonic() - started) * 1000, 2), "results": []}
         if status == "error":
             report["error"] = f"{type(value).__name__}: {value}"
+            if isinstance(value, TimeoutError):  # the arm gave up at the deadline itself
+                report["status"] = "timeout"
         elif status == "ok":
             results = list(value or [])
             report["results"] = [e.to_dict() for e in results]
@@ -125,6 +127,12 @@ def _current_sentence(text: str) -> str:
     # A sentence that ends exactly at the end of the text is still the current one.
     ends = [e for e in ends if e < len(text.rstrip())]
     return text[ends[-1]:].strip() if ends else text.strip()
+
+
+@dataclass
+class _Context:
+    tokens: list[int]  # every token the backend holds, in order
+    turn_start: int  # index where the current assistant turn's header begins
 
 
 @dataclass
@@ -171,11 +179,13 @@ def stream(
     messages = chat_messages(question, config.system_prompt)
     layout = PromptLayout.from_template(backend.chat_prompt, messages)
     prefix_tokens = backend.tokenize(assistant_prefix) if assistant_prefix else []
-    prompt_tokens = backend.tokenize(layout.body) + backend.tokenize(layout.open_assistant) + prefix_tokens
+    open_tokens = backend.tokenize(layout.open_assistant)
+    prompt_tokens = backend.tokenize(layout.body) + open_tokens + prefix_tokens
 
     backend.reset()
     logits = backend.append(prompt_tokens)
-    context = list(prompt_tokens)  # what the backend holds; lets a backend that cannot trim re-prefill
+    # What the backend holds (lets a backend that cannot trim re-prefill) and where the assistant turn opens.
+    context = _Context(list(prompt_tokens), turn_start=len(prompt_tokens) - len(prefix_tokens) - len(open_tokens))
     window = RollingWindow(config.window, config.statistic)
     # Which tokens merely copy the question (or a cloze prefix): the "novel" signals skip them.
     copies = CopyTracker(question + " " + assistant_prefix) if config.signal.startswith("novel") else None
@@ -264,7 +274,7 @@ def stream(
             window_origin = len(reply.tokens)
 
         logits = backend.append([token])
-        context.append(token)
+        context.tokens.append(token)
         # Tokens before the window start can no longer be rewound: safe to show in holdback streaming.
         can_rewind = intervening and len(rounds) < config.max_rounds
         final_upto = (window_origin + window.start) if (holdback and can_rewind) else len(reply.tokens)
@@ -344,26 +354,36 @@ def _intervene(backend, layout, config, arms, router, question, reply, trigger, 
         return record, None
 
     yield Grounding(trigger.round, route.span_class, order, True, chosen.source, chosen.evidence, "evidence accepted")
-    # Rewind: the span's tokens leave the context (the triggering token was never fed, so one fewer).
+    # Rewind. The span's tokens always leave the context (the triggering token was never fed, so one
+    # fewer). `system_turn` also drops the open assistant turn, back to where it began, so the evidence
+    # sits in a system turn right before a fresh assistant turn, as if it had been there from the start.
     span_len = len(reply.tokens) - trigger.span_start
-    in_context = span_len - 1
-    keep = len(context) - in_context
+    dropped_text = reply.text()[len(reply.text(trigger.span_start)):]
+    kept_prefix = reply.tokens[: trigger.span_start]
+    keep = context.turn_start if config.injection == "system_turn" else len(context.tokens) - (span_len - 1)
+    to_drop = len(context.tokens) - keep
     if backend.can_trim():
-        trimmed, rewind_method = backend.trim(in_context), "trim"
+        trimmed, rewind_method = backend.trim(to_drop), "trim"
     else:
         # No trimmable cache: rebuild it from the kept tokens (costly, and the receipt says so).
         backend.reset()
-        backend.append(context[:keep])
-        trimmed, rewind_method = in_context, "reprefill"
-    del context[keep:]
-    dropped_text = reply.text()[len(reply.text(trigger.span_start)):]
-    kept_prefix = reply.tokens[: trigger.span_start]
+        backend.append(context.tokens[:keep])
+        trimmed, rewind_method = to_drop, "reprefill"
+    del context.tokens[keep:]
     reply.cut(trigger.span_start)
     evidence_text = config.evidence_template.format(evidence=chosen.evidence, source=chosen.source)
-    segment = backend.tokenize(layout.segment(evidence_text, config.injection))
-    refeed = prefix_tokens + kept_prefix if config.injection == "system_turn" else []
+    if config.injection == "system_turn":
+        system_turn = backend.tokenize(layout.system_turn_prefix + evidence_text + layout.system_turn_suffix)
+        segment = system_turn + backend.tokenize(layout.open_assistant)
+        refeed = prefix_tokens + kept_prefix
+        context.turn_start = keep + len(system_turn)
+    elif config.injection == "close_reopen":
+        segment = backend.tokenize(layout.segment(evidence_text, "close_reopen"))
+        refeed = prefix_tokens + kept_prefix
+    else:
+        segment, refeed = backend.tokenize(layout.segment(evidence_text, "inline")), []
     logits = backend.append(segment + refeed)
-    context.extend(segment + refeed)
+    context.tokens.extend(segment + refeed)
     shown = max(0, emitted - trigger.span_start)  # visible tokens a consumer must retract (emit streaming)
     record.update(
         action="rewound", reason=f"grounded by {chosen.source}", tokens_dropped=span_len,

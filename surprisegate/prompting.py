@@ -70,4 +70,5 @@ class PromptLayout:
         """Text put into the context (never into the visible reply) before the kept prefix is re-fed."""
         if injection == "inline":
             return f" [evidence: {evidence_text}] "
+        # close_reopen: close the assistant turn, a system turn, reopen (the kept prefix is re-fed after).
         return self.close_assistant + self.system_turn_prefix + evidence_text + self.system_turn_suffix + self.open_assistant

@@ -4,9 +4,12 @@ Pure and deterministic: the same span and context always give the same `Route`, 
 the rule that fired (with the field it fired on, e.g. "arithmetic@question") so a receipt can say why.
 
 Classes (DESIGN.md §2b):
-- computable: arithmetic, date math, code, file contents, live status; a tool can settle it.
+- computable: arithmetic, date math, unit conversion, code, file contents, live status; a tool can settle it.
 - entity: named entities, numbers, dates; memory or the web can settle it.
 - other: everything else.
+
+`extract_tool_calls` goes one step further for the tool arm: which tool, with what input, from which field
+("37 times 48" -> calculator "37 * 48"; "days between 1 March and 14 April 2024" -> dates).
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from surprisegate.arms import dates, files, sandbox, status, units
 from surprisegate.arms.tools import extract_computation
 from surprisegate.errors import InputError
 
@@ -74,6 +79,8 @@ _is_date_math = _any_of(
         r"|\bhow\s+long\s+(?:ago|until|since|before|after)\b"
         rf"|\bwhat\s+(?:date|day)\s+(?:is|was|will\s+be)\s+\d+\s+{_TIME_UNIT}\b"
         rf"|\b\d+\s+{_TIME_UNIT}\s+(?:after|before|from)\b"
+        r"|\btoday'?s\s+date\b|\bcurrent\s+date\b|\bwhat\s+(?:date|day)\s+is\s+it\b"
+        r"|\bwhat(?:'s|\s+is)\s+the\s+date\s+(?:today|now)\b"
     ),
     _followed_by(
         rf"\bhow\s+(?:many|much)\s+(?:{_TIME_UNIT}|time)\b",
@@ -96,12 +103,7 @@ _is_code = _any_of(
     ),
 )
 
-_FILE_EXTENSIONS = "txt|json|jsonl|toml|ya?ml|cfg|ini|conf|csv|tsv|md|py|log|xml|html|env"
-_PATH = (
-    r"(?:~?/[\w.-]{1,255}(?:/[\w.-]{1,255}){0,20}"  # /etc/hosts, ~/notes
-    r"|\./[\w./-]{1,255}"  # ./data/notes.txt
-    rf"|\b[\w-]{{1,255}}\.(?:{_FILE_EXTENSIONS})\b)"  # config.toml
-)
+_PATH = files.PATH_PATTERN  # /etc/hosts, ./data/notes.txt, config.toml: the file tool's own notion of a path
 _is_file_contents = _any_of(
     _followed_by(
         r"\b(?:contents?\s+of|what(?:'s|\s+is)\s+in(?:side)?|inside|read|open|cat|show(?:\s+me)?|lines?\s+of)\b",
@@ -119,9 +121,7 @@ _has_host = _searches(
     r"|\b[a-z0-9-]{1,63}(?:\.[a-z0-9-]{1,63}){0,4}\.(?:com|org|net|io|dev|ai|edu|gov|co|uk|de|fr|app|info|me)\b"
     r"|\bports?\s+\d{1,5}\b"
 )
-_has_status_word = _searches(
-    r"\b(?:up|down|online|offline|reachable|unreachable|responding|open|closed|listening|running|ping|status)\b"
-)
+_has_status_word = _searches(status.STATUS_WORDS)
 
 _NUMBER_TOKEN = re.compile(
     r"\b\d+(?:[.,]\d+)*\b|\b(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|"
@@ -153,6 +153,7 @@ _COMPUTABLE_RULES: list[tuple[str, Callable[[str], bool]]] = [
     ("live_status", lambda text: _has_host(text) and _has_status_word(text)),
     ("code", _is_code),
     ("date_math", _is_date_math),
+    ("unit_conversion", units.looks_like_conversion),
     ("arithmetic", _is_arithmetic),
     ("word_problem", _is_word_problem),
 ]
@@ -294,3 +295,91 @@ def route(span: str, question: str = "", sentence: str = "", available: Sequence
     decision = Route(span_class=span_class, rule=rule, arm_order=arm_order(span_class, available))
     logger.debug("route span=%r class=%s rule=%s arms=%s", span, span_class, rule, ",".join(decision.arm_order))
     return decision
+
+
+# --------------------------------------------------------------------------------------------------
+# tool calls: which tool the tool arm should run, with what input
+
+# Tried in this order within each field: specific requests first, so that `notes.txt` is read as a file
+# rather than run as Python, and "100 days after 2024-01-15" is date math rather than subtraction.
+TOOL_NAMES = ("python", "files", "status", "dates", "units", "calculator")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    tool: str  # one of TOOL_NAMES
+    request: Any  # the tool's parsed request: Snippet, FileRequest, StatusRequest, DateQuestion, Conversion, str
+    field: str  # "span" | "sentence" | "question": where it was found
+    input: str  # canonical and readable, for receipts and tests: "37 * 48", "sorted([3,1,2])[0]"
+
+
+def _python_call(text: str) -> tuple[Any, str] | None:
+    snippet = sandbox.extract_snippet(text)
+    return (snippet, snippet.code) if snippet else None
+
+
+def _files_call(text: str) -> tuple[Any, str] | None:
+    request = files.extract_file_request(text)
+    return (request, request.path) if request else None
+
+
+def _status_call(text: str) -> tuple[Any, str] | None:
+    request = status.extract_status_request(text)
+    return (request, request.describe()) if request else None
+
+
+def _dates_call(text: str) -> tuple[Any, str] | None:
+    question = dates.extract_date_question(text)
+    return (question, question.describe()) if question else None
+
+
+def _units_call(text: str) -> tuple[Any, str] | None:
+    conversion = units.extract_conversion(text)
+    return (conversion, conversion.describe()) if conversion else None
+
+
+def _calculator_call(text: str) -> tuple[Any, str] | None:
+    expression = extract_computation(text)
+    return (expression, expression) if expression else None
+
+
+_EXTRACTORS: dict[str, Callable[[str], tuple[Any, str] | None]] = {
+    "python": _python_call,
+    "files": _files_call,
+    "status": _status_call,
+    "dates": _dates_call,
+    "units": _units_call,
+    "calculator": _calculator_call,
+}
+
+
+def extract_tool_calls(
+    span: str, question: str = "", sentence: str = "", tools: Sequence[str] = TOOL_NAMES
+) -> list[ToolCall]:
+    """Every tool call the span and its context state, best first: fields in the order span, sentence,
+    question (the span is the doubtful text itself; the question usually states the computation), and
+    tools in TOOL_NAMES order within a field. The tool arm runs the first one that succeeds.
+    """
+    unknown = [name for name in tools if name not in _EXTRACTORS]
+    if unknown or isinstance(tools, str):
+        raise InputError(f"tools={tools!r}: unknown tool names {unknown}; use some of {', '.join(TOOL_NAMES)}")
+    calls: list[ToolCall] = []
+    seen: set[tuple[str, str]] = set()
+    for field_name, text in (("span", span or ""), ("sentence", sentence or ""), ("question", question or "")):
+        if not text.strip():
+            continue
+        for name in TOOL_NAMES:
+            if name not in tools:
+                continue
+            found = _EXTRACTORS[name](text)
+            if found is None or (name, found[1]) in seen:
+                continue
+            seen.add((name, found[1]))
+            calls.append(ToolCall(name, found[0], field_name, found[1]))
+    return calls
+
+
+def extract_tool_call(span: str, question: str = "", sentence: str = "", tools: Sequence[str] = TOOL_NAMES) -> ToolCall | None:
+    """The best tool call (see `extract_tool_calls`), or None when no tool applies."""
+    calls = extract_tool_calls(span, question, sentence, tools)
+    return calls[0] if calls else None

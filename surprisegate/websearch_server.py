@@ -193,14 +193,15 @@ def _title_from_text(text: str, words: int = 8) -> str:
 
 
 class _SearchHandler(BaseHTTPRequestHandler):
-    server: "LocalSearchServer"
+    server: LocalSearchServer
     server_version = "surprisegate-websearch/1"
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:
         path, _, query_string = self.path.partition("?")
         self._route(path, parse_qs(query_string, keep_blank_values=True))
 
-    def do_POST(self) -> None:  # noqa: N802 - SearxNG also takes the form as a POST body
+    # SearxNG also takes the form as a POST body.
+    def do_POST(self) -> None:
         path, _, query_string = self.path.partition("?")
         length = min(int(self.headers.get("Content-Length") or 0), 64 * 1024)
         form = parse_qs(self.rfile.read(length).decode("utf-8", "replace"), keep_blank_values=True)
@@ -243,7 +244,7 @@ class _SearchHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server's signature
+    def log_message(self, format: str, *args) -> None:
         if not self.server.quiet:
             super().log_message(format, *args)
 

@@ -455,7 +455,8 @@ def test_ground_uses_the_question_when_the_span_is_the_answer():
 def test_ground_prefers_span_then_sentence():
     tool = CalculatorTool()
     [from_span] = tool.ground(_query(span="6 x 7", sentence="2 plus 2", question="1 plus 1"), FAR_DEADLINE)
-    assert from_span.detail == {"input": "6 * 7", "output": "42", "exact": True, "field": "span"}
+    assert from_span.detail == {"tool": "calculator", "input": "6 * 7", "output": "42", "sandbox": "ast", "exact": True,
+                                "field": "span"}
     [from_sentence] = tool.ground(_query(span="4", sentence="2 plus 2 is 4", question="1 plus 1"), FAR_DEADLINE)
     assert from_sentence.detail["field"] == "sentence"
 

@@ -17,8 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from surprisegate.arms import Arm, Query
-from surprisegate.arms import web
+from surprisegate.arms import Arm, Query, web
 from surprisegate.arms.web import (
     BraveSearch,
     SearxngSearch,
@@ -77,10 +76,10 @@ class FakeServer:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 self._answer()
 
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 self._answer()
 
             def _answer(self):
@@ -201,6 +200,13 @@ def test_hung_server_cannot_stall_the_round(silent_server):
     outcome, overshoot = ground_timed(WebArm(SearxngSearch(base_url=silent_server, env={})))
     assert isinstance(outcome, WebTimeout)
     assert "waiting for the response" in str(outcome)
+    assert overshoot < OVERSHOOT_S, f"returned {overshoot * 1000:.0f} ms after the deadline"
+
+
+def test_hung_tls_handshake_cannot_stall_the_round(silent_server):
+    https_url = silent_server.replace("http://", "https://")
+    outcome, overshoot = ground_timed(WebArm(SearxngSearch(base_url=https_url, env={})))
+    assert isinstance(outcome, WebTimeout) and "TLS handshake with 127.0.0.1" in str(outcome)
     assert overshoot < OVERSHOOT_S, f"returned {overshoot * 1000:.0f} ms after the deadline"
 
 
@@ -449,7 +455,7 @@ def test_searxng_rate_limit_query_error_and_not_json(fake_server):
         "/c/search": Reply(200, b"<html>hello</html>", content_type="text/html"),
         "/d/search": Reply(502, b"Bad Gateway", content_type="text/plain"),
     })
-    search = lambda path: SearxngSearch(base_url=f"{server.url}{path}", env={}).search("q", 3, time.monotonic() + 5)  # noqa: E731
+    search = lambda path: SearxngSearch(base_url=f"{server.url}{path}", env={}).search("q", 3, time.monotonic() + 5)
     with pytest.raises(WebRateLimited, match="searxng: 429 rate limited Too Many Requests — wait 7 s and retry"):
         search("/a")
     with pytest.raises(WebBadResponse, match="searxng: search error"):
@@ -516,7 +522,7 @@ def test_evidence_is_the_best_sentences_not_the_page(fake_server):
 def test_span_only_reranks_lightly():
     # The question says "capital"; the wrong span "Lyon" must not pull a Lyon sentence above it.
     result = web.SearchResult("u", "France", "Lyon is a big city in France. The capital of France is Paris.", 0)
-    evidence = web.results_to_evidence([result], PARIS, "x", 0.0, 1, 1, PARIS.question)
+    evidence = web.results_to_evidence([result], PARIS, "x", searched=PARIS.question, floor=0.0, max_sentences=1)
     assert evidence[0].evidence == "The capital of France is Paris."
     assert search_text(PARIS) == "What is the capital of France?"  # the span is not searched
     assert search_text(Query(span="Lyon", question="", sentence="The capital of France is Lyon")) == "The capital of France is Lyon"
@@ -526,7 +532,7 @@ def test_span_only_reranks_lightly():
 def test_glued_paragraphs_split_into_sentences():
     result = web.SearchResult("u", "", "Arthur's Magazine (1844–1846) was an American periodical.First for Women is a woman's magazine.", 0)
     query = Query(span="", question="Who publishes First for Women?", sentence="")
-    assert web.results_to_evidence([result], query, "x", 0.0, 1, 1, query.question)[0].evidence == "First for Women is a woman's magazine."
+    assert web.results_to_evidence([result], query, "x", searched=query.question, floor=0.0, max_sentences=1)[0].evidence == "First for Women is a woman's magazine."
 
 
 def test_strip_html():
@@ -544,6 +550,8 @@ def test_arm_protocol_and_config_errors():
         WebArm("searxng", max_results=0)
     with pytest.raises(ConfigError, match="api='graphql'"):
         WikipediaSearch(api="graphql", env={})
+    with pytest.raises(ConfigError, match="SURPRISEGATE_SEARXNG_URL"):
+        SearxngSearch(env={"SURPRISEGATE_SEARXNG_URL": "localhost:8888"})
 
 
 def test_against_the_local_search_server(tmp_path):
@@ -576,3 +584,11 @@ def test_halueval_through_the_arm(shared_data):
             first += bool(ids) and ids[0] == gold
     print(f"halueval via WebArm: gold doc among evidence {in_evidence}/{len(rows)}, first {first}/{len(rows)}")
     assert in_evidence / len(rows) >= 0.90
+
+
+def test_build_web_arm_from_a_url_or_a_name():
+    arm = web.build_web_arm("http://127.0.0.1:9999/", max_results=2)
+    assert isinstance(arm.provider, SearxngSearch) and arm.provider.search_url == "http://127.0.0.1:9999/search"
+    assert arm.max_results == 2
+    assert isinstance(web.build_web_arm("wikipedia", env={}).provider, WikipediaSearch)
+    assert "BRAVE_API_KEY" in web.build_web_arm("brave", env={}).problem()

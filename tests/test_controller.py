@@ -104,17 +104,26 @@ def test_min_tokens_delays_the_first_possible_trigger():
     assert next(e for e in events if isinstance(e, Trigger)).token_index == 2
 
 
-def test_rewind_drops_the_span_injects_evidence_and_fixes_the_reply():
+@pytest.mark.parametrize("injection", ["system_turn", "close_reopen", "inline"])
+def test_rewind_drops_the_span_injects_evidence_and_fixes_the_reply(injection):
     arm = StaticArm("memory", [RIGHT_EVIDENCE])
-    backend, events, done = run(cfg(), {"memory": arm})
-    assert done.text == RIGHT
+    backend, events, done = run(cfg(injection=injection), {"memory": arm})
+    # (The scripted model reads its position from the turn text, which inline evidence shifts.)
+    assert done.text == RIGHT if injection != "inline" else "evidence" not in done.text
     (record,) = done.rounds
     trigger = next(e for e in events if isinstance(e, Trigger))
     assert record["action"] == "rewound"
     assert record["tokens_dropped"] == trigger.token_index - trigger.span_start + 1
     assert record["dropped_text"] == WRONG[trigger.span_start: trigger.token_index + 1]
-    # The triggering token was never fed, so the cache loses one token fewer than the span.
-    assert backend.trim_calls == [record["tokens_dropped"] - 1]
+    # The triggering token was never fed, so the cache loses one token fewer than the span; system_turn
+    # also drops the assistant header and the kept prefix, to put the evidence before a fresh turn.
+    header_and_prefix = len(backend.tokenize("<|im_start|>assistant\n")) + trigger.span_start
+    expected = record["tokens_dropped"] - 1 + (header_and_prefix if injection == "system_turn" else 0)
+    assert backend.trim_calls == [expected]
+    text = backend.detokenize(backend.context)
+    if injection == "system_turn":  # the evidence turn comes right before the (only) open assistant turn
+        assert text.count("<|im_start|>assistant\n") == 1
+        assert text.index("Fact:") < text.index("<|im_start|>assistant\n")
     # Injected text is in the model's context but never in the visible reply.
     assert "Rightburg." in backend.detokenize(backend.context)
     assert "Fact:" in backend.detokenize(backend.context) and "Fact:" not in done.text

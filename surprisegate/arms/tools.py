@@ -1,21 +1,30 @@
-"""The tool arm (Act): a bounded calculator that grounds arithmetic the model is unsure of.
+"""The tool arm (Act): a bounded calculator, and `ToolArm`, which puts every Act tool behind one arm.
 
 `extract_computation` turns text such as "What is 37 times 48?" into "37 * 48"; `calculate` evaluates it
 with an AST walker that only knows numbers and arithmetic operators, refusing anything whose result would
 be huge before computing it; `CalculatorTool` wraps both as an `Arm` whose evidence is `observable: 1.0`.
+
+`ToolArm` dispatches to the calculator, dates (arms/dates.py), units (arms/units.py), a sandboxed Python
+snippet (arms/sandbox.py), file contents under allowed roots (arms/files.py) and live status of allow-listed
+targets (arms/status.py), using the router's `extract_tool_calls`.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
+import os
 import re
+import threading
 import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal, localcontext
 from fractions import Fraction
 
 from surprisegate.arms import Evidence, Query
-from surprisegate.errors import ArmError, InputError
+from surprisegate.errors import ArmError, ConfigError, InputError, SurpriseGateError
 
 Number = int | Fraction | float
 
@@ -550,5 +559,140 @@ class CalculatorTool:
             confidence=1.0,
             source="tool:calculator",
             observable=1.0,
-            detail={"input": expression, "output": value_text, "exact": exact, "field": field_name},
+            # "ast": evaluated in-process by the AST walker above, which knows only numbers and operators.
+            detail={"tool": "calculator", "input": expression, "output": value_text, "sandbox": "ast", "exact": exact,
+                    "field": field_name},
         )
+
+
+# --------------------------------------------------------------------------------------------------
+# ToolArm: every Act tool behind one arm
+
+ALL_TOOLS = ("python", "files", "status", "dates", "units", "calculator")
+MIN_PYTHON_SECONDS = 0.2  # below this a snippet cannot even start its interpreter: refuse instead
+
+
+class ToolArm:
+    """Arm that grounds computable spans with the right tool: calculator, dates, units, Python (sandboxed),
+    files (only under `roots`) or live status (only `allowed_status_targets`).
+
+    The router's `extract_tool_calls` finds the calls in the span, sentence and question; they are tried in
+    order until one succeeds. Every result is evidence with `observable: 1.0` and the tool's input and
+    output in `detail`. A tool that refuses (file outside the roots, target off the allow-list, snippet
+    blocked or timed out) is reported in the ArmError when nothing else succeeds.
+    """
+
+    name = "tool"
+
+    def __init__(
+        self,
+        *,
+        roots: Sequence[str | os.PathLike] = (),
+        allowed_status_targets: Sequence[str] = (),
+        python_timeout_s: float = 2.0,
+        python_memory_mb: int = 256,
+        python_sandbox: str = "auto",
+        tools: Sequence[str] = ALL_TOOLS,
+        file_max_bytes: int = 64 * 1024,
+        default_timezone: str = "UTC",
+        clock: Callable[[], datetime] | None = None,
+        warm_up: bool = True,
+    ):
+        # Imported here, not at the top: the router and the units tool import this module.
+        from surprisegate.arms import dates, sandbox, status, units
+
+        if isinstance(tools, str) or any(name not in ALL_TOOLS for name in tools):
+            raise ConfigError(f"tools={tools!r}: use some of {', '.join(ALL_TOOLS)}")
+        if isinstance(roots, (str, os.PathLike)):
+            roots = [roots]
+        missing = [str(root) for root in roots if not os.path.isdir(root)]
+        if missing:
+            raise ConfigError(f"roots: {', '.join(missing)} is not a directory; give existing directories")
+        if isinstance(allowed_status_targets, str):
+            allowed_status_targets = [allowed_status_targets]
+        if not (0 < file_max_bytes <= 16 * 2**20):
+            raise ConfigError(f"file_max_bytes={file_max_bytes!r}: use 1 to {16 * 2**20} bytes")
+        if dates.resolve_zone(default_timezone) is None:
+            raise ConfigError(f"default_timezone={default_timezone!r} is unknown; use an IANA name such as 'UTC'")
+        sandbox.sandbox_mode(python_sandbox)  # validates the name
+        self.tools = tuple(tools)
+        self.roots = tuple(os.fspath(root) for root in roots)
+        self.allowed_status_targets = tuple(status.parse_target(target) for target in allowed_status_targets)
+        self.python_limits = sandbox.SandboxLimits(timeout_s=python_timeout_s, memory_bytes=python_memory_mb * 2**20)
+        self.python_sandbox = python_sandbox
+        self.file_max_bytes = file_max_bytes
+        self.default_timezone = dates.resolve_zone(default_timezone)
+        self.clock = clock
+        if warm_up:
+            # pint's registry (about a second) and the bwrap probe: done now, not inside a round's deadline.
+            if "units" in self.tools:
+                units.warm_up()
+            if "python" in self.tools and python_sandbox == "auto":
+                threading.Thread(target=sandbox.bwrap_status, daemon=True, name="surprisegate-bwrap-probe").start()
+
+    def ground(self, query: Query, deadline: float) -> list[Evidence]:
+        """Return one verified result, [] when no tool applies, or raise ArmError when every tool that
+        applied refused or failed (the message lists each tool's reason)."""
+        from surprisegate.router import extract_tool_calls
+
+        if time.monotonic() >= deadline:
+            raise ArmError("tool: the round's deadline passed before it could run")
+        calls = extract_tool_calls(query.span, query.question, query.sentence, tools=self.tools)
+        failures: list[str] = []
+        for call in calls:
+            if time.monotonic() >= deadline:
+                failures.append(f"{call.tool}@{call.field}: the round's deadline passed")
+                break
+            try:
+                return [self._run(call, deadline)]
+            except SurpriseGateError as err:  # a refusal or bad input: a later call may still work
+                reason = getattr(err, "reason", None)
+                failures.append(f"{call.tool}@{call.field}: {reason + ': ' if reason else ''}{err}")
+        if failures:
+            raise ArmError("tool: " + "; ".join(failures))
+        return []
+
+    def _run(self, call, deadline: float) -> Evidence:
+        runner = getattr(self, f"_run_{call.tool}")
+        return runner(call, deadline)
+
+    def _run_calculator(self, call, deadline: float) -> Evidence:
+        return CalculatorTool._evidence(call.request, calculate(call.request), call.field)
+
+    def _run_dates(self, call, deadline: float) -> Evidence:
+        from surprisegate.arms import dates
+
+        now = self.clock() if self.clock else None
+        answer = dates.answer_date_question(call.request, now=now, default_zone=self.default_timezone)
+        return dates.date_evidence(answer, call.field)
+
+    def _run_units(self, call, deadline: float) -> Evidence:
+        from surprisegate.arms import units
+
+        return units.conversion_evidence(units.convert_conversion(call.request), call.field)
+
+    def _run_python(self, call, deadline: float) -> Evidence:
+        from surprisegate.arms import sandbox
+        from surprisegate.arms.toolkit import ToolRefused
+
+        remaining = deadline - time.monotonic() - 0.05  # leave time to turn the result into evidence
+        if remaining < MIN_PYTHON_SECONDS:
+            raise ToolRefused("timeout", f"only {max(remaining, 0):.2f} s left before the round's deadline; "
+                                         "not enough to run a snippet")
+        limits = dataclasses.replace(self.python_limits, timeout_s=min(self.python_limits.timeout_s, remaining))
+        result = sandbox.run_python(call.request.code, limits, mode=self.python_sandbox)
+        if result.status not in ("ok", "error"):  # contained, not an answer: say what happened
+            raise ToolRefused(result.status, f"snippet {call.request.code[:80]!r} in {result.sandbox}: {result.reason}")
+        return sandbox.snippet_evidence(call.request.code, result, call.field)
+
+    def _run_files(self, call, deadline: float) -> Evidence:
+        from surprisegate.arms import files
+
+        contents = files.read_file(call.request.path, self.roots, self.file_max_bytes)
+        return files.file_evidence(contents, call.request.wants_line_count, call.field)
+
+    def _run_status(self, call, deadline: float) -> Evidence:
+        from surprisegate.arms import status
+
+        target = status.resolve_request(call.request, self.allowed_status_targets)
+        return status.status_evidence(status.check_status(target, self.allowed_status_targets, deadline), call.field)

@@ -36,7 +36,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import quote, urlencode, urlsplit
 
 from ..errors import ArmError, ConfigError
@@ -179,7 +179,7 @@ class _Exchange:
     def _time_left(self) -> float:
         left = self.deadline - time.monotonic()
         if left <= 0:
-            raise socket.timeout("deadline passed")
+            raise TimeoutError("deadline passed")
         return left
 
     def _exchange(self) -> HttpResponse:
@@ -213,7 +213,7 @@ class _Exchange:
             return HttpResponse(response.status, headers, _decoded(bytes(body), headers, self.label))
         except WebSearchError:
             raise
-        except (socket.timeout, TimeoutError) as err:
+        except TimeoutError as err:
             raise WebTimeout(f"{self.label}: no answer by the deadline (while {self.phase})", self.label) from err
         except socket.gaierror as err:
             raise WebUnavailable(f"{self.label}: cannot resolve {self.host}: {err.strerror or err}", self.label) from err
@@ -237,7 +237,7 @@ class _Exchange:
                 sock.settimeout(self._time_left() / (len(addresses) - position))
                 sock.connect(address)
                 return sock
-            except socket.timeout:
+            except TimeoutError:
                 if position == len(addresses) - 1:
                     raise
                 last_error = TimeoutError(f"connecting to {address[0]} timed out")
@@ -258,7 +258,7 @@ class _Exchange:
             self._sock = sock
             abandoned = self._abandoned
         if abandoned:
-            raise socket.timeout("abandoned")
+            raise TimeoutError("abandoned")
 
 
 def _decoded(body: bytes, headers: Mapping[str, str], label: str) -> bytes:
@@ -329,7 +329,7 @@ def _error_detail(payload: object) -> str:
         return payload
     if isinstance(payload, Mapping):
         for key in ("error", "detail", "message", "info", "messageTranslations"):
-            if key in payload and payload[key]:
+            if payload.get(key):
                 value = payload[key]
                 if isinstance(value, Mapping) and "en" in value:  # MediaWiki REST messageTranslations
                     return str(value["en"])
@@ -379,8 +379,12 @@ class SearchProvider:
         raise NotImplementedError
 
 
-def _base_url(value: str | None, default: str) -> str:
-    return (value or default).strip().rstrip("/")
+def _base_url(value: str | None, default: str, env_name: str) -> str:
+    url = (value or default).strip().rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"base url {url!r} is not an http(s) url; fix the base_url argument or {env_name}")
+    return url
 
 
 class SearxngSearch(SearchProvider):
@@ -391,7 +395,7 @@ class SearxngSearch(SearchProvider):
     def __init__(self, base_url: str | None = None, env: Mapping[str, str] | None = None, user_agent: str | None = None):
         super().__init__(env, user_agent)
         env = os.environ if env is None else env
-        base = _base_url(base_url or env.get("SURPRISEGATE_SEARXNG_URL"), DEFAULT_SEARXNG_URL)
+        base = _base_url(base_url or env.get("SURPRISEGATE_SEARXNG_URL"), DEFAULT_SEARXNG_URL, "SURPRISEGATE_SEARXNG_URL")
         self.search_url = base if base.endswith("/search") else base + "/search"
 
     def search(self, text: str, count: int, deadline: float) -> list[SearchResult]:
@@ -425,7 +429,7 @@ class BraveSearch(SearchProvider):
         super().__init__(env, user_agent)
         env = os.environ if env is None else env
         self.api_key = (api_key or env.get("BRAVE_API_KEY") or "").strip()
-        self.search_url = _base_url(base_url or env.get("SURPRISEGATE_BRAVE_URL"), DEFAULT_BRAVE_URL)
+        self.search_url = _base_url(base_url or env.get("SURPRISEGATE_BRAVE_URL"), DEFAULT_BRAVE_URL, "SURPRISEGATE_BRAVE_URL")
         self.extra_snippets = extra_snippets  # up to 5 more excerpts per result, on plans that allow it
 
     def problem(self) -> str | None:
@@ -499,7 +503,7 @@ class TavilySearch(SearchProvider):
         if topic not in ("general", "news"):
             raise ConfigError(f"topic={topic!r}: use 'general' or 'news'")
         self.api_key = (api_key or env.get("TAVILY_API_KEY") or "").strip()
-        self.search_url = _base_url(base_url or env.get("SURPRISEGATE_TAVILY_URL"), DEFAULT_TAVILY_URL)
+        self.search_url = _base_url(base_url or env.get("SURPRISEGATE_TAVILY_URL"), DEFAULT_TAVILY_URL, "SURPRISEGATE_TAVILY_URL")
         self.search_depth, self.topic = search_depth, topic
 
     def problem(self) -> str | None:
@@ -554,7 +558,8 @@ class WikipediaSearch(SearchProvider):
         env = os.environ if env is None else env
         if api not in ("action", "rest"):
             raise ConfigError(f"api={api!r}: use 'action' (w/api.php) or 'rest' (w/rest.php/v1/search/page)")
-        self.base_url = _base_url(base_url or env.get("SURPRISEGATE_WIKIPEDIA_URL"), DEFAULT_WIKIPEDIA_URL)
+        self.base_url = _base_url(base_url or env.get("SURPRISEGATE_WIKIPEDIA_URL"), DEFAULT_WIKIPEDIA_URL,
+                                  "SURPRISEGATE_WIKIPEDIA_URL")
         self.api, self.summaries = api, summaries
 
     def _headers(self) -> dict[str, str]:
@@ -601,7 +606,7 @@ class WikipediaSearch(SearchProvider):
         results = []
         for title, snippet in pairs:
             if title:
-                page_url = f"{self.base_url}/wiki/{quote(str(title).replace(" ", "_"))}"
+                page_url = f"{self.base_url}/wiki/{quote(str(title).replace(' ', '_'))}"
                 results.append(SearchResult(page_url, str(title), strip_html(str(snippet or "")), len(results)))
         return results[:count]
 
@@ -706,7 +711,7 @@ def _sentences(text: str) -> list[str]:
 class _Candidate:
     result: SearchResult
     sentences: list[str]
-    sentence_stems: list[set[str]] = field(default_factory=list)
+    sentence_stems: list[set[str]]
 
 
 def _pick_sentences(sentence_stems: list[set[str]], weights: dict[str, float], idf: dict[str, float], count: int) -> list[int]:
@@ -715,21 +720,21 @@ def _pick_sentences(sentence_stems: list[set[str]], weights: dict[str, float], i
     Greedy coverage, not the top `count` by score: a multi-hop question ("the network of the show
     whose finale is X") needs the sentence naming the show and the one naming its network.
     """
+    def gain(index: int, covered: set[str]) -> tuple[float, int]:
+        new = (sentence_stems[index] - covered) & weights.keys()
+        return (sum(weights[s] * idf[s] for s in new), -index)  # ties: the earlier sentence
+
     chosen: list[int] = []
     covered: set[str] = set()
     for _ in range(min(count, len(sentence_stems))):
-        def gain(index: int) -> tuple[float, int]:
-            new = (sentence_stems[index] - covered) & weights.keys()
-            return (sum(weights[s] * idf[s] for s in new), -index)
-
-        best = max((i for i in range(len(sentence_stems)) if i not in chosen), key=gain)
+        best = max((i for i in range(len(sentence_stems)) if i not in chosen), key=lambda i: gain(i, covered))
         chosen.append(best)
         covered |= sentence_stems[best]
     return sorted(chosen)
 
 
-def results_to_evidence(results: list[SearchResult], query: Query, provider: str, floor: float,
-                        max_results: int, max_sentences: int, searched: str) -> list[Evidence]:
+def results_to_evidence(results: list[SearchResult], query: Query, provider: str, *, searched: str,
+                        floor: float = DEFAULT_FLOOR, max_results: int = 3, max_sentences: int = 2) -> list[Evidence]:
     """The best sentence(s) of each top result as Evidence, best first, those under `floor` dropped.
 
     Sentences are scored by the IDF-weighted question words they hold (IDF over all the results'
@@ -800,7 +805,8 @@ class WebArm:
         if not searched:
             return []
         results = self._search(searched, deadline)
-        return results_to_evidence(results, query, self.provider.name, self.floor, self.max_results, self.max_sentences, searched)
+        return results_to_evidence(results, query, self.provider.name, searched=searched, floor=self.floor,
+                                   max_results=self.max_results, max_sentences=self.max_sentences)
 
     def _search(self, searched: str, deadline: float) -> list[SearchResult]:
         key = (self.provider.name, searched)
@@ -813,3 +819,13 @@ class WebArm:
             with self._cache_lock:
                 self._cache[key] = results
         return results
+
+
+def build_web_arm(target: str = "searxng", **options) -> WebArm:
+    """A WebArm from one CLI value: a SearxNG-compatible url, or a provider name (searxng | brave | tavily | wikipedia).
+
+    `options` go to WebArm (floor, max_results, cache, max_sentences) and on to the provider.
+    """
+    if target.startswith(("http://", "https://")):
+        return WebArm(SearxngSearch(base_url=target), **options)
+    return WebArm(target, **options)

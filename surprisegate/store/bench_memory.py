@@ -88,12 +88,12 @@ def synthetic_world(n_passages: int, seed: int = SEED) -> tuple[list[dict[str, s
         birthplace = rng.choice(cities)
         add("person", f"{first} {last}",
             f"{first} {last} was born in {birthplace} in {rng.randint(1920, 2005)}. "
-            f"{first} works as a {rng.choice(JOBS)} at {rng.choice(companies)}.",
+            f"{first} works as {_article(rng.choice(JOBS))} at {rng.choice(companies)}.",
             f"Where was {first} {last} born?", f"{first} {last} was born in {rng.choice(cities)}")
     for company in companies:
         boss = f"{name()} {name()}"
         add("company", company,
-            f"{company} is a {rng.choice(INDUSTRIES)} company founded in {rng.randint(1850, 2020)} and based in "
+            f"{company} is {_article(rng.choice(INDUSTRIES))} company founded in {rng.randint(1850, 2020)} and based in "
             f"{rng.choice(cities)}. Its chief executive is {boss}.",
             f"Who runs {company}?", f"The chief executive of {company} is {boss}")
     for river in rivers:
@@ -118,3 +118,7 @@ def _in_batches(passages: list[dict[str, str]], size: int) -> Iterator[list[dict
 def _percentile(sorted_values: list[float], share: float) -> float:
     index = min(len(sorted_values) - 1, max(0, round(share * len(sorted_values)) - 1))
     return sorted_values[index]
+
+
+def _article(word: str) -> str:
+    return ("an " if word[0] in "aeiou" else "a ") + word

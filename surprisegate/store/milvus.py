@@ -1,20 +1,22 @@
 """The scale-out memory store: one Milvus collection, searched by BM25 and by dense vectors.
 
-It behaves as `SQLiteMemory` does (same methods, same `Hit`s, same relevance `score`), so one floor
+It behaves as `SQLiteMemory` does (same methods, modes, `Hit`s and relevance `score`), so one floor
 works for both. How it stays the same:
 
 - Words: passages and queries are cut into words by SQLite's own FTS5 tokenizer (porter stemming,
   case and accent folding) run on an in-memory scratch table, so "capitals" meets "capital" exactly as
   in SQLiteMemory. Milvus indexes those stems (`terms`, BM25 by a server-side `Function`) and keeps each
   passage's distinct stems in an array (`words`) for document frequencies.
-- Score: the same IDF coverage of the query's terms. Whether a candidate holds a term is read from its
-  `words`; a term's document frequency is counted by the engine (`array_contains`) and cached until the
-  store's passage count changes, so a warm search costs a count and one or two searches.
-- Ranking: Milvus's BM25, re-ranked by `context=` as in SQLiteMemory; with an embedder, fused with
-  dense (inner product) search by reciprocal rank (k=60).
+- Score: the same IDF coverage of the query's terms. Whether a candidate holds a term is read from the
+  `words` its search returned; a term's document frequency is counted by the engine (`array_contains`,
+  index-backed on a server) and cached until the store's passage count changes, so a warm search costs
+  one count and one or two searches, and stays right when another process writes.
+- Ranking: Milvus's BM25, re-ranked by `context=` as in SQLiteMemory; with vectors, fused with dense
+  (inner product) search by reciprocal rank (k=60), a vector-only find kept only if it holds a query word.
 
-Milvus has no transactions: an ingest validates every passage before writing any, and deletes what it
-wrote if a write fails midway.
+Milvus has no transactions: an ingest checks every passage before writing any, and deletes what it
+wrote if a write fails midway. A collection's fields are fixed when it is made, so a store built
+without an embedder stays BM25-only.
 """
 
 from __future__ import annotations
@@ -27,34 +29,37 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+import numpy as np
 
 from ..errors import BackendError, InputError, MissingDependency
+from .embed import Embedder, default_embedder, embedder_from_name
 from .sqlite import (
     CANDIDATE_POOL,
     CONTEXT_WEIGHT,
     FORMAT_NAME,
+    RRF_K,
+    SEARCH_MODES,
     UNSEEN_WORD_WEIGHT,
     Hit,
     IngestReport,
     QueryTerm,
     SQLiteMemory,
     _content_hash,
+    embedding_text,
     query_terms,
 )
 
-SCHEMA_VERSION = 1
-RRF_K = 60  # reciprocal-rank fusion constant (Cormack et al.); larger flattens the rank differences
+SCHEMA_VERSION = 1  # of the Milvus collection layout below
 CONNECT_TIMEOUT_S = 5.0
-RETRIEVAL_MODES = ("hybrid", "bm25", "dense")
 META_PROPERTY = "surprisegate.meta"  # collection property holding the store's format, version, embedder
 
-# Milvus's own limits: VARCHAR holds at most 65,535 bytes, an ARRAY at most 4,096 elements.
+# Milvus's own limits: a VARCHAR holds at most 65,535 bytes, an ARRAY at most 4,096 elements.
 TEXT_BYTES = 65_535
 LABEL_BYTES = 4_096  # title and source
 MAX_WORDS = 4_096
 WORD_BYTES = 256  # a longer "word" is an encoded blob, not something a question asks about
-INSERT_BATCH = 1_000
+WRITE_BATCH = 1_000  # passages embedded and inserted per request
 # The tokenizer of SQLiteMemory's passages_fts; both stores must agree on what a word is.
 FTS_TOKENIZER = "porter unicode61 remove_diacritics 2"
 
@@ -85,10 +90,11 @@ class _Tokenizer:
         with self._lock:
             self._conn.execute("BEGIN")
             try:
-                self._conn.executemany("INSERT INTO scratch(rowid, title, text) VALUES (?, ?, ?)", enumerate(rows))
-                for doc, column, offset, term in self._conn.execute(
-                    "SELECT doc, col, offset, term FROM scratch_tokens"
-                ):
+                self._conn.executemany(
+                    "INSERT INTO scratch(rowid, title, text) VALUES (?, ?, ?)",
+                    ((doc, title, text) for doc, (title, text) in enumerate(rows)),
+                )
+                for doc, column, offset, term in self._conn.execute("SELECT doc, col, offset, term FROM scratch_tokens"):
                     tokens[doc][column == "text"].append((offset, term))
             finally:
                 self._conn.execute("ROLLBACK")
@@ -99,7 +105,7 @@ class _Tokenizer:
         cached = self._word_stems.get(word)
         if cached is None:
             cached = tuple(self.passages([("", word)])[0][1])
-            if len(self._word_stems) >= self.CACHE_LIMIT:
+            if len(self._word_stems) >= self.CACHE_LIMIT:  # bound the cache in long-lived processes
                 self._word_stems.clear()
             self._word_stems[word] = cached
         return cached
@@ -110,17 +116,14 @@ _TOKENIZER = _Tokenizer()
 
 @dataclass(frozen=True)
 class _Candidate:
-    """A passage as a search returns it: what `Hit` needs, plus its stems for scoring."""
+    """A passage as a search returns it: what `Hit` needs, plus its stems and vector for scoring."""
 
     id: str
     text: str
     title: str
     source: str
     words: frozenset[str]
-
-
-# Fields every search returns; `words` lets the score be computed without another round trip.
-_OUTPUT_FIELDS = ["text", "title", "source", "words"]
+    vector: np.ndarray | None  # (dim,) float32, unit length; None in a store without vectors
 
 
 def _import_pymilvus():
@@ -143,11 +146,11 @@ class MilvusMemory:
     """A memory store in one Milvus collection (a server, a cluster, or milvus-lite's embedded engine).
 
     `client_uri` is what pymilvus connects to: "http://host:19530" or a milvus-lite file "/path/memory.db";
-    `uri` is the name errors show the user (e.g. "milvus://host:19530/memory").
-    `embedder`: "auto" uses the embedder the collection was built with (a new collection gets the
-    default one when its package is installed); None keeps the store BM25-only; or pass an `Embedder`.
-    `retrieval`: "hybrid" (BM25 and dense, fused by reciprocal rank), "bm25" or "dense".
-    Thread-safe; use as a context manager or call `close()`.
+    `uri` is the name errors show the user (e.g. "milvus://host:19530/memory"); `open_memory()` sets both.
+    `embedder`: "auto" uses the embedder the collection records (a new collection gets the default one
+    when it is installed); None searches by BM25 only and refuses to add passages to a collection that
+    keeps vectors; an `Embedder` must match the one the collection records. `mode` ("bm25", "dense" or
+    "hybrid") is the default for `search()`. Thread-safe; use as a context manager or call `close()`.
     """
 
     def __init__(
@@ -155,17 +158,23 @@ class MilvusMemory:
         client_uri: str,
         collection: str = "memory",
         create: bool = False,
-        embedder: Any = "auto",
-        retrieval: str = "hybrid",
+        embedder: Embedder | str | None = "auto",
+        mode: str = "hybrid",
         uri: str | None = None,
         token: str = "",
         connect_timeout: float = CONNECT_TIMEOUT_S,
     ):
-        if retrieval not in RETRIEVAL_MODES:
-            raise InputError(f"retrieval={retrieval!r} is not one of {', '.join(RETRIEVAL_MODES)}; pass one of them")
+        if embedder not in ("auto", None) and not isinstance(embedder, Embedder):
+            raise InputError(f"embedder={embedder!r} is not an Embedder; pass 'auto', None or e.g. WordLlamaEmbedder()")
+        self.mode = _check_mode(mode)
         self.uri = uri or f"{client_uri}#{collection}"
         self.collection = collection
-        self.retrieval = retrieval
+        self.embedder: Embedder | None = None
+        self._embedder_problem = ""  # why vectors cannot be used, for stats() and ingest errors
+        self._has_vectors = False  # the collection has a dense field
+        self._df_lock = threading.Lock()
+        self._df_cache: dict[tuple[str, ...], int] = {}
+        self._df_cache_total = -1  # the passage count the cached frequencies belong to
         self._pymilvus = _import_pymilvus()
         self._is_lite = not client_uri.startswith(("http://", "https://", "tcp://", "unix:"))
         try:
@@ -177,11 +186,6 @@ class MilvusMemory:
                 f"memory={self.uri!r} is a milvus-lite store, which needs milvus-lite; "
                 "install it with: pip install 'surprisegate[milvus]'"
             ) from err
-        self._df_lock = threading.Lock()
-        self._df_cache: dict[tuple[str, ...], int] = {}
-        self._df_cache_total = -1  # the passage count the cached frequencies belong to
-        self.embedder = None
-        self._embedder_problem = ""  # why ingest cannot embed, when the store has vectors but no embedder
         try:
             self._open(create, embedder)
         except BaseException:
@@ -189,31 +193,29 @@ class MilvusMemory:
             raise
 
     def _unreachable(self, err: Exception) -> BackendError:
+        reason = getattr(err, "message", None) or str(err)
         if self._is_lite:
             return BackendError(
-                f"memory={self.uri!r} could not be opened by milvus-lite ({getattr(err, 'message', err)}); "
-                "milvus-lite lets one process at a time open a file: close the other one, or serve the "
-                "store from a Milvus server and use milvus://HOST:19530/COLLECTION"
+                f"memory={self.uri!r} could not be opened by milvus-lite ({reason}); milvus-lite lets one process "
+                "at a time open a file: close the other one, or serve the store from a Milvus server and use "
+                "milvus://HOST:19530/COLLECTION"
             )
         return BackendError(
-            f"memory={self.uri!r}: no Milvus server answered ({getattr(err, 'message', err)}); start one "
-            "(e.g. docker run -p 19530:19530 milvusdb/milvus:latest milvus run standalone) or fix host and "
-            "port, or use a local store: milvus-lite:PATH.db#COLLECTION or a SQLite file path"
+            f"memory={self.uri!r}: no Milvus server answered ({reason}); start one "
+            "(e.g. docker run -p 19530:19530 milvusdb/milvus milvus run standalone) or fix host and port, "
+            "or use a local store: milvus-lite:PATH.db#COLLECTION or a SQLite file path"
         )
 
     # -- schema ----------------------------------------------------------------------------------
 
-    def _open(self, create: bool, embedder: Any) -> None:
+    def _open(self, create: bool, embedder: Embedder | str | None) -> None:
         if not self._call("has_collection", self.collection):
             if not create:
                 raise InputError(
                     f"memory={self.uri!r} has no collection {self.collection!r}; "
                     f"build it with: surprisegate memory add --memory {self.uri} FILE.jsonl"
                 )
-            if embedder == "auto":
-                embedder = self._default_embedder()
-            self.embedder = embedder
-            self._create()
+            self._create(self._new_store_embedder(embedder))
             return
         meta = self._read_meta()
         fix = f"pass a surprisegate memory, or build a new one with: surprisegate memory add --memory {self.uri} FILE.jsonl"
@@ -225,51 +227,43 @@ class MilvusMemory:
                 f"surprisegate supports ({SCHEMA_VERSION}); upgrade with: pip install -U surprisegate"
             )
         self._attach_embedder(meta.get("embedder"), meta.get("dim"), embedder)
-        # A server restarted (or a milvus-lite file reopened) holds the collection released.
+        # A restarted server (or a reopened milvus-lite file) holds the collection released.
         state = self._call("get_load_state", self.collection).get("state")
         if getattr(state, "name", str(state)) != "Loaded":
             self._call("load_collection", self.collection)
 
-    @staticmethod
-    def _default_embedder():
-        from .embed import default_embedder
-
+    def _new_store_embedder(self, embedder: Embedder | str | None) -> Embedder | None:
+        if embedder is None:
+            self._embedder_problem = "the collection was built without vectors (embedder=None)"
+        if embedder != "auto":
+            return embedder
         try:
             return default_embedder()
-        except MissingDependency:  # BM25 alone still works; `stats()` shows the store has no vectors
+        except MissingDependency as err:  # BM25 alone still works; stats() says why there are no vectors
+            self._embedder_problem = f"the collection was built without vectors, as no embedder was installed ({err})"
             return None
 
-    def _attach_embedder(self, recorded: str | None, dim: int | None, embedder: Any) -> None:
-        if not recorded:  # a BM25-only store: nothing to embed
+    def _attach_embedder(self, recorded: str | None, dim: int | None, embedder: Embedder | str | None) -> None:
+        self._has_vectors = bool(recorded)
+        if not recorded:
+            self._embedder_problem = "the collection was built without vectors; build a new one with an embedder installed"
+            return
+        if embedder is None:
+            self._embedder_problem = f"opened with embedder=None, though the collection keeps {recorded!r} vectors"
             return
         if embedder == "auto":
-            from .embed import embedder_from_name
-
             try:
                 embedder = embedder_from_name(recorded)
-            except MissingDependency as err:
-                self._embedder_problem = str(err)
+            except (MissingDependency, InputError) as err:
+                self._embedder_problem = f"the collection's vectors come from {recorded!r}, which cannot load here ({err})"
                 return
-        if embedder is None:
-            self._embedder_problem = f"memory={self.uri!r} holds {recorded} vectors but was opened without an embedder"
-            return
-        if embedder.name != recorded or embedder.dim != dim:
+        if (embedder.name, embedder.dim) != (recorded, dim):
             raise InputError(
-                f"memory={self.uri!r} was built with embedder {recorded} ({dim} dims), not {embedder.name} "
-                f"({embedder.dim} dims); open it with embedder='auto' or build a new store"
+                f"memory={self.uri!r} holds vectors from embedder {recorded!r} (dim {dim}), not {embedder.name!r} "
+                f"(dim {embedder.dim}); vectors of two models cannot be compared. Open it with embedder='auto', "
+                "or build a new store for the other embedder"
             )
         self.embedder = embedder
-
-    def _meta(self) -> str:
-        embedder = self.embedder
-        return json.dumps(
-            {
-                "format": FORMAT_NAME,
-                "schema_version": SCHEMA_VERSION,
-                "embedder": embedder.name if embedder else None,
-                "dim": embedder.dim if embedder else None,
-            }
-        )
 
     def _read_meta(self) -> dict:
         # The meta is written twice, as a collection property and as the description, because the
@@ -284,10 +278,17 @@ class MilvusMemory:
                 return meta
         return {}
 
-    def _create(self) -> None:
+    def _create(self, embedder: Embedder | None) -> None:
         from pymilvus import DataType, Function, FunctionType
 
-        meta = self._meta()
+        meta = json.dumps(
+            {
+                "format": FORMAT_NAME,
+                "schema_version": SCHEMA_VERSION,
+                "embedder": embedder.name if embedder else None,
+                "dim": embedder.dim if embedder else None,
+            }
+        )
         schema = self._pymilvus.MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False, description=meta)
         # The content hash is the primary key: re-adding a passage finds it by key.
         schema.add_field("id", DataType.VARCHAR, max_length=64, is_primary=True)
@@ -298,17 +299,15 @@ class MilvusMemory:
         schema.add_field(
             "terms", DataType.VARCHAR, max_length=TEXT_BYTES, enable_analyzer=True, analyzer_params={"tokenizer": "standard"}
         )
-        schema.add_field(
-            "words", DataType.ARRAY, element_type=DataType.VARCHAR, max_capacity=MAX_WORDS, max_length=WORD_BYTES
-        )
+        schema.add_field("words", DataType.ARRAY, element_type=DataType.VARCHAR, max_capacity=MAX_WORDS, max_length=WORD_BYTES)
         schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
         schema.add_function(
             Function(name="terms_bm25", function_type=FunctionType.BM25, input_field_names=["terms"], output_field_names=["sparse"])
         )
         index_params = self._client.prepare_index_params()
         index_params.add_index(field_name="sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25")
-        if self.embedder is not None:
-            schema.add_field("dense", DataType.FLOAT_VECTOR, dim=self.embedder.dim)
+        if embedder is not None:
+            schema.add_field("dense", DataType.FLOAT_VECTOR, dim=embedder.dim)
             index_params.add_index(field_name="dense", index_type="AUTOINDEX", metric_type="IP")
         # Session consistency: this client sees its own writes at once, and reads never wait for others'.
         options = dict(schema=schema, index_params=index_params, consistency_level="Session")
@@ -318,14 +317,17 @@ class MilvusMemory:
             if self._call("has_collection", self.collection):
                 raise
             self._call("create_collection", self.collection, **options)  # an engine that refuses properties
-        # An inverted index makes `array_contains` (document frequencies) fast on a server; milvus-lite
-        # cannot index arrays and scans instead, which is quick at its sizes.
-        words_index = self._client.prepare_index_params()
-        words_index.add_index(field_name="words", index_type="INVERTED")
-        try:
-            self._call("create_index", self.collection, words_index)
-        except BackendError:
-            pass
+        # An inverted index makes `array_contains` (document frequencies) fast on a server (Milvus 2.4+);
+        # milvus-lite cannot index arrays and scans instead, which is quick at its sizes.
+        if not self._is_lite:
+            words_index = self._client.prepare_index_params()
+            words_index.add_index(field_name="words", index_type="INVERTED")
+            try:
+                self._call("create_index", self.collection, words_index)
+            except BackendError:
+                pass  # an older server: counts scan, slower but right
+        self.embedder = embedder
+        self._has_vectors = embedder is not None
 
     # -- calls -----------------------------------------------------------------------------------
 
@@ -361,51 +363,72 @@ class MilvusMemory:
         return int(rows[0]["count(*)"])
 
     def stats(self) -> dict:
-        embedder = self.embedder
+        """What the store holds and how it will search (SQLiteMemory's keys, where they apply)."""
+        passages = self.count()
+        usable = self.embedder is not None
         return {
             "backend": "milvus-lite" if self._is_lite else "milvus",
             "uri": self.uri,
             "collection": self.collection,
-            "passages": self.count(),
-            "embedder": embedder.name if embedder else None,
-            "dim": embedder.dim if embedder else None,
-            "retrieval": self._retrieval(),
             "schema_version": SCHEMA_VERSION,
+            "passages": passages,
+            "sources": self._source_count(),
+            "vectors": passages if self._has_vectors else 0,  # the dense field is required on every row
+            "embedder": self.embedder.name if usable else None,
+            "dim": self.embedder.dim if usable else None,
+            "search_modes": list(SEARCH_MODES) if usable else ["bm25"],
+            "note": None if usable else f"{self._embedder_problem}; searching by BM25 only",
         }
 
-    def _retrieval(self) -> str:
-        """The mode searches really use: without vectors, every mode is BM25."""
-        return self.retrieval if self.embedder is not None else "bm25"
+    def _source_count(self) -> int:
+        # A text file's chunks ("file:notes/a.md#3") count as one source, as in SQLiteMemory.
+        sources = set()
+        for rows in self._scan('id != ""', ["source"]):
+            for row in rows:
+                source = row["source"]
+                if source.startswith("file:") and "#" in source and source.rpartition("#")[2].isdigit():
+                    source = source.rpartition("#")[0]
+                sources.add(source)
+        return len(sources)
+
+    def _scan(self, expression: str, fields: list[str]):
+        """Batches of rows matching `expression`, each with "id" and `fields`."""
+        iterator = self._call("query_iterator", self.collection, batch_size=1000, filter=expression, output_fields=fields)
+        try:
+            while rows := iterator.next():
+                yield rows
+        finally:
+            iterator.close()
 
     # -- ingest ----------------------------------------------------------------------------------
 
     def add_passages(self, passages: Iterable[Mapping[str, str]]) -> IngestReport:
         """Add passages ({"text", "title", "source"}); duplicates by text are skipped.
 
-        Every passage is checked before any is written, so a bad one leaves the store as it was.
+        Every passage is checked before any is written; a failed write removes this call's passages.
         """
         rows = self._rows(passages)
-        if rows and self.embedder is None and self._embedder_problem:
-            raise InputError(f"{self._embedder_problem}; cannot embed new passages: install it or build a new store")
+        if rows and self._has_vectors and self.embedder is None:
+            raise InputError(f"memory={self.uri!r} keeps vectors for every passage, but {self._embedder_problem}; "
+                             "open it with embedder='auto' so that new passages get theirs too")
         report = IngestReport()
         written: list[str] = []
         try:
-            for start in range(0, len(rows), INSERT_BATCH):
-                batch = rows[start : start + INSERT_BATCH]
-                existing = self._existing_ids([row["id"] for row in batch])
+            for start in range(0, len(rows), WRITE_BATCH):
+                batch = rows[start : start + WRITE_BATCH]
+                seen = self._existing_ids([row["id"] for row in batch])
                 new_rows = []
                 for row in batch:
-                    if row["id"] in existing:
+                    if row["id"] in seen:
                         report.skipped_duplicates += 1
                     else:
-                        existing.add(row["id"])  # a second copy within the batch is a duplicate too
+                        seen.add(row["id"])  # a second copy within the call is a duplicate too
                         new_rows.append(row)
                 if not new_rows:
                     continue
                 if self.embedder is not None:
-                    vectors = self.embedder.encode([_embedding_text(row) for row in new_rows])
-                    for row, vector in zip(new_rows, vectors):
-                        row["dense"] = vector.tolist()
+                    self._embed(new_rows)
+                    report.embedded += len(new_rows)
                 self._call("insert", self.collection, new_rows)
                 written.extend(row["id"] for row in new_rows)
                 report.added += len(new_rows)
@@ -418,43 +441,40 @@ class MilvusMemory:
                 self._forget_frequencies()
         return report
 
+    def _embed(self, rows: list[dict]) -> None:
+        vectors = np.asarray(self.embedder.encode([embedding_text(row["title"], row["text"]) for row in rows]), dtype=np.float32)
+        if vectors.shape != (len(rows), self.embedder.dim):
+            raise InputError(
+                f"embedder={self.embedder.name!r} returned shape {vectors.shape} for {len(rows)} texts; "
+                f"expected ({len(rows)}, {self.embedder.dim})"
+            )
+        for row, vector in zip(rows, vectors):
+            row["dense"] = vector
+
     def _rows(self, passages: Iterable[Mapping[str, str]]) -> list[dict]:
-        """Validated rows, stems included; raises InputError naming the first passage Milvus cannot hold."""
-        prepared: list[dict] = []
+        """Checked rows, stems included; raises InputError naming the first passage Milvus cannot hold."""
+        rows: list[dict] = []
         for passage in passages:
             text = passage.get("text")
             if not isinstance(text, str) or not text.strip():
                 raise InputError(f"passage={str(passage)[:80]!r} has no text; give every passage a non-empty 'text'")
-            prepared.append(
-                {"id": _content_hash(text), "source": str(passage.get("source") or ""), "title": passage.get("title") or "", "text": text}
-            )
-        stems = _TOKENIZER.passages([(row["title"], row["text"]) for row in prepared])
-        for row, (title_stems, text_stems) in zip(prepared, stems):
+            source, title = str(passage.get("source") or ""), passage.get("title") or ""
+            rows.append({"id": _content_hash(text), "source": source, "title": title, "text": text})
+        stems = _TOKENIZER.passages([(row["title"], row["text"]) for row in rows])
+        for row, (title_stems, text_stems) in zip(rows, stems):
             title_stems = [stem for stem in title_stems if len(stem.encode()) <= WORD_BYTES]
             text_stems = [stem for stem in text_stems if len(stem.encode()) <= WORD_BYTES]
-            # A line break keeps title and text apart for phrase checks; the analyzer ignores it.
             row["terms"] = " ".join(title_stems) + "\n" + " ".join(text_stems)
             row["words"] = sorted(set(title_stems) | set(text_stems))
-            self._check_limits(row)
-        return prepared
-
-    def _check_limits(self, row: dict) -> None:
-        where = f"passage source={row['source']!r}" if row["source"] else f"passage={row['text'][:60]!r}"
-        fix = "split it into smaller passages (add_text_files cuts .txt/.md files into paragraphs)"
-        for field, limit in (("text", TEXT_BYTES), ("terms", TEXT_BYTES), ("title", LABEL_BYTES), ("source", LABEL_BYTES)):
-            size = len(row[field].encode("utf-8"))
-            if size > limit:
-                what = "its words" if field == "terms" else f"its {field}"
-                raise InputError(f"{where}: {what} take {size:,} bytes, more than Milvus holds ({limit:,}); {fix}")
-        if len(row["words"]) > MAX_WORDS:
-            raise InputError(f"{where} has {len(row['words']):,} distinct words, more than Milvus holds ({MAX_WORDS:,}); {fix}")
+            _check_limits(row)
+        return rows
 
     def _existing_ids(self, ids: list[str]) -> set[str]:
         rows = self._call("query", self.collection, filter=f"id in {json.dumps(ids)}", output_fields=["id"])
         return {row["id"] for row in rows}
 
     # The file parsing is SQLiteMemory's (bad lines reported by number, ids and titles picked the same
-    # way); it only calls `self.add_passages`, so both stores read a file identically.
+    # way); it calls nothing of the store but `add_passages`, so both stores read a file identically.
     def add_jsonl(
         self, path: str | Path, text_field: str = "text", id_field: str = "kb_id", title_field: str = "title"
     ) -> IngestReport:
@@ -462,87 +482,88 @@ class MilvusMemory:
         return SQLiteMemory.add_jsonl(self, path, text_field=text_field, id_field=id_field, title_field=title_field)
 
     def add_text_files(self, paths: Iterable[str | Path]) -> IngestReport:
-        """Ingest .txt/.md files, and such files found under folders, as paragraph-sized passages."""
+        """Ingest .txt/.md files, and such files found under folders, as paragraph-sized passages.
+
+        A passage's source is "file:<path relative to the argument's folder>#<chunk number>".
+        """
         return SQLiteMemory.add_text_files(self, paths)
 
     def remove(self, source_prefix: str) -> int:
-        """Delete the passages whose source starts with `source_prefix`; returns how many went."""
+        """Remove the passages whose source starts with `source_prefix`. Returns how many were removed."""
         if not isinstance(source_prefix, str) or not source_prefix:
             raise InputError(
-                f"source_prefix={source_prefix!r} would remove every passage; pass a prefix such as 'file:notes/'"
+                f"source_prefix={source_prefix!r} must be a non-empty string, e.g. 'file:notes/' or 'country:'"
             )
-        # LIKE's wildcards and escaping differ between engines: match on the plainly safe head of the
-        # prefix, then keep only true prefix matches here.
+        # LIKE's wildcards and escapes differ between engines: the engine matches the prefix's plainly
+        # safe head, and only true prefix matches are kept here.
         head = ""
         for char in source_prefix:
             if not (char.isascii() and (char.isalnum() or char in ":/.-# ")):
                 break
             head += char
         expression = f"source like {_quote(head + '%')}" if head else 'id != ""'
-        doomed: list[str] = []
-        iterator = self._call("query_iterator", self.collection, batch_size=1000, filter=expression, output_fields=["source"])
-        try:
-            while rows := iterator.next():
-                doomed.extend(row["id"] for row in rows if row["source"].startswith(source_prefix))
-        finally:
-            iterator.close()
-        for start in range(0, len(doomed), INSERT_BATCH):
-            self._call("delete", self.collection, ids=doomed[start : start + INSERT_BATCH])
+        doomed = [row["id"] for rows in self._scan(expression, ["source"]) for row in rows if row["source"].startswith(source_prefix)]
+        for start in range(0, len(doomed), WRITE_BATCH):
+            self._call("delete", self.collection, ids=doomed[start : start + WRITE_BATCH])
         if doomed:
             self._forget_frequencies()
         return len(doomed)
 
     # -- search ----------------------------------------------------------------------------------
 
-    def search(self, query: str, k: int = 5, context: str = "", deadline: float | None = None) -> list[Hit]:
-        """The `k` best passages for `query`, best first.
+    def search(
+        self, query: str, k: int = 5, context: str = "", deadline: float | None = None, mode: str | None = None
+    ) -> list[Hit]:
+        """The `k` best passages for `query`, best first; as `SQLiteMemory.search`.
 
-        Ranking: BM25 (re-ranked by `context`, which counts CONTEXT_WEIGHT as much as `query`), fused
-        with dense search by reciprocal rank when the store has vectors. `score` is SQLiteMemory's.
-        With `deadline` (a `time.monotonic()` value) a search still running then raises TimeoutError.
+        `mode` is "bm25", "dense" or "hybrid" (default: the store's `mode`); "hybrid" without usable
+        vectors searches by BM25, "dense" there raises InputError. `context` re-ranks the passages BM25
+        finds and counts CONTEXT_WEIGHT as much as `query` in ranking and `score`. With `deadline` (a
+        `time.monotonic()` value) a search still running then raises TimeoutError.
         """
-        terms = query_terms(query)
-        if not terms or k <= 0:
+        mode = _check_mode(mode or self.mode)
+        if k <= 0 or not query.strip():
             return []
-        if deadline is not None and time.monotonic() >= deadline:
-            raise TimeoutError(f"memory search of {self.uri!r} passed its deadline before it started")
+        terms = query_terms(query)
+        if not terms and mode != "dense":
+            return []
         known = {term.word for term in terms}
         context_terms = [term for term in query_terms(context, CONTEXT_WEIGHT) if term.word not in known]
-        mode = self._retrieval()
+        _check_deadline(deadline, self.uri)
+        if mode == "dense" and self.embedder is None:
+            raise InputError(
+                f"mode='dense' needs vectors, but memory={self.uri!r} cannot use any ({self._embedder_problem}); "
+                "search with mode='hybrid' or 'bm25'"
+            )
+        query_vector = self.embedder.encode([query])[0] if mode != "bm25" and self.embedder is not None else None
         pool = max(k, CANDIDATE_POOL)
 
-        bm25_ranked: list[tuple[_Candidate, float]] = []
-        if mode != "dense":
-            bm25_ranked = self._bm25(_stem_text(terms), pool, deadline)
-            if not bm25_ranked:  # no passage shares a word with the question: nothing is about it
-                return []
-        query_bm25 = {candidate.id: bm25 for candidate, bm25 in bm25_ranked}
-        ranking = dict(query_bm25)  # SQLite's convention: lower (more negative) is better
-        context_text = _stem_text(context_terms)
-        if context_text and ranking:
-            for candidate, bm25 in self._bm25(context_text, len(ranking), deadline, among=list(ranking)):
-                ranking[candidate.id] += CONTEXT_WEIGHT * bm25
-        candidates = {candidate.id: candidate for candidate, _ in bm25_ranked}
-        lexical_order = sorted(ranking, key=ranking.__getitem__)
+        if mode == "dense":
+            best = self._dense(query_vector, k, deadline) if query_vector.any() else []
+            cosines = {candidate.id: float(candidate.vector @ query_vector) for candidate in best}
+            return [_hit(candidate, max(0.0, cosines[candidate.id]), 0.0, cosines[candidate.id]) for candidate in best]
 
-        if mode == "bm25":
-            best = lexical_order[:k]
+        lexical, query_bm25 = self._lexical(terms, context_terms, pool, deadline, with_vectors=query_vector is not None)
+        if not lexical:  # no passage shares a word with the question: nothing here is about it
+            return []
+        if query_vector is None or not query_vector.any():  # BM25 alone
+            best = lexical[:k]
+            scores = self._scores(terms, context_terms, best, deadline)
         else:
-            dense_ranked = self._dense(query, pool, deadline)
-            candidates.update((candidate.id, candidate) for candidate in dense_ranked)
-            dense_order = [candidate.id for candidate in dense_ranked]
-            best = _fuse([lexical_order, dense_order] if mode == "hybrid" else [dense_order])[:k]
-
-        scores = self._scores(terms, context_terms, [candidates[id] for id in best], deadline)
+            dense = self._dense(query_vector, pool, deadline)
+            candidates = {candidate.id: candidate for candidate in dense + lexical}
+            order = _fuse([[c.id for c in lexical], [c.id for c in dense]])
+            scores = self._scores(terms, context_terms, [candidates[id] for id in order], deadline)
+            # Vector-only finds must hold a query word, so that `score` (and the floor) can judge them.
+            best = [candidates[id] for id in order if id in query_bm25 or scores[id] > 0.0][:k]
         return [
-            Hit(
-                text=candidates[id].text,
-                title=candidates[id].title,
-                source=candidates[id].source,
-                score=scores[id],
-                bm25=query_bm25.get(id, 0.0),  # 0.0: found by meaning alone, sharing no word with the query
+            _hit(
+                candidate,
+                scores[candidate.id],
+                query_bm25.get(candidate.id, 0.0),
+                None if query_vector is None else float(candidate.vector @ query_vector),
             )
-            for id in best
+            for candidate in best
         ]
 
     def idf(self, word: str) -> float:
@@ -551,8 +572,22 @@ class MilvusMemory:
         total = self._total()
         return SQLiteMemory._idf(self._frequencies([stems], total)[stems] if stems else 0, total)
 
+    def _lexical(
+        self, terms: list[QueryTerm], context_terms: list[QueryTerm], pool: int, deadline: float | None, with_vectors: bool
+    ) -> tuple[list[_Candidate], dict[str, float]]:
+        """The `pool` best passages by BM25 (re-ranked by `context_terms`), and their query BM25."""
+        found = self._bm25(_stem_text(terms), pool, deadline, with_vectors)
+        query_bm25 = {candidate.id: bm25 for candidate, bm25 in found}
+        ranking = dict(query_bm25)  # SQLite's convention: lower (more negative) is better
+        context_text = _stem_text(context_terms)
+        if context_text and ranking:
+            for candidate, bm25 in self._bm25(context_text, len(ranking), deadline, False, among=list(ranking)):
+                ranking[candidate.id] += CONTEXT_WEIGHT * bm25
+        order = sorted(range(len(found)), key=lambda at: ranking[found[at][0].id])
+        return [found[at][0] for at in order], query_bm25
+
     def _bm25(
-        self, text: str, limit: int, deadline: float | None, among: list[str] | None = None
+        self, text: str, limit: int, deadline: float | None, with_vectors: bool, among: list[str] | None = None
     ) -> list[tuple[_Candidate, float]]:
         """(candidate, bm25) best first, bm25 negated as in SQLite (lower is better); `among` limits the ids."""
         options = {"filter": f"id in {json.dumps(among)}"} if among else {}
@@ -563,17 +598,14 @@ class MilvusMemory:
             anns_field="sparse",
             limit=limit,
             search_params={"metric_type": "BM25"},
-            output_fields=_OUTPUT_FIELDS,
+            output_fields=_output_fields(with_vectors),
             deadline=deadline,
             **options,
         )
         # Engines disagree on the sign of a BM25 "distance" (server: +score, milvus-lite 3: -score).
         return [(_candidate(hit), -abs(float(hit["distance"]))) for hit in results[0] if hit["distance"]]
 
-    def _dense(self, query: str, limit: int, deadline: float | None) -> list[_Candidate]:
-        vector = self.embedder.encode([query])[0]
-        if not vector.any():  # no word the embedder knows: every inner product would be 0
-            return []
+    def _dense(self, vector: np.ndarray, limit: int, deadline: float | None) -> list[_Candidate]:
         results = self._call(
             "search",
             self.collection,
@@ -581,7 +613,7 @@ class MilvusMemory:
             anns_field="dense",
             limit=limit,
             search_params={"metric_type": "IP"},
-            output_fields=_OUTPUT_FIELDS,
+            output_fields=_output_fields(True),
             deadline=deadline,
         )
         return [_candidate(hit) for hit in results[0]]
@@ -589,26 +621,28 @@ class MilvusMemory:
     def _scores(
         self, terms: list[QueryTerm], context_terms: list[QueryTerm], candidates: list[_Candidate], deadline: float | None
     ) -> dict[str, float]:
-        """SQLiteMemory's score: the IDF-weighted share of the query's terms each candidate holds."""
+        """SQLiteMemory's `score`: the IDF-weighted share of the query's terms each candidate holds."""
         total = self._total(deadline)
         stems = {term.word: _TOKENIZER.stems(term.word) for term in terms + context_terms}
-        frequencies = self._frequencies([s for s in stems.values() if s], total, deadline)
+        frequencies = self._frequencies([group for group in stems.values() if group], total, deadline)
         writes_names = any(term.is_name for term in terms)
         covered = {candidate.id: 0.0 for candidate in candidates}
         holds_a_word = dict.fromkeys(covered, False)  # a passage that shares only numbers is not about the query
         whole = 0.0
         for term in terms + context_terms:
-            term_stems = stems[term.word]
-            frequency = frequencies[term_stems] if term_stems else 0
+            group = stems[term.word]
+            frequency = frequencies[group] if group else 0
             weight = term.weight * SQLiteMemory._idf(frequency, total)
             if writes_names and term.lower_case and not frequency:
                 weight *= UNSEEN_WORD_WEIGHT
             whole += weight
+            if not frequency:
+                continue
             for candidate in candidates:
-                if term_stems and all(stem in candidate.words for stem in term_stems):
+                if all(stem in candidate.words for stem in group):
                     covered[candidate.id] += weight
                     holds_a_word[candidate.id] |= not term.word.isdigit()
-        return {id: min(1.0, covered[id] / whole) if holds_a_word[id] and whole else 0.0 for id in covered}
+        return {id: min(1.0, covered[id] / whole) if holds_a_word[id] and whole > 0 else 0.0 for id in covered}
 
     # -- document frequencies --------------------------------------------------------------------
 
@@ -621,12 +655,12 @@ class MilvusMemory:
         return total
 
     def _frequencies(
-        self, stem_groups: list[tuple[str, ...]], total: int, deadline: float | None = None
+        self, groups: list[tuple[str, ...]], total: int, deadline: float | None = None
     ) -> dict[tuple[str, ...], int]:
         """How many passages hold each group of stems (all of them, for a word that stems to several)."""
         with self._df_lock:
-            known = {group: self._df_cache[group] for group in stem_groups if group in self._df_cache}
-        for group in set(stem_groups) - set(known):
+            known = {group: self._df_cache[group] for group in groups if group in self._df_cache}
+        for group in set(groups) - set(known):
             if len(group) == 1:
                 expression = f"array_contains(words, {_quote(group[0])})"
             else:
@@ -635,6 +669,8 @@ class MilvusMemory:
             known[group] = int(rows[0]["count(*)"])
             with self._df_lock:
                 if self._df_cache_total == total:
+                    if len(self._df_cache) >= _Tokenizer.CACHE_LIMIT:
+                        self._df_cache.clear()
                     self._df_cache[group] = known[group]
         return known
 
@@ -644,21 +680,57 @@ class MilvusMemory:
             self._df_cache_total = -1
 
 
+def _check_mode(mode: str) -> str:
+    if mode not in SEARCH_MODES:
+        raise InputError(f"mode={mode!r} is not a search mode; pass one of {', '.join(SEARCH_MODES)}")
+    return mode
+
+
+def _check_deadline(deadline: float | None, uri: str) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise TimeoutError(f"memory search of {uri!r} passed its deadline")
+
+
+def _check_limits(row: dict) -> None:
+    where = f"passage source={row['source']!r}" if row["source"] else f"passage={row['text'][:60]!r}"
+    fix = "split it into smaller passages (add_text_files cuts .txt/.md files into paragraphs)"
+    for field, limit in (("text", TEXT_BYTES), ("terms", TEXT_BYTES), ("title", LABEL_BYTES), ("source", LABEL_BYTES)):
+        size = len(row[field].encode("utf-8"))
+        if size > limit:
+            what = "stemmed words" if field == "terms" else field
+            raise InputError(f"{where} has {size:,} bytes of {what}, more than Milvus holds ({limit:,}); {fix}")
+    if len(row["words"]) > MAX_WORDS:
+        raise InputError(f"{where} has {len(row['words']):,} distinct words, more than Milvus holds ({MAX_WORDS:,}); {fix}")
+
+
+def _output_fields(with_vectors: bool) -> list[str]:
+    # `words` lets the score be computed without another round trip; `dense` gives each hit's cosine.
+    return ["text", "title", "source", "words"] + (["dense"] if with_vectors else [])
+
+
 def _candidate(hit) -> _Candidate:
     entity = hit["entity"]
-    return _Candidate(hit["id"], entity["text"], entity["title"], entity["source"], frozenset(entity["words"] or ()))
+    vector = entity.get("dense")
+    return _Candidate(
+        id=hit["id"],
+        text=entity["text"],
+        title=entity["title"],
+        source=entity["source"],
+        words=frozenset(entity["words"] or ()),
+        vector=None if vector is None else np.asarray(vector, dtype=np.float32),
+    )
+
+
+def _hit(candidate: _Candidate, score: float, bm25: float, cosine: float | None) -> Hit:
+    return Hit(text=candidate.text, title=candidate.title, source=candidate.source, score=score, bm25=bm25, cosine=cosine)
 
 
 def _stem_text(terms: list[QueryTerm]) -> str:
-    """The query's stems, each once, for Milvus's BM25 (which, like FTS5's OR query, sums over words)."""
+    """The terms' stems, each once, for Milvus's BM25 (which, like FTS5's OR query, sums over words)."""
     stems: dict[str, None] = {}
     for term in terms:
         stems.update(dict.fromkeys(_TOKENIZER.stems(term.word)))
     return " ".join(stems)
-
-
-def _embedding_text(row: dict) -> str:
-    return f"{row['title']}\n{row['text']}" if row["title"] else row["text"]
 
 
 def _fuse(rankings: list[list[str]]) -> list[str]:
@@ -667,5 +739,5 @@ def _fuse(rankings: list[list[str]]) -> list[str]:
     for ranking in rankings:
         for rank, id in enumerate(ranking, start=1):
             fused[id] = fused.get(id, 0.0) + 1.0 / (RRF_K + rank)
-    first_order = {id: position for position, id in enumerate(rankings[0])} if rankings else {}
-    return sorted(fused, key=lambda id: (-fused[id], first_order.get(id, len(first_order))))
+    first = {id: position for position, id in enumerate(rankings[0])}
+    return sorted(fused, key=lambda id: (-fused[id], first.get(id, len(first))))

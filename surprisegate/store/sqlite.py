@@ -1,10 +1,22 @@
-"""The embedded memory store: one SQLite file, FTS5 full-text search ranked by BM25.
+"""The embedded memory store: one SQLite file holding passages, an FTS5 index and dense vectors.
 
-`search()` ranks passages by FTS5's BM25 and gives each a `score` in [0, 1]: the IDF-weighted share
-of the query's words that the passage holds, names (capitalised words) weighing more. Raw BM25 is
-unbounded and depends on the corpus; the share is comparable across stores, so one relevance floor
-can decide "nothing found". A query about something the store never mentions scores low, because
-the unknown name carries the largest IDF of all.
+`search()` has three modes:
+- "bm25": FTS5's BM25 over the query's content words and adjacent word pairs.
+- "dense": cosine similarity between the query's and each passage's embedding (see `embed.py`).
+- "hybrid" (default): both rankings fused by reciprocal rank (RRF, k=60). A passage found only by its
+  vector joins the results only if it holds at least one of the query's words: the lexical `score`
+  below must be able to judge every hit.
+
+Each hit has a `score` in [0, 1]. In "bm25" and "hybrid" it is the IDF-weighted share of the query's
+words that the passage holds, names (capitalised words) weighing more. Raw BM25 is unbounded and
+depends on the corpus; the share is comparable across stores, so one relevance floor can decide
+"nothing found". A query about something the store never mentions scores low, because the unknown
+name carries the largest IDF of all. In "dense" mode `score` is the cosine similarity (below 0 read as
+0), which depends on the embedder and is not calibrated against the lexical floor.
+
+Vectors live in the same file (table `passage_vectors`); `meta` records which embedder made them, and
+a store refuses vectors from another. A store without vectors (made before they existed, or without
+an embedder installed) still searches, by BM25; `stats()` says so and `reindex()` adds the vectors.
 """
 
 from __future__ import annotations
@@ -12,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import sqlite3
 import threading
@@ -21,11 +34,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InputError
+import numpy as np
+
+from ..errors import InputError, MissingDependency
+from .embed import Embedder, default_embedder, embedder_from_name
 
 FORMAT_NAME = "surprisegate-memory"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2 added passage_vectors; version-1 stores are upgraded on their first write
 
+SEARCH_MODES = ("bm25", "dense", "hybrid")
 # Weight of a query term in `score`. A capitalised word inside a sentence (a name: "Burkina", or a
 # symbol such as "He") is what a fact question is about, so the store missing it should weigh most.
 NAME_WEIGHT = 3.0
@@ -36,11 +53,22 @@ UNSEEN_WORD_WEIGHT = 0.25
 # `context=` (e.g. the model's own doubtful claim, often wrong) counts this much relative to the query,
 # both in ranking and in `score`; on factqa_dev 0.1 held top-1 with wrong and right claims alike.
 CONTEXT_WEIGHT = 0.1
-# How many of the query's best BM25 passages `context=` may re-rank.
+# How many of the query's best BM25 passages `context=` may re-rank, and how many each ranking
+# brings to the hybrid fusion.
 CANDIDATE_POOL = 50
+# Reciprocal rank fusion: a passage's fused score is the sum of 1 / (RRF_K + rank) over the rankings.
+RRF_K = 60
+# BM25 over a word held by a third of a large store means scoring every one of those passages. Only
+# the query's rarest phrases, holding at most this many passages together, pick the candidates; the
+# commoner ones still add to their BM25. Stores up to this size rank exactly as plain FTS5 would.
+ANCHOR_POSTINGS = 2000
 # BM25 column weights (title, text). Weighting titles up measured slightly worse on factqa_dev.
 TITLE_WEIGHT, TEXT_WEIGHT = 1.0, 1.0
 MAX_CHUNK_CHARS = 800
+# Reading a posting list costs about 0.4 us a passage, seeking one passage in it about 25 us: below
+# this many postings per wanted passage, read the whole list.
+HOLDERS_SCAN_RATIO = 50
+EMBED_BATCH = 1024  # passages embedded and written per step of an ingest
 
 STOPWORDS = frozenset(
     """a about above after again against all am an and any are as at be because been before being
@@ -62,19 +90,23 @@ class Hit:
     text: str
     title: str
     source: str
-    score: float  # IDF coverage of the query's terms, 0..1; comparable across stores
-    bm25: float  # FTS5's raw bm25(): lower (more negative) is better
+    score: float  # bm25/hybrid: IDF coverage of the query's terms, 0..1, comparable across stores;
+    # dense: the cosine similarity, below 0 read as 0
+    bm25: float  # FTS5's raw bm25(): lower (more negative) is better; 0.0 when BM25 did not rank it
+    cosine: float | None = None  # similarity of the query's and the passage's vectors; None without vectors
 
 
 @dataclass
 class IngestReport:
     added: int = 0
     skipped_duplicates: int = 0
+    embedded: int = 0  # passages given a vector, new ones and any older ones that lacked one
     errors: list[tuple[int, str]] = field(default_factory=list)  # (line_no, message)
 
     def merge(self, other: IngestReport) -> None:
         self.added += other.added
         self.skipped_duplicates += other.skipped_duplicates
+        self.embedded += other.embedded
         self.errors.extend(other.errors)
 
 
@@ -176,7 +208,7 @@ def chunk_text(text: str, max_chars: int = MAX_CHUNK_CHARS) -> list[str]:
     return chunks
 
 
-_SCHEMA = f"""
+_SCHEMA_V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE passages (
     id INTEGER PRIMARY KEY,
@@ -202,15 +234,93 @@ CREATE TRIGGER passages_au AFTER UPDATE ON passages BEGIN
     VALUES ('delete', old.id, old.title, old.text);
     INSERT INTO passages_fts(rowid, title, text) VALUES (new.id, new.title, new.text);
 END;
-INSERT INTO meta(key, value) VALUES ('format', '{FORMAT_NAME}'), ('schema_version', '{SCHEMA_VERSION}');
 """
+# Version 2: one float32 vector (little-endian bytes) per passage, removed with its passage. Run
+# statement by statement, since executescript() would commit an open transaction first.
+_VECTOR_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS passage_vectors (id INTEGER PRIMARY KEY, vector BLOB NOT NULL)",
+    """CREATE TRIGGER IF NOT EXISTS passage_vectors_ad AFTER DELETE ON passages BEGIN
+        DELETE FROM passage_vectors WHERE id = old.id;
+    END""",
+    # An edited passage's vector is stale; dropping it lets the next add_*() or reindex() redo it.
+    """CREATE TRIGGER IF NOT EXISTS passage_vectors_au AFTER UPDATE OF title, text ON passages BEGIN
+        DELETE FROM passage_vectors WHERE id = old.id;
+    END""",
+)
+
+
+def embedding_text(title: str, text: str) -> str:
+    """What a passage's vector is made from: its title (unless the text opens with it) and text."""
+    return text if not title or text.startswith(title) else f"{title}\n{text}"
+
+
+def _single_blas_thread():
+    # On small machines a threaded BLAS matrix-vector product waits on thread wake-ups longer than it
+    # computes (100k x 256: about 8 ms threaded, 4 ms on one thread on 2 cores).
+    global _BLAS
+    if _BLAS is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            _BLAS = ThreadpoolController()
+        except ImportError:
+            _BLAS = False
+    if _BLAS is False:
+        return _NoLimit()
+    return _BLAS.limit(limits=1, user_api="blas")
+
+
+class _NoLimit:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        pass
+
+
+_BLAS = None
+
+
+@dataclass
+class _VectorIndex:
+    """All vectors of a store as one matrix, rows in passage-id order, for a matrix-vector search."""
+
+    ids: np.ndarray  # int64, ascending
+    matrix: np.ndarray  # float32 (len(ids), dim), unit rows
+
+    def similarities(self, vector: np.ndarray) -> np.ndarray:
+        with _single_blas_thread():
+            return self.matrix @ vector
+
+    def best(self, similarities: np.ndarray, n: int) -> list[int]:
+        """Row positions of the `n` most similar, best first."""
+        n = min(n, len(similarities))
+        if n <= 0:
+            return []
+        top = np.argpartition(-similarities, n - 1)[:n] if n < len(similarities) else np.arange(len(similarities))
+        return top[np.argsort(-similarities[top], kind="stable")].tolist()
+
+    def position(self, rowid: int) -> int | None:
+        at = int(np.searchsorted(self.ids, rowid))
+        return at if at < len(self.ids) and self.ids[at] == rowid else None
 
 
 class SQLiteMemory:
-    """A memory store in one SQLite file. Thread-safe; use as a context manager or call `close()`."""
+    """A memory store in one SQLite file. Thread-safe; use as a context manager or call `close()`.
 
-    def __init__(self, path: str | Path, create: bool = False):
+    `embedder`: "auto" uses the embedder the store records, or for a store without vectors the default
+    one (wordllama) when it is installed; None searches by BM25 only and refuses to add passages to a
+    store that keeps vectors; an `Embedder` must match the one the store records. `mode` is the
+    default for `search()`.
+    """
+
+    def __init__(
+        self, path: str | Path, create: bool = False, embedder: Embedder | str | None = "auto", mode: str = "hybrid"
+    ):
         self.path = Path(path)
+        if embedder not in ("auto", None) and not isinstance(embedder, Embedder):
+            raise InputError(f"embedder={embedder!r} is not an Embedder; pass 'auto', None or e.g. WordLlamaEmbedder()")
+        self.mode = _check_mode(mode)
         if not self.path.exists() and not create:
             raise InputError(
                 f"memory={str(path)!r} does not exist; "
@@ -218,7 +328,15 @@ class SQLiteMemory:
             )
         if create:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._embedder_choice = embedder
+        self._embedder: Embedder | None = embedder if isinstance(embedder, Embedder) else None
+        self._embedder_problem: str | None = None  # why vectors cannot be used, for stats()
         self._lock = threading.Lock()
+        # Caches, dropped whenever this connection writes or PRAGMA data_version shows another did.
+        self._data_version: int | None = None
+        self._vectors: _VectorIndex | None = None
+        self._frequencies: dict[str, int] = {}
+        self._total_passages: int | None = None
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         try:
             self._open(create)
@@ -234,7 +352,11 @@ class SQLiteMemory:
         try:
             tables = {row[0] for row in self._conn.execute("SELECT name FROM sqlite_master")}
             if not tables and create:
-                self._conn.executescript(f"BEGIN; {_SCHEMA} COMMIT;")
+                self._conn.executescript(
+                    f"BEGIN; {_SCHEMA_V1}; {'; '.join(_VECTOR_SCHEMA)};"
+                    f"INSERT INTO meta(key, value) VALUES ('format', '{FORMAT_NAME}'), "
+                    f"('schema_version', '{SCHEMA_VERSION}'); COMMIT;"
+                )
                 return
             meta = dict(self._conn.execute("SELECT key, value FROM meta")) if "meta" in tables else {}
         except sqlite3.DatabaseError as err:  # e.g. "file is not a database"
@@ -246,6 +368,15 @@ class SQLiteMemory:
                 f"memory={str(self.path)!r} has schema version {meta['schema_version']}, newer than this "
                 f"surprisegate supports ({SCHEMA_VERSION}); upgrade with: pip install -U surprisegate"
             )
+        recorded = meta.get("embedder")
+        if self._embedder is not None and recorded is not None:
+            mine = (self._embedder.name, str(self._embedder.dim))
+            if mine != (recorded, meta.get("embedding_dim")):
+                raise InputError(
+                    f"memory={str(self.path)!r} holds vectors from embedder {recorded!r} "
+                    f"(dim {meta.get('embedding_dim')}), not {mine[0]!r} (dim {mine[1]}); vectors of two "
+                    "models cannot be compared. Open it with embedder='auto', or build a new store for the other embedder"
+                )
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -263,32 +394,76 @@ class SQLiteMemory:
         with self._lock:
             return self._conn.execute("SELECT count(*) FROM passages").fetchone()[0]
 
+    def stats(self) -> dict:
+        """What the store holds and how it will search: counts, embedder, size, schema, and a note
+        when vectors are missing or unusable (then "hybrid" searches by BM25 alone)."""
+        with self._lock:
+            self._refresh_caches()
+            meta = dict(self._conn.execute("SELECT key, value FROM meta"))
+            passages = self._total()
+            sources = self._conn.execute(
+                # A text file's chunks ("file:notes/a.md#3") count as one source.
+                """SELECT count(DISTINCT CASE WHEN source LIKE 'file:%#%'
+                   THEN rtrim(rtrim(source, '0123456789'), '#') ELSE source END) FROM passages"""
+            ).fetchone()[0]
+            fts_rows = self._conn.execute("SELECT count(*) FROM passages_fts_docsize").fetchone()[0]
+            vectors = self._vector_count()
+            usable = self._search_embedder() is not None and vectors > 0
+            note = None
+            if not usable:
+                why = self._embedder_problem or "the store has no vectors yet; run reindex() to add them"
+                note = f"{why}; searching by BM25 only"
+            elif vectors < passages:
+                note = f"{passages - vectors} passages have no vector yet (dense search misses them); run reindex()"
+        return {
+            "path": str(self.path),
+            "schema_version": int(meta.get("schema_version", 1)),
+            "passages": passages,
+            "sources": sources,
+            "fts_rows": fts_rows,
+            "vectors": vectors,
+            "embedder": meta.get("embedder"),
+            "dim": int(meta["embedding_dim"]) if "embedding_dim" in meta else None,
+            "file_bytes": os.path.getsize(self.path),
+            "search_modes": list(SEARCH_MODES) if usable else ["bm25"],
+            "note": note,
+        }
+
     # -- ingest ----------------------------------------------------------------------------------
 
     def add_passages(self, passages: Iterable[Mapping[str, str]]) -> IngestReport:
-        """Add passages ({"text", "title", "source"}) in one transaction; duplicates by text are skipped."""
+        """Add passages ({"text", "title", "source"}) in one transaction; duplicates by text are skipped.
+
+        New passages get vectors in batches, and so does any older passage still lacking one.
+        """
         report = IngestReport()
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                for passage in passages:
-                    text = passage.get("text")
-                    if not isinstance(text, str) or not text.strip():
-                        raise InputError(
-                            f"passage={str(passage)[:80]!r} has no text; give every passage a non-empty 'text'"
-                        )
-                    cursor = self._conn.execute(
-                        "INSERT OR IGNORE INTO passages(source, title, text, content_hash) VALUES (?, ?, ?, ?)",
-                        (str(passage.get("source") or ""), passage.get("title") or "", text, _content_hash(text)),
+        with self._lock, self._write_transaction():
+            embedder = self._writing_embedder()
+            if embedder is not None:
+                report.embedded += self._embed_missing(embedder)
+            pending: list[tuple[int, str]] = []  # (rowid, text to embed) not yet written
+            for passage in passages:
+                text = passage.get("text")
+                if not isinstance(text, str) or not text.strip():
+                    raise InputError(
+                        f"passage={str(passage)[:80]!r} has no text; give every passage a non-empty 'text'"
                     )
-                    if cursor.rowcount:
-                        report.added += 1
-                    else:
-                        report.skipped_duplicates += 1
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")  # a failed ingest leaves nothing half-written
-                raise
+                title = passage.get("title") or ""
+                cursor = self._conn.execute(
+                    "INSERT OR IGNORE INTO passages(source, title, text, content_hash) VALUES (?, ?, ?, ?)",
+                    (str(passage.get("source") or ""), title, text, _content_hash(text)),
+                )
+                if not cursor.rowcount:
+                    report.skipped_duplicates += 1
+                    continue
+                report.added += 1
+                if embedder is not None:
+                    pending.append((cursor.lastrowid, embedding_text(title, text)))
+                    if len(pending) >= EMBED_BATCH:
+                        report.embedded += self._write_vectors(embedder, pending)
+                        pending = []
+            if embedder is not None and pending:
+                report.embedded += self._write_vectors(embedder, pending)
         return report
 
     def add_jsonl(
@@ -355,25 +530,210 @@ class SQLiteMemory:
                 )
         return report
 
+    def reindex(self, full: bool = False) -> int:
+        """Embed the passages that have no vector (all of them with `full=True`, which also rebuilds the
+        full-text index). Returns how many passages were embedded."""
+        with self._lock, self._write_transaction():
+            embedder = self._writing_embedder()
+            if embedder is None:
+                raise MissingDependency(
+                    f"memory={str(self.path)!r} cannot get vectors: "
+                    f"{self._embedder_problem or 'no embedder'}; install one with: pip install wordllama"
+                )
+            if full:
+                self._conn.execute("DELETE FROM passage_vectors")
+                self._conn.execute("INSERT INTO passages_fts(passages_fts) VALUES ('rebuild')")
+            return self._embed_missing(embedder)
+
+    def remove(self, source_prefix: str) -> int:
+        """Remove the passages whose source starts with `source_prefix` from the table, the full-text
+        index and the vectors, in one transaction. Returns how many were removed."""
+        if not isinstance(source_prefix, str) or not source_prefix:
+            raise InputError(
+                f"source_prefix={source_prefix!r} must be a non-empty string, e.g. 'file:notes/' or 'country:'"
+            )
+        with self._lock, self._write_transaction():
+            # substr(), not LIKE: a prefix holding % or _ must match literally.
+            cursor = self._conn.execute(
+                "DELETE FROM passages WHERE substr(source, 1, ?) = ?", (len(source_prefix), source_prefix)
+            )
+            return cursor.rowcount
+
+    # -- writing helpers (called holding the lock, inside a write transaction) ------------------
+
+    def _write_transaction(self):
+        return _WriteTransaction(self)
+
+    def _upgrade_schema(self) -> None:
+        version = int(self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
+        if version < 2:
+            for statement in _VECTOR_SCHEMA:
+                self._conn.execute(statement)
+            self._conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+
+    def _recorded_embedder(self) -> tuple[str, int] | None:
+        meta = dict(self._conn.execute("SELECT key, value FROM meta WHERE key IN ('embedder', 'embedding_dim')"))
+        return (meta["embedder"], int(meta["embedding_dim"])) if "embedder" in meta else None
+
+    def _writing_embedder(self) -> Embedder | None:
+        """The embedder new vectors come from, or None for a BM25-only store."""
+        recorded = self._recorded_embedder()
+        if self._embedder_choice is None:
+            if recorded is not None:
+                raise InputError(
+                    f"memory={str(self.path)!r} keeps {recorded[0]!r} vectors for every passage; open it with "
+                    "embedder='auto' so that new passages get theirs too"
+                )
+            return None
+        if self._embedder is None:
+            try:
+                self._embedder = embedder_from_name(recorded[0]) if recorded else default_embedder()
+            except MissingDependency as err:
+                if recorded:
+                    raise  # adding passages without vectors would leave dense search blind to them
+                self._embedder_problem = f"no embedder is installed ({err})"
+                return None
+        if recorded is None:
+            self._conn.execute(
+                "INSERT INTO meta(key, value) VALUES ('embedder', ?), ('embedding_dim', ?)",
+                (self._embedder.name, str(self._embedder.dim)),
+            )
+        return self._embedder
+
+    def _embed_missing(self, embedder: Embedder) -> int:
+        if self._conn.execute("SELECT count(*) FROM passage_vectors").fetchone()[0] == self._total(fresh=True):
+            return 0
+        missing = self._conn.execute(
+            """SELECT p.id, p.title, p.text FROM passages p
+               WHERE NOT EXISTS (SELECT 1 FROM passage_vectors v WHERE v.id = p.id) ORDER BY p.id"""
+        ).fetchall()
+        embedded = 0
+        for start in range(0, len(missing), EMBED_BATCH):
+            batch = missing[start : start + EMBED_BATCH]
+            embedded += self._write_vectors(embedder, [(rowid, embedding_text(title, text)) for rowid, title, text in batch])
+        return embedded
+
+    def _write_vectors(self, embedder: Embedder, items: list[tuple[int, str]]) -> int:
+        vectors = np.asarray(embedder.encode([text for _, text in items]), dtype="<f4")
+        if vectors.shape != (len(items), embedder.dim):
+            raise InputError(
+                f"embedder={embedder.name!r} returned shape {vectors.shape} for {len(items)} texts; "
+                f"expected ({len(items)}, {embedder.dim})"
+            )
+        self._conn.executemany(
+            "INSERT OR REPLACE INTO passage_vectors(id, vector) VALUES (?, ?)",
+            ((rowid, vector.tobytes()) for (rowid, _), vector in zip(items, vectors)),
+        )
+        return len(items)
+
+    # -- caches ----------------------------------------------------------------------------------
+
+    def _drop_caches(self) -> None:
+        self._vectors = None
+        self._frequencies.clear()
+        self._total_passages = None
+
+    def _refresh_caches(self) -> None:
+        # data_version changes when another connection commits; this connection's own writes drop the
+        # caches directly.
+        version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+        if version != self._data_version:
+            self._drop_caches()
+            self._data_version = version
+
+    def _total(self, fresh: bool = False) -> int:
+        if self._total_passages is None or fresh:
+            self._total_passages = self._conn.execute("SELECT count(*) FROM passages").fetchone()[0]
+        return self._total_passages
+
+    def _frequency(self, phrase: str) -> int:
+        """How many passages hold `phrase` (after the same stemming as the passages)."""
+        frequency = self._frequencies.get(phrase)
+        if frequency is None:
+            frequency = self._conn.execute(
+                "SELECT count(*) FROM passages_fts WHERE passages_fts MATCH ?", (_fts_phrase(phrase),)
+            ).fetchone()[0]
+            if len(self._frequencies) > 100_000:  # bound the cache in long-lived processes
+                self._frequencies.clear()
+            self._frequencies[phrase] = frequency
+        return frequency
+
+    def _has_vector_table(self) -> bool:
+        return bool(
+            self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'passage_vectors'").fetchone()
+        )
+
+    def _vector_count(self) -> int:
+        if not self._has_vector_table():
+            return 0
+        return self._conn.execute("SELECT count(*) FROM passage_vectors").fetchone()[0]
+
+    def _search_embedder(self) -> Embedder | None:
+        """The embedder that encodes queries, or None (and `_embedder_problem` says why)."""
+        if self._embedder is not None:
+            return self._embedder
+        if self._embedder_choice is None:
+            self._embedder_problem = "opened with embedder=None"
+            return None
+        recorded = self._recorded_embedder()
+        if recorded is None:
+            return None
+        try:
+            self._embedder = embedder_from_name(recorded[0])
+        except (MissingDependency, InputError) as err:
+            self._embedder_problem = f"the store's vectors come from {recorded[0]!r}, which cannot load here ({err})"
+            return None
+        return self._embedder
+
+    def _vector_index(self) -> _VectorIndex | None:
+        """Every vector as one in-memory matrix, loaded on first use; None when dense search cannot run."""
+        if self._vectors is None:
+            embedder = self._search_embedder()
+            if embedder is None or not self._has_vector_table():
+                return None
+            rows = self._conn.execute("SELECT id, vector FROM passage_vectors ORDER BY id").fetchall()
+            if not rows:
+                return None
+            data = b"".join(vector for _, vector in rows)
+            if len(data) != len(rows) * embedder.dim * 4:
+                raise InputError(
+                    f"memory={str(self.path)!r} holds vectors of mixed sizes, not all {embedder.dim}-dimensional; "
+                    "rebuild them with reindex(full=True)"
+                )
+            self._vectors = _VectorIndex(
+                ids=np.fromiter((rowid for rowid, _ in rows), dtype=np.int64, count=len(rows)),
+                matrix=np.frombuffer(data, dtype="<f4").reshape(len(rows), embedder.dim),
+            )
+        return self._vectors
+
     # -- search ----------------------------------------------------------------------------------
 
-    def search(self, query: str, k: int = 5, context: str = "", deadline: float | None = None) -> list[Hit]:
-        """The `k` best passages for `query`, best first by BM25.
+    def search(
+        self, query: str, k: int = 5, context: str = "", deadline: float | None = None, mode: str | None = None
+    ) -> list[Hit]:
+        """The `k` best passages for `query`, best first.
 
+        `mode` is "bm25", "dense" or "hybrid" (default: the store's `mode`). "hybrid" on a store whose
+        vectors are missing or unusable searches by BM25 (see `stats()`); "dense" there raises InputError.
         `context` is extra text (e.g. the claim being checked, which may be wrong): it re-ranks the
-        passages `query` finds and counts CONTEXT_WEIGHT as much as `query` in ranking and `score`.
-        With `deadline` (a `time.monotonic()` value) a search still running then raises TimeoutError.
+        passages BM25 finds for `query` and counts CONTEXT_WEIGHT as much as `query` in ranking and
+        `score`; dense ranking uses `query` alone. With `deadline` (a `time.monotonic()` value) a
+        search still running then raises TimeoutError.
         """
+        mode = _check_mode(mode or self.mode)
+        if k <= 0 or not query.strip():
+            return []
         terms = query_terms(query)
-        if not terms or k <= 0:
+        if not terms and mode != "dense":
             return []
         known = {term.word for term in terms}
         context_terms = [term for term in query_terms(context, CONTEXT_WEIGHT) if term.word not in known]
         with self._lock:
+            self._refresh_caches()
             if deadline is not None:
                 self._conn.set_progress_handler(lambda: time.monotonic() > deadline, 1000)
             try:
-                return self._search(terms, query_bigrams(query), context_terms, k)
+                return self._search(query, terms, query_bigrams(query), context_terms, k, mode, deadline)
             except sqlite3.OperationalError as err:
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"memory search passed its deadline: {err}") from err
@@ -384,59 +744,164 @@ class SQLiteMemory:
     def idf(self, word: str) -> float:
         """Inverse document frequency of `word` in this store (stemmed like the passages)."""
         with self._lock:
-            return self._idf(len(self._passages_with(word.lower())), self._total())
-
-    def _total(self) -> int:
-        return self._conn.execute("SELECT count(*) FROM passages").fetchone()[0]
-
-    def _passages_with(self, word: str) -> set[int]:
-        # The whole posting list: at memory-store sizes this is faster than filtering by rowid in SQL,
-        # and its length is the document frequency (counted after the same stemming as the passages).
-        rows = self._conn.execute("SELECT rowid FROM passages_fts WHERE passages_fts MATCH ?", (_fts_phrase(word),))
-        return {rowid for (rowid,) in rows}
+            self._refresh_caches()
+            return self._idf(self._frequency(word.lower()), self._total())
 
     @staticmethod
     def _idf(frequency: int, total: int) -> float:
         # BM25's IDF, shifted to stay positive; a word no passage holds gets the largest value.
         return math.log(1.0 + (total - frequency + 0.5) / (frequency + 0.5))
 
-    def _bm25(self, phrases: list[str], limit: int | None = None) -> list[tuple[int, float]]:
-        """(rowid, bm25) of the passages matching any of `phrases`, best first."""
-        match = " OR ".join(_fts_phrase(phrase) for phrase in phrases)
+    def _search(
+        self,
+        query: str,
+        terms: list[QueryTerm],
+        bigrams: list[str],
+        context_terms: list[QueryTerm],
+        k: int,
+        mode: str,
+        deadline: float | None,
+    ) -> list[Hit]:
+        pool = max(k, CANDIDATE_POOL)
+        index = self._vector_index() if mode != "bm25" else None
+        if mode == "dense" and index is None:
+            raise InputError(
+                f"mode='dense' needs vectors, but memory={str(self.path)!r} cannot use any "
+                f"({self._embedder_problem or 'it has none yet'}); run reindex(), or search with mode='hybrid' or 'bm25'"
+            )
+        similarities = None
+        if index is not None:
+            _check_deadline(deadline)
+            similarities = index.similarities(self._search_embedder().encode([query])[0])
+        if mode == "dense":
+            best = [int(index.ids[at]) for at in index.best(similarities, k)]
+            cosines = {rowid: float(similarities[index.position(rowid)]) for rowid in best}
+            return self._hits(best, {rowid: max(0.0, cosines[rowid]) for rowid in best}, {}, cosines)
+
+        lexical, query_bm25 = self._lexical(terms, bigrams, context_terms, pool)
+        _check_deadline(deadline)
+        if index is None:  # BM25 alone
+            best = lexical[:k]
+            return self._hits(best, self._scores(terms, context_terms, best), query_bm25, {})
+
+        dense = [int(index.ids[at]) for at in index.best(similarities, pool)]
+        fused: dict[int, float] = {}
+        for ranking in (lexical, dense):
+            for rank, rowid in enumerate(ranking, start=1):
+                fused[rowid] = fused.get(rowid, 0.0) + 1.0 / (RRF_K + rank)
+        lexical_rank = {rowid: rank for rank, rowid in enumerate(lexical)}
+        # Static vectors blur names and symbols ("Li" and "H", "Town4" and "Town0"), so a passage that
+        # holds more of the query's names and word pairs ("symbol C") ranks first; fusion orders
+        # passages that hold as many.
+        names_held = dict.fromkeys(fused, 0)
+        for phrase in [term.word for term in terms if term.is_name] + bigrams:
+            if self._frequency(phrase):
+                for rowid in self._holders(phrase, list(fused)):
+                    names_held[rowid] += 1
+        order = sorted(fused, key=lambda rowid: (-names_held[rowid], -fused[rowid], lexical_rank.get(rowid, pool)))
+        # Vector-only finds must hold a query word, so that `score` (and the floor) can judge them.
+        best: list[int] = []
+        scores: dict[int, float] = {}
+        for start in range(0, len(order), k):
+            batch = order[start : start + k]
+            scores.update(self._scores(terms, context_terms, batch))
+            best += [rowid for rowid in batch if rowid in lexical_rank or scores[rowid] > 0.0]
+            if len(best) >= k:
+                break
+        best = best[:k]
+        cosines = {rowid: float(similarities[at]) for rowid in best if (at := index.position(rowid)) is not None}
+        return self._hits(best, scores, query_bm25, cosines)
+
+    def _bm25(self, match: str, limit: int | None = None) -> list[tuple[int, float]]:
+        """(rowid, bm25) of the passages matching the FTS5 expression `match`, best first."""
         return self._conn.execute(
             f"""SELECT rowid, bm25(passages_fts, {TITLE_WEIGHT}, {TEXT_WEIGHT}) AS b FROM passages_fts
                 WHERE passages_fts MATCH ? ORDER BY b LIMIT ?""",
             (match, -1 if limit is None else limit),
         ).fetchall()
 
-    def _search(self, terms: list[QueryTerm], bigrams: list[str], context_terms: list[QueryTerm], k: int) -> list[Hit]:
-        total = self._total()
+    def _lexical(
+        self, terms: list[QueryTerm], bigrams: list[str], context_terms: list[QueryTerm], pool: int
+    ) -> tuple[list[int], dict[int, float]]:
+        """The `pool` best passages by BM25 (re-ranked by `context_terms`), and their query BM25."""
         # Adjacent word pairs join the OR-query as phrases: "symbol B" finds boron, not every "B".
-        query_bm25 = dict(self._bm25([term.word for term in terms] + bigrams, max(k, CANDIDATE_POOL)))
-        if not query_bm25:
-            return []
-        rowids = list(query_bm25)
-        ranking = dict(query_bm25)
-        if context_terms:
-            # Scoring every passage that matches is faster than filtering by rowid at these sizes.
-            for rowid, bm25 in self._bm25([term.word for term in context_terms]):
+        phrases = sorted((p for p in [t.word for t in terms] + bigrams if self._frequency(p)), key=self._frequency)
+        if not phrases:
+            return [], {}
+        anchors, postings = [], 0
+        for phrase in phrases:
+            if anchors and postings + self._frequency(phrase) > ANCHOR_POSTINGS:
+                break
+            anchors.append(phrase)
+            postings += self._frequency(phrase)
+        anchor_match = " OR ".join(map(_fts_phrase, anchors))
+        others = phrases[len(anchors) :]
+        if not others:  # every phrase is selective enough: plain FTS5 ranking
+            anchor_bm25 = dict(self._bm25(anchor_match, pool))
+            query_bm25 = dict(anchor_bm25)
+        else:
+            # BM25 is a sum over phrases, so for a passage that also holds a common phrase, the AND-query
+            # gives its full score; the others hold only anchors and their anchor score is the full one.
+            anchor_bm25 = dict(self._bm25(anchor_match))
+            query_bm25 = dict(anchor_bm25)
+            query_bm25.update(self._bm25(f"({anchor_match}) AND ({' OR '.join(map(_fts_phrase, others))})"))
+        best = sorted(query_bm25, key=query_bm25.__getitem__)[:pool]
+        query_bm25 = {rowid: query_bm25[rowid] for rowid in best}
+        context_phrases = [term.word for term in context_terms if self._frequency(term.word)]
+        if context_phrases:
+            # The context's own BM25 for the pool: (anchors AND context) minus the anchors' part.
+            context_match = f"({anchor_match}) AND ({' OR '.join(map(_fts_phrase, context_phrases))})"
+            ranking = dict(query_bm25)
+            for rowid, both in self._bm25(context_match):
                 if rowid in ranking:
-                    ranking[rowid] += CONTEXT_WEIGHT * bm25
-        # score: the IDF-weighted share of the query's terms each passage holds.
+                    ranking[rowid] += CONTEXT_WEIGHT * (both - anchor_bm25[rowid])
+            best = sorted(best, key=ranking.__getitem__)
+        return best, query_bm25
+
+    def _holders(self, phrase: str, rowids: list[int]) -> list[int]:
+        """Those of `rowids` whose passage holds `phrase`."""
+        if self._frequency(phrase) <= HOLDERS_SCAN_RATIO * len(rowids):
+            wanted = set(rowids)
+            postings = self._conn.execute("SELECT rowid FROM passages_fts WHERE passages_fts MATCH ?", (_fts_phrase(phrase),))
+            return [rowid for (rowid,) in postings if rowid in wanted]
+        # FTS5 answers "rowid = ?" by seeking the posting list: cheap for a handful of passages even when
+        # the word is in half the store.
+        return [
+            rowid
+            for (rowid,) in self._conn.execute(
+                f"SELECT rowid FROM passages_fts WHERE passages_fts MATCH ? AND rowid IN ({','.join('?' * len(rowids))})",
+                (_fts_phrase(phrase), *rowids),
+            )
+        ]
+
+    def _scores(self, terms: list[QueryTerm], context_terms: list[QueryTerm], rowids: list[int]) -> dict[int, float]:
+        """`score` of each passage: the IDF-weighted share of the query's terms it holds."""
+        if not rowids:
+            return {}
+        total = self._total()
         writes_names = any(term.is_name for term in terms)
         covered = dict.fromkeys(rowids, 0.0)
         holds_a_word = dict.fromkeys(rowids, False)  # a passage that shares only numbers is not about the query
         whole = 0.0
         for term in terms + context_terms:
-            holders = self._passages_with(term.word)
-            weight = term.weight * self._idf(len(holders), total)
-            if writes_names and term.lower_case and not holders:
+            frequency = self._frequency(term.word)
+            weight = term.weight * self._idf(frequency, total)
+            if writes_names and term.lower_case and not frequency:
                 weight *= UNSEEN_WORD_WEIGHT
             whole += weight
-            for rowid in holders.intersection(rowids):
-                covered[rowid] += weight
-                holds_a_word[rowid] |= not term.word.isdigit()
-        best = sorted(rowids, key=ranking.__getitem__)[:k]
+            if frequency:
+                for rowid in self._holders(term.word, rowids):
+                    covered[rowid] += weight
+                    holds_a_word[rowid] |= not term.word.isdigit()
+        return {
+            rowid: min(1.0, covered[rowid] / whole) if holds_a_word[rowid] and whole > 0 else 0.0 for rowid in rowids
+        }
+
+    def _hits(
+        self, best: list[int], scores: dict[int, float], bm25: dict[int, float], cosines: dict[int, float]
+    ) -> list[Hit]:
+        if not best:
+            return []
         stored = {
             rowid: (text, title, source)
             for rowid, text, title, source in self._conn.execute(
@@ -448,8 +913,42 @@ class SQLiteMemory:
                 text=stored[rowid][0],
                 title=stored[rowid][1],
                 source=stored[rowid][2],
-                score=min(1.0, covered[rowid] / whole) if holds_a_word[rowid] else 0.0,
-                bm25=query_bm25[rowid],
+                score=scores[rowid],
+                bm25=bm25.get(rowid, 0.0),
+                cosine=cosines.get(rowid),
             )
             for rowid in best
         ]
+
+
+class _WriteTransaction:
+    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any error so a failed write leaves nothing half-done;
+    upgrades a version-1 store first, and drops the search caches afterwards either way."""
+
+    def __init__(self, store: SQLiteMemory):
+        self.store = store
+
+    def __enter__(self) -> None:
+        self.store._conn.execute("BEGIN IMMEDIATE")
+        try:
+            self.store._upgrade_schema()
+        except BaseException:
+            self.store._conn.execute("ROLLBACK")
+            raise
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        try:
+            self.store._conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        finally:
+            self.store._drop_caches()
+
+
+def _check_mode(mode: str) -> str:
+    if mode not in SEARCH_MODES:
+        raise InputError(f"mode={mode!r} is not a search mode; pass one of {', '.join(SEARCH_MODES)}")
+    return mode
+
+
+def _check_deadline(deadline: float | None) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise TimeoutError("memory search passed its deadline")

@@ -1,0 +1,299 @@
+"""The status tool: is an allow-listed host:port accepting connections, does an allow-listed URL answer?
+
+Only targets on the configured allow-list are ever contacted: "host:port" (TCP connect) or an http(s) URL
+(HTTP HEAD, no redirects followed). Everything is bounded by the caller's deadline, DNS included: names are
+resolved in a daemon thread that is abandoned when the deadline passes.
+"""
+
+from __future__ import annotations
+
+import http.client
+import ipaddress
+import re
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from surprisegate.arms import Evidence
+from surprisegate.arms.toolkit import ToolRefused, tool_evidence
+from surprisegate.errors import ConfigError
+
+USER_AGENT = "surprisegate-status/0.1"
+
+
+@dataclass(frozen=True)
+class StatusTarget:
+    scheme: str  # "tcp" | "http" | "https"
+    host: str  # lower-case, without a trailing dot; IPv6 without brackets
+    port: int
+    path: str = "/"  # http(s) only
+
+    @property
+    def label(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        if self.scheme == "tcp":
+            return f"{host}:{self.port}"
+        default = {"http": 80, "https": 443}[self.scheme]
+        port = "" if self.port == default else f":{self.port}"
+        return f"{self.scheme}://{host}{port}{self.path}"
+
+
+def parse_target(text: str) -> StatusTarget:
+    """"host:port", "tcp://host:port" or an http(s) URL -> StatusTarget; ConfigError when malformed."""
+    if not isinstance(text, str) or not text.strip() or len(text) > 2048 or any(c.isspace() for c in text.strip()):
+        raise ConfigError(f"status target {text!r} must be 'host:port' or an http(s) URL, e.g. 'localhost:8080'")
+    written = text.strip()
+    if "://" not in written:
+        written = "tcp://" + written
+    try:
+        parts = urlsplit(written)
+        port = parts.port
+    except ValueError as err:
+        raise ConfigError(f"status target {text!r} is malformed ({err})") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("tcp", "http", "https") or not parts.hostname:
+        raise ConfigError(f"status target {text!r} must be 'host:port' or an http(s) URL, e.g. 'localhost:8080'")
+    if scheme == "tcp":
+        if port is None:
+            raise ConfigError(f"status target {text!r} needs a port, e.g. '{parts.hostname}:8080'")
+        return StatusTarget("tcp", _host(parts.hostname), port)
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    return StatusTarget(scheme, _host(parts.hostname), port or {"http": 80, "https": 443}[scheme], path)
+
+
+def _host(name: str) -> str:
+    return name.lower().rstrip(".")
+
+
+def is_allowed(target: StatusTarget, allowed: Sequence[StatusTarget]) -> bool:
+    """A TCP target is allowed when some entry has its host and port (an allowed URL allows its port too);
+    an http(s) target when an entry of the same scheme, host and port has a path that prefixes its path."""
+    for entry in allowed:
+        if (entry.host, entry.port) != (target.host, target.port):
+            continue
+        if target.scheme == "tcp":
+            return True
+        if entry.scheme == target.scheme and _path_within(target.path, entry.path):
+            return True
+    return False
+
+
+def _path_within(path: str, prefix: str) -> bool:
+    path, prefix = path.split("?")[0], prefix.split("?")[0]
+    return prefix == "/" or path == prefix or path.startswith(prefix.rstrip("/") + "/")
+
+
+@dataclass(frozen=True)
+class StatusResult:
+    target: StatusTarget
+    up: bool  # TCP: the port accepted a connection; HTTP: answered with a status below 500
+    detail: str  # "HTTP 200 OK", "connection refused", "no answer within 1.0 s", "DNS lookup failed: ..."
+    http_status: int | None
+    address: str | None  # the IP address contacted
+    latency_ms: float
+
+
+def check_status(target: StatusTarget | str, allowed: Sequence[StatusTarget | str], deadline: float) -> StatusResult:
+    """Contact an allow-listed target once, finishing by `deadline` (time.monotonic()).
+
+    ToolRefused("not_allowed") for targets off the list, ("timeout") when the deadline has already passed;
+    an unreachable target is a result (up=False), not an error.
+    """
+    target = parse_target(target) if isinstance(target, str) else target
+    allowed_targets = [parse_target(a) if isinstance(a, str) else a for a in allowed]
+    if not is_allowed(target, allowed_targets):
+        listed = ", ".join(a.label for a in allowed_targets) or "nothing"
+        raise ToolRefused("not_allowed", f"status target {target.label} is not on the allow-list ({listed}); "
+                                         "add it to allowed_status_targets to check it")
+    started = time.monotonic()
+    if started >= deadline:
+        raise ToolRefused("timeout", f"no time left to check {target.label}: the round's deadline has passed")
+
+    def done(up: bool, detail: str, status: int | None = None, address: str | None = None) -> StatusResult:
+        return StatusResult(target, up, detail, status, address, round((time.monotonic() - started) * 1000, 1))
+
+    try:
+        addresses = _resolve(target.host, target.port, deadline)
+    except TimeoutError:
+        return done(False, f"DNS lookup for {target.host} did not finish within the deadline")
+    except OSError as err:
+        return done(False, f"DNS lookup for {target.host} failed: {err}")
+    last_problem = "no address"
+    for family, address in addresses:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return done(False, f"no answer from {target.label} within the deadline")
+        connection = socket.socket(family, socket.SOCK_STREAM)
+        connection.settimeout(remaining)
+        try:
+            connection.connect(address)
+        except socket.timeout:
+            connection.close()
+            last_problem = f"no answer within {remaining:.1f} s (filtered or down)"
+            continue
+        except ConnectionRefusedError:
+            connection.close()
+            last_problem = "connection refused (nothing is listening)"
+            continue
+        except OSError as err:
+            connection.close()
+            last_problem = f"connection failed: {err.strerror or err}"
+            continue
+        if target.scheme == "tcp":
+            connection.close()
+            return done(True, "accepting connections", address=address[0])
+        try:
+            status, reason = _head(connection, target, deadline)
+        except (OSError, http.client.HTTPException, ssl.SSLError, ValueError) as err:
+            return done(False, f"connected, but HTTP failed: {type(err).__name__}: {err}", address=address[0])
+        finally:
+            connection.close()
+        return done(status < 500, f"HTTP {status} {reason}".strip(), status, address[0])
+    return done(False, last_problem)
+
+
+def _resolve(host: str, port: int, deadline: float) -> list[tuple[int, tuple]]:
+    """[(family, sockaddr)] for host; a name is resolved in a daemon thread so a stuck resolver cannot
+    hold the round past its deadline (the thread is abandoned, never joined)."""
+    try:
+        ip = ipaddress.ip_address(host)
+        return [(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, (host, port))]
+    except ValueError:
+        pass
+    box: dict = {}
+    finished = threading.Event()
+
+    def lookup() -> None:
+        try:
+            box["value"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as err:
+            box["error"] = err
+        finally:
+            finished.set()
+
+    threading.Thread(target=lookup, daemon=True, name="surprisegate-dns").start()
+    if not finished.wait(max(0.0, deadline - time.monotonic())):
+        raise TimeoutError(f"DNS lookup for {host} timed out")
+    if "error" in box:
+        raise box["error"]
+    return [(family, sockaddr) for family, _, _, _, sockaddr in box["value"]]
+
+
+def _head(connection: socket.socket, target: StatusTarget, deadline: float) -> tuple[int, str]:
+    sock = connection
+    if target.scheme == "https":
+        context = ssl.create_default_context()
+        sock = context.wrap_socket(connection, server_hostname=target.host)
+    client = http.client.HTTPConnection(target.host, target.port, timeout=max(0.01, deadline - time.monotonic()))
+    client.sock = sock  # already connected (and resolved within the deadline): http.client must not redo it
+    sock.settimeout(max(0.01, deadline - time.monotonic()))
+    host_header = target.host if ":" not in target.host else f"[{target.host}]"
+    default_port = 443 if target.scheme == "https" else 80
+    if target.port != default_port:
+        host_header += f":{target.port}"
+    client.request("HEAD", target.path, headers={"Host": host_header, "User-Agent": USER_AGENT,
+                                                   "Connection": "close"})
+    sock.settimeout(max(0.01, deadline - time.monotonic()))
+    response = client.getresponse()
+    return response.status, response.reason
+
+
+# --------------------------------------------------------------------------------------------------
+# finding a status question in text
+
+STATUS_WORDS = r"\b(?:up|down|online|offline|reachable|unreachable|responding|open|closed|listening|running|ping|status)\b"
+_STATUS_WORD = re.compile(STATUS_WORDS, re.IGNORECASE)
+_URL = re.compile(r"\bhttps?://[^\s'\"<>`()\[\]]{1,2000}", re.IGNORECASE)
+_HOST_PORT = re.compile(
+    r"(?<![\w./:-])(?P<host>localhost|\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-f:]+\]|[a-z0-9-]{1,63}(?:\.[a-z0-9-]{1,63}){1,6})"
+    r":(?P<port>\d{1,5})\b",
+    re.IGNORECASE,
+)
+_PORT = re.compile(r"\bport\s+(?P<port>\d{1,5})\b", re.IGNORECASE)
+_HOST = re.compile(
+    r"(?<![\w./:@-])(?P<host>localhost|\d{1,3}(?:\.\d{1,3}){3}"
+    r"|[a-z0-9-]{1,63}(?:\.[a-z0-9-]{1,63}){0,4}\.(?:com|org|net|io|dev|ai|edu|gov|co|uk|de|fr|app|info|me|local|internal))"
+    r"\b(?![./-]\w)",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class StatusRequest:
+    """What the text asks to check: a full target, or only a host or a port to match against the allow-list."""
+
+    text: str
+    target: str | None = None  # "host:port" or a URL, as written
+    host: str | None = None
+    port: int | None = None
+
+    def describe(self) -> str:
+        return self.target or (f"{self.host}" if self.host else "") + (f" port {self.port}" if self.port else "")
+
+
+def extract_status_request(text: str) -> StatusRequest | None:
+    """"Is https://api.example.org/health up?", "is localhost:8000 responding", "is port 8080 open" -> request."""
+    if not text or not _STATUS_WORD.search(text[:4000]):
+        return None
+    text = text[:4000]
+    url = _URL.search(text)
+    if url:
+        return StatusRequest(text, target=url.group().rstrip(".,;:!?"))
+    host_port = _HOST_PORT.search(text)
+    if host_port:
+        return StatusRequest(text, target=host_port.group())
+    port = _PORT.search(text)
+    host = _HOST.search(text)
+    if port or host:
+        return StatusRequest(text, host=host.group("host").lower() if host else None,
+                             port=int(port.group("port")) if port else None)
+    return None
+
+
+def resolve_request(request: StatusRequest, allowed: Sequence[StatusTarget]) -> StatusTarget:
+    """The allow-listed target a request means; ToolRefused("not_allowed") when none (or several) match."""
+    listed = ", ".join(a.label for a in allowed) or "nothing"
+    if request.target is not None:
+        try:
+            return parse_target(request.target)
+        except ConfigError as err:
+            raise ToolRefused("bad_target", str(err)) from None
+    matches = [a for a in allowed
+               if (request.host is None or a.host == request.host) and (request.port is None or a.port == request.port)]
+    # "port 8080" means this machine: prefer loopback entries when several hosts listen on that port.
+    if request.host is None and len(matches) > 1:
+        matches = [a for a in matches if a.host in ("localhost", "127.0.0.1", "::1")] or matches
+    if request.host is None and len({(a.host, a.port) for a in matches}) > 1:
+        raise ToolRefused("ambiguous", f"port {request.port} matches several allowed targets ({listed}); name the host")
+    if not matches:
+        raise ToolRefused("not_allowed", f"{request.describe().strip()} is not on the status allow-list ({listed})")
+    return matches[0]
+
+
+def status_evidence(result: StatusResult, field_name: str = "") -> Evidence:
+    state = "up" if result.up else "down"
+    if result.http_status is not None:
+        sentence = f"{result.target.label} answered {result.detail} ({result.latency_ms:g} ms): it is {state}."
+    elif result.up:
+        sentence = f"{result.target.label} is {state}: {result.detail} ({result.latency_ms:g} ms)."
+    else:
+        sentence = f"{result.target.label} is {state}: {result.detail}."
+    return tool_evidence(
+        "status",
+        claim=f"{result.target.label} is {state}",
+        evidence=sentence,
+        tool_input=result.target.label,
+        output=result.detail,
+        sandbox="allow-list",
+        up=result.up,
+        http_status=result.http_status,
+        address=result.address,
+        latency_ms=result.latency_ms,
+        field=field_name,
+    )
