@@ -180,11 +180,14 @@ class TerminalView:
 @config_options
 @click.option("--memory", default="demo", show_default=True,
               help="Memory store (SQLite file); 'demo' = built-in demo knowledge base; 'none' = no memory arm.")
-@click.option("--no-tools", is_flag=True, help="Disable the calculator tool arm.")
+@click.option("--no-tools", is_flag=True, help="Disable the tool arm.")
+@click.option("--web", "web_url", default=None,
+              help="Web arm: a SearxNG-compatible URL, or brave | tavily | wikipedia (keys from env).")
 @click.option("--receipts", "receipts_path", type=click.Path(dir_okay=False), default=None,
               help="Receipts JSONL file [default: $SURPRISEGATE_HOME/receipts.jsonl].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming.")
-def ask(question: str, memory: str, no_tools: bool, receipts_path: str | None, as_json: bool, **kwargs) -> None:
+def ask(question: str, memory: str, no_tools: bool, web_url: str | None, receipts_path: str | None, as_json: bool,
+        **kwargs) -> None:
     """Answer QUESTION, streaming the reply and showing any intervention."""
     from .controller import generate
     from .prompting import chat_messages
@@ -195,6 +198,11 @@ def ask(question: str, memory: str, no_tools: bool, receipts_path: str | None, a
     if memory not in ("demo", "none") and not Path(memory).exists():
         raise InputError(f"--memory={memory!r} does not exist; build it with: surprisegate memory add --memory {memory} FILE.jsonl")
     arms = build_arms(config, memory, tools=not no_tools) if config.mode == "intervene" else {}
+    if web_url and config.mode == "intervene":
+        arms["web"] = build_web_arm(web_url)
+        problem = arms["web"].problem()
+        if problem:
+            click.echo(f"warning: web arm: {problem}", err=True)
     backend = load_backend_for(config)
     receipts_file = Path(receipts_path) if receipts_path else home() / "receipts.jsonl"
     view = None if as_json else TerminalView(color=sys.stdout.isatty())

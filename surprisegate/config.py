@@ -39,6 +39,8 @@ class Config:
     window: int = field(default=4, metadata={"help": "rolling window size W in tokens"})
     threshold: float = field(default=1.0, metadata={"help": "trigger when window statistic (bits) exceeds this"})
     min_tokens: int = field(default=4, metadata={"help": "tokens in the window before it may trigger (capped at window)"})
+    kind_thresholds: dict = field(default_factory=dict, metadata={
+        "help": "per-kind-of-question thresholds (bits) learned by calibrate; other kinds use threshold"})
     tail_cut: float = field(default=4.0, metadata={"help": "bits above which a token counts toward tail mass"})
     # --- intervention ---
     max_rounds: int = field(default=2, metadata={"help": "most grounding rounds per reply"})
@@ -74,7 +76,7 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+        return {k: list(v) if isinstance(v, tuple) else (dict(v) if isinstance(v, dict) else v) for k, v in d.items()}
 
     def replace(self, **changes: Any) -> "Config":
         return _build(self.to_dict() | changes, origin="argument")
@@ -101,6 +103,11 @@ def _validate(c: Config) -> None:
     choice("injection", INJECTIONS)
     if not 1 <= c.window <= 512:
         _fail("window", c.window, "use a whole number of tokens between 1 and 512, e.g. 16", "argument")
+    if not isinstance(c.kind_thresholds, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for k, v in c.kind_thresholds.items()):
+        _fail("kind_thresholds", c.kind_thresholds, "use a table of question kind = bits, e.g. {capital = 2.1}",
+              "argument")
     if not math.isfinite(c.threshold):
         _fail("threshold", c.threshold, "use a finite number of bits, e.g. 2.5", "argument")
     if not 1 <= c.min_tokens <= 512:
@@ -149,6 +156,10 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
             if isinstance(value, bool):
                 raise ValueError
             return float(value)
+        if _FIELD_TYPES[key].default_factory is dict:
+            if isinstance(value, str):
+                value = tomllib.loads("t = " + value)["t"] if value.strip().startswith("{") else {}
+            return {str(k): float(v) for k, v in dict(value).items()}
         if isinstance(default, tuple):
             items = value.split(",") if isinstance(value, str) else list(value)
             return tuple(str(i).strip() for i in items if str(i).strip())
@@ -222,8 +233,12 @@ def load_config(
 def to_toml(config: Config) -> str:
     """Render a config as TOML (written by `calibrate`, readable by `load_config`)."""
     lines = ["[surprisegate]"]
+    tables = []
     for key, value in config.to_dict().items():
-        if isinstance(value, bool):
+        if isinstance(value, dict):
+            tables.append(f"\n[surprisegate.{key}]")
+            tables.extend(f"{_toml_str(k)} = {float(v)!r}" for k, v in sorted(value.items()))
+        elif isinstance(value, bool):
             lines.append(f"{key} = {'true' if value else 'false'}")
         elif isinstance(value, (int, float)):
             lines.append(f"{key} = {value!r}")
@@ -231,7 +246,7 @@ def to_toml(config: Config) -> str:
             lines.append(f"{key} = [{', '.join(_toml_str(v) for v in value)}]")
         else:
             lines.append(f"{key} = {_toml_str(value)}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + tables) + "\n"
 
 
 def _toml_str(s: str) -> str:

@@ -28,7 +28,7 @@ from .backends import SteerableBackend
 from .config import Config
 from .events import Done, Event, Grounding, Rewind, Token, Trigger
 from .prompting import PromptLayout, chat_messages
-from .signals import CopyTracker, signal_value
+from .signals import CopyTracker, question_kind, signal_value
 from .surprise import LN2, RollingWindow, aggregates
 
 
@@ -187,9 +187,12 @@ def stream(
     # What the backend holds (lets a backend that cannot trim re-prefill) and where the assistant turn opens.
     context = _Context(list(prompt_tokens), turn_start=len(prompt_tokens) - len(prefix_tokens) - len(open_tokens))
     window = RollingWindow(config.window, config.statistic)
+    pushed_at: list[int] = []  # reply index of each value pushed since the last reset
+    # Per-kind threshold (calibrated per-category normalisation), else the global one.
+    kind = question_kind(question)
+    threshold = config.kind_thresholds.get(kind, config.threshold)
     # Which tokens merely copy the question (or a cloze prefix): the "novel" signals skip them.
     copies = CopyTracker(question + " " + assistant_prefix) if config.signal.startswith("novel") else None
-    window_origin = 0  # reply index of the window's push index 0
     reply = _Reply()
     rounds: list[dict] = []
     would_trigger: list[dict] = []  # detect mode: crossings recorded, never acted on
@@ -225,27 +228,30 @@ def stream(
         reply.pieces.append(backend.token_bytes(token))
 
         triggered = False
+        pushed = None
         if scored:
             copied = copies.push(reply.pieces[-1].decode("utf-8", "replace")) if copies else False
-            value = window.push(signal_value(config.signal, s, entropy, copied))
-        else:
-            value = math.nan
+            pushed = signal_value(config.signal, s, entropy, copied)
+            if pushed is not None:  # novel signals skip tokens copied from the question
+                window.push(pushed)
+                pushed_at.append(len(reply.tokens) - 1)
+        value = window.value if (scored and len(window)) else math.nan
         reply.window_stats.append(value)
-        if scored:
+        if pushed is not None:
             eligible = len(window) >= min(config.min_tokens, config.window)
             if eligible:
                 window_max = max(window_max, value)
             triggered = (
                 eligible
-                and value > config.threshold
+                and value > threshold
                 and len(rounds) + len(would_trigger) < config.max_rounds
             )
         if triggered:
-            span_start = window_origin + window.start
+            span_start = pushed_at[window.start]
             statistic = config.statistic if config.signal == "surprise" else f"{config.signal}:{config.statistic}"
             trigger = Trigger(
                 token_index=len(reply.tokens) - 1, statistic=statistic, value=value,
-                threshold=config.threshold, span_start=span_start,
+                threshold=threshold, span_start=span_start,
                 span_text=reply.text()[len(reply.text(span_start)):], round=len(rounds) + len(would_trigger) + 1,
             )
             if not intervening:
@@ -266,18 +272,19 @@ def stream(
                         decoder = codecs.getincrementaldecoder("utf-8")("replace")
                         decoder.decode(b"".join(reply.pieces), final=False)
                     window.reset()
-                    window_origin = len(reply.tokens)
+                    pushed_at.clear()
                     if copies:
                         copies.reset_word()  # the word in progress was dropped with the span
                     continue
             window.reset()  # after a round (acted on or not) the window starts afresh
-            window_origin = len(reply.tokens)
+            pushed_at.clear()
 
         logits = backend.append([token])
         context.tokens.append(token)
         # Tokens before the window start can no longer be rewound: safe to show in holdback streaming.
         can_rewind = intervening and len(rounds) < config.max_rounds
-        final_upto = (window_origin + window.start) if (holdback and can_rewind) else len(reply.tokens)
+        first_rewindable = pushed_at[window.start] if len(window) else len(reply.tokens)
+        final_upto = first_rewindable if (holdback and can_rewind) else len(reply.tokens)
         yield from emit_upto(final_upto)
 
     yield from emit_upto(len(reply.tokens), final=True)
@@ -432,7 +439,8 @@ def build_receipt_for(backend: SteerableBackend, question: str, config: Config, 
     from .receipts import build_receipt
 
     surprise = result["surprise"]
-    canary = groundedness_canary(surprise or {}, result["rounds"], config.threshold) if surprise else {
+    threshold = config.kind_thresholds.get(question_kind(question), config.threshold)
+    canary = groundedness_canary(surprise or {}, result["rounds"], threshold) if surprise else {
         "verdict": "not_scored", "reason": "mode=off: no surprise measured", "uncertainty": None, "anchoring": None}
     return build_receipt(
         reply_id=uuid.uuid4().hex,

@@ -302,7 +302,7 @@ def route(span: str, question: str = "", sentence: str = "", available: Sequence
 
 # Tried in this order within each field: specific requests first, so that `notes.txt` is read as a file
 # rather than run as Python, and "100 days after 2024-01-15" is date math rather than subtraction.
-TOOL_NAMES = ("python", "files", "status", "dates", "units", "calculator")
+TOOL_NAMES = ("files", "python", "status", "dates", "units", "calculator")
 
 
 @dataclass(frozen=True)
@@ -344,8 +344,8 @@ def _calculator_call(text: str) -> tuple[Any, str] | None:
 
 
 _EXTRACTORS: dict[str, Callable[[str], tuple[Any, str] | None]] = {
-    "python": _python_call,
     "files": _files_call,
+    "python": _python_call,
     "status": _status_call,
     "dates": _dates_call,
     "units": _units_call,
@@ -373,6 +373,8 @@ def extract_tool_calls(
                 continue
             found = _EXTRACTORS[name](text)
             if found is None or (name, found[1]) in seen:
+                continue
+            if name == "python" and ("files", found[1]) in seen:  # a backticked path is a file, never code
                 continue
             seen.add((name, found[1]))
             calls.append(ToolCall(name, found[0], field_name, found[1]))

@@ -2,8 +2,8 @@
 
 - surprise:  -log2 p(token)                        (the baseline, DESIGN.md §1)
 - entropy:   H(next-token distribution) in bits     (uncertainty before the choice)
-- novel:     surprise of tokens NOT copied from the question; copied tokens count 0
-             ("The capital of Burkina Faso is" is copied; the answer "Kouar-Boukoula" is not)
+- novel:     surprise of tokens NOT copied from the question; copied tokens are skipped (never enter
+             the window): "The capital of Burkina Faso is" is copied, the answer "Kouar-Boukoula" is not
 
 A token counts as copied when the word it belongs to, so far, is a prefix of a word of the question.
 That is decidable online, token by token, which the trigger needs.
@@ -59,17 +59,34 @@ class CopyTracker:
         self.current = ""
 
 
-def signal_value(signal: str, surprise: float, entropy: float, copied: bool) -> float:
-    """The value pushed into the rolling window for one token."""
+def signal_value(signal: str, surprise: float, entropy: float, copied: bool) -> float | None:
+    """The value pushed into the rolling window for one token; None means the token is skipped."""
     if signal == "surprise":
         return surprise
     if signal == "entropy":
         return entropy
     if signal == "novel":
-        return 0.0 if copied else surprise
+        return None if copied else surprise
     if signal == "novel_entropy":
-        return 0.0 if copied else entropy
+        return None if copied else entropy
     raise ValueError(f"signal={signal!r} is not one of {', '.join(SIGNALS)}")
+
+
+_KIND_STOPWORDS = frozenset(
+    "what which who whom whose where when why how is are was were the a an of in on at to did does do for from "
+    "by with as and or its it this that there be become became complete sentence".split())
+
+
+def question_kind(question: str) -> str:
+    """A coarse, deterministic kind of question: its lower-case content words, names dropped.
+
+    "What is the capital of Burkina Faso?" -> "capital"; "The official language of Qazvin Province is"
+    -> "official language". Calibration learns per-kind thresholds (per-category normalisation): the
+    model is right far more often on some kinds of question than others.
+    """
+    words = re.findall(r"[A-Za-z][\w.'-]*", question.split(":", 1)[-1] if question.startswith("Complete") else question)
+    kept = [w.lower() for i, w in enumerate(words) if not (i > 0 and w[0].isupper()) and w.lower() not in _KIND_STOPWORDS]
+    return " ".join(kept[:4])
 
 
 def copy_flags(pieces: list[str], question: str) -> list[bool]:

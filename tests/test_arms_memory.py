@@ -266,3 +266,34 @@ def test_factkb_made_up_subjects_give_nothing(factkb_arm):
     ]
     for question in questions:
         assert factkb_arm.ground(Query(span="", question=question, sentence=""), later()) == [], question
+
+
+# -- hybrid search and stores without vectors -----------------------------------------------------
+
+
+def test_evidence_detail_carries_the_cosine(store, tmp_path):
+    pytest.importorskip("wordllama")
+    first = MemoryArm(store).ground(BURKINA, later())[0]
+    assert isinstance(first.detail["cosine"], float) and -1.0 <= first.detail["cosine"] <= 1.0
+    with SQLiteMemory(tmp_path / "lexical.sqlite", create=True, embedder=None) as lexical:
+        lexical.add_passages(PASSAGES)
+        assert MemoryArm(lexical).ground(BURKINA, later())[0].detail["cosine"] is None
+
+
+def test_store_without_vectors_grounds_the_same(tmp_path):
+    # A store that never had vectors (built before them, or without an embedder) searches by BM25.
+    with SQLiteMemory(tmp_path / "lexical.sqlite", create=True, embedder=None) as lexical:
+        lexical.add_passages(PASSAGES)
+        arm = MemoryArm(lexical)
+        assert arm.ground(BURKINA, later())[0].claim == "The capital of Burkina Faso is Ouagadougou."
+        assert arm.ground(ATLANTIS, later()) == []
+
+
+@pytest.mark.parametrize("mode", ["bm25", "hybrid"])
+def test_floor_works_in_both_lexical_modes(tmp_path, mode):
+    pytest.importorskip("wordllama")
+    with SQLiteMemory(tmp_path / "m.sqlite", create=True, mode=mode) as memory:
+        memory.add_passages(PASSAGES)
+        arm = MemoryArm(memory)
+        assert arm.ground(BURKINA, later())[0].source == "memory:country:BF"
+        assert arm.ground(ATLANTIS, later()) == []

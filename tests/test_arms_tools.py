@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import socket
 import time
+from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
 
@@ -14,12 +17,13 @@ from hypothesis import strategies as st
 from surprisegate.arms import Arm, Evidence, Query
 from surprisegate.arms.tools import (
     CalculatorTool,
+    ToolArm,
     calculate,
     describe_expression,
     extract_computation,
     format_number,
 )
-from surprisegate.errors import ArmError, InputError
+from surprisegate.errors import ArmError, ConfigError, InputError
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 FAR_DEADLINE = float("inf")
@@ -544,3 +548,177 @@ def test_fact_questions_state_no_computation():
     questions = [row["question"] for row in _load_jsonl("factqa_dev.jsonl")]
     questions += [row["question"] for row in _load_jsonl("wikidata_cloze_dev.jsonl")]
     assert [q for q in questions if extract_computation(q) is not None] == []
+
+
+# --------------------------------------------------------------------------------------------------
+# ToolArm: every Act tool behind one arm
+
+NOW = datetime(2025, 6, 10, 20, 0, tzinfo=UTC)
+needs_pint = pytest.mark.skipif(importlib.util.find_spec("pint") is None, reason="pint is not installed")
+
+
+@pytest.fixture
+def file_root(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "notes.txt").write_text("alpha\nbeta\n", encoding="utf-8")
+    return root
+
+
+@pytest.fixture
+def tool_arm(file_root):
+    return ToolArm(roots=[file_root], clock=lambda: NOW, warm_up=False)
+
+
+def _ground(arm: ToolArm, question: str = "", span: str = "", sentence: str = "", seconds: float = 5.0):
+    return arm.ground(Query(span=span, question=question, sentence=sentence, span_class="computable"),
+                      time.monotonic() + seconds)
+
+
+def test_tool_arm_is_an_arm(tool_arm):
+    assert isinstance(tool_arm, Arm)
+    assert tool_arm.name == "tool"
+
+
+@pytest.mark.parametrize(
+    ("question", "tool", "claim", "evidence"),
+    [
+        ("What is 37 times 48?", "calculator", "37 * 48 = 1776", "37 times 48 is 1776."),
+        ("How many days between 1 March and 14 April 2024?", "dates", "days(2024-03-01, 2024-04-14) = 44",
+         "From 1 March 2024 to 14 April 2024 is 44 days."),
+        ("What date is 100 days after 2024-01-15?", "dates", "2024-01-15 +100 days = 2024-04-24",
+         "100 days after 15 January 2024 is Wednesday, 24 April 2024."),
+        ("What is the date today in Asia/Tokyo?", "dates", "today(Asia/Tokyo) = 2025-06-11",
+         "Today in Asia/Tokyo is Wednesday, 11 June 2025."),
+        ("What does `sorted([3,1,2])[0]` return?", "python", "python: sorted([3,1,2])[0] -> 1",
+         "`sorted([3,1,2])[0]` evaluates to 1."),
+        ("How many lines are in notes.txt?", "files", "contents of notes.txt (11 bytes)",
+         "The file notes.txt has 2 lines."),
+    ],
+)
+def test_tool_arm_dispatches_to_each_tool(tool_arm, question, tool, claim, evidence):
+    [found] = _ground(tool_arm, question, span="wrong draft")
+    assert found.source == f"tool:{tool}"
+    assert (found.claim, found.evidence) == (claim, evidence)
+    assert found.observable == 1.0
+    assert {"tool", "input", "output", "sandbox"} <= set(found.detail)
+    assert found.detail["tool"] == tool
+    assert found.detail["field"] == "question"
+
+
+@needs_pint
+def test_tool_arm_converts_units(tool_arm):
+    [found] = _ground(tool_arm, "How many kilometres is 26.2 miles?")
+    assert found.evidence == "26.2 mi is about 42.1648 km."
+    assert found.detail["tool"] == "units"
+
+
+def test_tool_arm_python_result_names_its_sandbox(tool_arm):
+    [found] = _ground(tool_arm, "What does `1/0` return?")
+    assert found.evidence == "`1/0` raises ZeroDivisionError: division by zero."
+    assert found.detail["sandbox"] in ("bwrap", "rlimits")
+    assert found.detail["status"] == "error"
+
+
+def test_tool_arm_checks_allow_listed_status(file_root):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    try:
+        arm = ToolArm(allowed_status_targets=[f"127.0.0.1:{port}"], warm_up=False)
+        [found] = _ground(arm, f"Is 127.0.0.1:{port} up?")
+        assert found.claim == f"127.0.0.1:{port} is up"
+        [by_port] = _ground(arm, f"Is port {port} open?")
+        assert by_port.detail["input"] == f"127.0.0.1:{port}"
+    finally:
+        server.close()
+
+
+def test_tool_arm_returns_nothing_when_no_tool_applies(tool_arm):
+    assert _ground(tool_arm, "What is the capital of France?", span="Paris") == []
+    assert _ground(tool_arm) == []
+
+
+def test_tool_arm_reports_every_refusal(tool_arm):
+    with pytest.raises(ArmError) as caught:
+        _ground(tool_arm, "What's in ../secret.txt?")
+    assert str(caught.value).startswith("tool: files@question: parent_escape: ")
+    with pytest.raises(ArmError, match="status@question: not_allowed"):
+        _ground(tool_arm, "Is example.com up?")
+
+
+def test_tool_arm_falls_back_to_a_later_call(file_root):
+    arm = ToolArm(python_timeout_s=0.3, warm_up=False)
+    [found] = _ground(arm, "What is 6 times 7?", span="`while True: pass`")
+    assert found.claim == "6 * 7 = 42"
+
+
+def test_tool_arm_respects_the_deadline(tool_arm):
+    with pytest.raises(ArmError, match="deadline"):
+        tool_arm.ground(Query("", "What is 6 times 7?", ""), time.monotonic() - 1)
+    # Too little time left to start an interpreter: refused rather than overrunning the round.
+    with pytest.raises(ArmError, match="python@question: timeout"):
+        _ground(tool_arm, "What does `sorted([3,1,2])[0]` return?", seconds=0.1)
+
+
+def test_tool_arm_python_is_bounded_by_the_deadline(tool_arm):
+    started = time.monotonic()
+    with pytest.raises(ArmError, match="timeout"):
+        _ground(tool_arm, "What does `while True: pass` return?", seconds=0.8)
+    assert time.monotonic() - started < 1.5
+
+
+def test_tool_arm_can_be_limited_to_some_tools(file_root):
+    arm = ToolArm(tools=("calculator",), warm_up=False)
+    [found] = _ground(arm, "What does `2 ** 10` return?")
+    assert found.source == "tool:calculator"
+    assert _ground(arm, "How many lines are in notes.txt?") == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"tools": ("calculator", "shell")}, "tools="),
+        ({"tools": "calculator"}, "tools="),
+        ({"roots": ["/definitely/not/here"]}, "not a directory"),
+        ({"allowed_status_targets": ["not a target"]}, "status target"),
+        ({"default_timezone": "Mars/Base"}, "default_timezone"),
+        ({"python_sandbox": "docker"}, "unknown"),
+        ({"python_timeout_s": 0}, "timeout_s"),
+        ({"file_max_bytes": 0}, "file_max_bytes"),
+    ],
+)
+def test_tool_arm_validates_its_config(kwargs, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        ToolArm(warm_up=False, **kwargs)
+
+
+def test_tool_arm_computes_bigbench_arithmetic():
+    # The brief's bar is 95% of the items whose question states the computation; all of them pass.
+    rows = [row for row in _load_jsonl("arith_dev.jsonl") if row["source"].startswith("BIG-bench")]
+    arm = ToolArm(warm_up=False)
+    right = 0
+    for row in rows:
+        draft = str(int(row["answers"][0]) + 10)
+        found = arm.ground(Query(span=draft, question=row["question"], sentence=f"The answer is {draft}"),
+                           FAR_DEADLINE)
+        right += bool(found) and found[0].detail["output"] == row["answers"][0]
+    assert right == len(rows)
+
+
+def test_tool_arm_never_grounds_word_problems_wrong():
+    rows = [row for row in _load_jsonl("arith_dev.jsonl") if not row["source"].startswith("BIG-bench")]
+    arm = ToolArm(tools=("dates", "units", "calculator"), warm_up=False)
+    wrong = []
+    for row in rows:
+        try:
+            found = arm.ground(Query(span="", question=row["question"], sentence=""), FAR_DEADLINE)
+        except ArmError:
+            continue
+        if found and found[0].source == "tool:calculator" and Fraction(found[0].detail["output"]) != Fraction(
+                row["answers"][0]):
+            wrong.append(row["question"])
+        elif found and found[0].source != "tool:calculator":
+            wrong.append(f"{found[0].source}: {row['question']}")
+    assert wrong == []

@@ -249,3 +249,21 @@ def test_backend_that_cannot_trim_falls_back_to_reprefill_and_says_so():
     assert record["rewind_method"] == "reprefill" and with_trim.rounds[0]["rewind_method"] == "trim"
     assert fixed.context == trimmable.context  # the same context either way
     assert fixed.fed_tokens > trimmable.fed_tokens  # ... paid for with a re-prefill
+
+
+def test_novel_signal_skips_tokens_copied_from_the_question():
+    _, events, done = run(cfg(signal="novel", statistic="max", window=4, min_tokens=1),
+                          {"memory": StaticArm("memory", [RIGHT_EVIDENCE])})
+    trigger = next(e for e in events if isinstance(e, Trigger))
+    # "The capital is " copies the question: never in the window, so the span starts inside the answer.
+    assert trigger.span_start >= WRONG.index("Wrongville")
+    assert trigger.statistic == "novel:max"
+    assert done.rounds[0]["dropped_text"] in "Wrongville"
+
+
+def test_per_kind_threshold_overrides_the_global_one():
+    arms = {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}
+    _, _, high = run(cfg(threshold=3.0, kind_thresholds={"capital": 100.0}), arms)
+    assert high.rounds == [] and high.text == WRONG
+    _, events, low = run(cfg(threshold=100.0, kind_thresholds={"capital": 3.0}), arms)
+    assert low.rounds and next(e for e in events if isinstance(e, Trigger)).threshold == 3.0

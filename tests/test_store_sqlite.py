@@ -11,7 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from surprisegate.errors import InputError
+import numpy as np
+
+from surprisegate.errors import InputError, MissingDependency
+from surprisegate.store import sqlite as sqlite_store
+from surprisegate.store.embed import WordLlamaEmbedder
 from surprisegate.store.sqlite import MAX_CHUNK_CHARS, Hit, SQLiteMemory, chunk_text, query_terms
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -296,3 +300,340 @@ def test_factkb_dev_questions_find_their_passage(factkb):
     top = [factkb.search(row["question"])[0].source for row in rows]
     accuracy = sum(source == row["kb_id"] for source, row in zip(top, rows)) / len(rows)
     assert accuracy >= 0.98  # measured 0.994
+
+
+# -- dense vectors and hybrid search -------------------------------------------------------------
+
+needs_wordllama = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("wordllama") is None, reason="wordllama (the default embedder) is not installed"
+)
+
+STATS_KEYS = {
+    "path", "schema_version", "passages", "sources", "fts_rows", "vectors", "embedder", "dim", "file_bytes",
+    "search_modes", "note",
+}
+
+
+class WordCountEmbedder:
+    """A toy embedder: hashed word counts. Any object with name, dim and encode() will do."""
+
+    name = "test-word-counts-32"
+    dim = 32
+
+    def encode(self, texts):
+        rows = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for row, text in zip(rows, texts):
+            for word in text.lower().split():
+                row[sum(map(ord, word)) % self.dim] += 1.0
+        norms = np.linalg.norm(rows, axis=1, keepdims=True)
+        return np.divide(rows, norms, out=rows, where=norms > 0)
+
+
+def make_version_1_store(path: Path, passages: list[dict]) -> Path:
+    """A store as surprisegate wrote it before vectors existed (schema version 1)."""
+    with sqlite3.connect(path) as conn:
+        conn.executescript(sqlite_store._SCHEMA_V1)
+        conn.execute("INSERT INTO meta(key, value) VALUES ('format', 'surprisegate-memory'), ('schema_version', '1')")
+        conn.executemany(
+            "INSERT INTO passages(source, title, text, content_hash) VALUES (?, ?, ?, ?)",
+            [(p["kb_id"], p["title"], p["text"], sqlite_store._content_hash(p["text"])) for p in passages],
+        )
+    conn.close()
+    return path
+
+
+@needs_wordllama
+def test_new_store_embeds_every_passage_at_ingest(tmp_path):
+    with SQLiteMemory(tmp_path / "m.sqlite", create=True) as memory:
+        report = memory.add_jsonl(write_jsonl(tmp_path / "kb.jsonl", PASSAGES))
+        assert (report.added, report.embedded) == (len(PASSAGES), len(PASSAGES))
+        again = memory.add_jsonl(write_jsonl(tmp_path / "kb.jsonl", PASSAGES))
+        assert (again.added, again.embedded) == (0, 0)
+        stats = memory.stats()
+    assert set(stats) == STATS_KEYS
+    assert stats["passages"] == stats["fts_rows"] == stats["vectors"] == stats["sources"] == len(PASSAGES)
+    assert (stats["embedder"], stats["dim"], stats["schema_version"]) == ("wordllama-l2_supercat-256", 256, 2)
+    assert stats["search_modes"] == ["bm25", "dense", "hybrid"] and stats["note"] is None
+    assert stats["file_bytes"] == (tmp_path / "m.sqlite").stat().st_size > 0
+
+
+@needs_wordllama
+def test_empty_store_names_its_embedder_and_finds_nothing(tmp_path):
+    with SQLiteMemory(tmp_path / "m.sqlite", create=True) as memory:
+        stats = memory.stats()
+        assert (stats["passages"], stats["vectors"], stats["embedder"], stats["dim"]) == (0, 0, "wordllama-l2_supercat-256", 256)
+        assert (stats["search_modes"], stats["note"]) == (["bm25", "dense", "hybrid"], None)
+        assert [memory.search("capital of France", mode=mode) for mode in ("bm25", "dense", "hybrid")] == [[], [], []]
+
+
+@needs_wordllama
+def test_each_mode_fills_score_bm25_and_cosine_as_documented(store):
+    query = "What is the capital of Burkina Faso?"
+    lexical = store.search(query, mode="bm25")
+    assert lexical[0].source == "country:BF" and all(hit.cosine is None for hit in lexical)
+    dense = store.search(query, mode="dense")
+    assert dense[0].source == "country:BF"
+    assert all(hit.bm25 == 0.0 and hit.score == max(0.0, hit.cosine) for hit in dense)
+    assert [hit.cosine for hit in dense] == sorted((hit.cosine for hit in dense), reverse=True)
+    hybrid = store.search(query)  # the default mode
+    assert hybrid[0].source == "country:BF" and all(hit.cosine is not None for hit in hybrid)
+    lexical_scores = {hit.source: hit.score for hit in store.search(query, k=50, mode="bm25")}
+    assert all(hit.score == pytest.approx(lexical_scores[hit.source]) for hit in hybrid)  # the floor's signal
+
+
+def test_unknown_mode_is_an_input_error(tmp_path):
+    with SQLiteMemory(tmp_path / "m.sqlite", create=True, embedder=None) as memory:
+        with pytest.raises(InputError, match="mode='semantic' is not a search mode"):
+            memory.search("capital", mode="semantic")
+    with pytest.raises(InputError, match="not a search mode"):
+        SQLiteMemory(tmp_path / "m.sqlite", mode="fuzzy")
+
+
+def country_facts() -> list[dict]:
+    """One fact a passage, five countries: a question's words often fit another country's passage."""
+    facts = {
+        "BF": ("Burkina Faso", "Ouagadougou", "West African CFA franc", "20,900,000", "Burkinabe", "Africa"),
+        "ML": ("Mali", "Bamako", "West African CFA franc", "21,900,000", "Malians", "Africa"),
+        "GH": ("Ghana", "Accra", "Ghanaian cedi", "32,800,000", "Ghanaians", "Africa"),
+        "FR": ("France", "Paris", "Euro", "67,800,000", "French", "Europe"),
+        "PE": ("Peru", "Lima", "Peruvian sol", "33,700,000", "Peruvians", "South America"),
+    }
+    passages = []
+    for code, (name, capital, currency, population, people, continent) in facts.items():
+        passages += [
+            {"source": f"{code}:capital", "text": f"The capital of {name} is {capital}."},
+            {"source": f"{code}:currency", "text": f"The currency of {name} is the {currency}."},
+            {"source": f"{code}:population", "text": f"The population of {name} is about {population}."},
+            {"source": f"{code}:demonym", "text": f"People from {name} are called {people}."},
+            {"source": f"{code}:continent", "text": f"{name} is a country in {continent}."},
+        ]
+    return passages
+
+
+@needs_wordllama
+def test_hybrid_finds_a_paraphrase_that_bm25_misses(tmp_path):
+    # "How many people live in Peru?" shares "people" with every "People from X are called ..." passage,
+    # so BM25's top three are about the wrong countries; the vectors know "live" is near "population".
+    with SQLiteMemory(tmp_path / "m.sqlite", create=True) as memory:
+        memory.add_passages(country_facts())
+        question = "How many people live in Peru?"
+        assert "PE:population" not in [hit.source for hit in memory.search(question, k=3, mode="bm25")]
+        assert "PE:population" in [hit.source for hit in memory.search(question, k=3, mode="hybrid")]
+        assert memory.search(question, k=1, mode="dense")[0].source.startswith("PE:")
+
+
+@needs_wordllama
+def test_hybrid_keeps_names_first_where_vectors_blur_them(tmp_path):
+    # Static vectors see "Town4" and "Town0" as the same town; the name the question asks about decides.
+    with SQLiteMemory(tmp_path / "m.sqlite", create=True) as memory:
+        memory.add_passages(
+            {"text": f"Town{i} is a city in Region{i % 7} with a population of about {i * 917:,}.", "source": f"city:{i}"}
+            for i in range(60)
+        )
+        for i in (4, 17, 42):
+            assert memory.search(f"In which region is the city of Town{i}?", mode="hybrid")[0].source == f"city:{i}"
+
+
+@needs_wordllama
+def test_hybrid_returns_only_passages_that_hold_a_query_word(store):
+    assert store.search("zebras", mode="dense")  # vectors always have a nearest passage
+    assert store.search("zebras") == []  # hybrid: nothing holds the word, so nothing is found
+    query = "What is the capital of Atlantis?"
+    hits = store.search(query, k=10)
+    words = {term.word for term in query_terms(query)}
+    assert hits and all(words & {w.lower().strip(".,") for w in (hit.text + " " + hit.title).split()} for hit in hits)
+    assert all(hit.score < 0.3 for hit in hits)  # the floor still says "nothing found"
+
+
+@needs_wordllama
+def test_mixing_embedders_is_refused(tmp_path):
+    path = tmp_path / "m.sqlite"
+    with SQLiteMemory(path, create=True, embedder=WordLlamaEmbedder(dim=128)) as memory:
+        memory.add_passages({"text": p["text"], "source": p["kb_id"]} for p in PASSAGES)
+    with pytest.raises(InputError) as err:
+        SQLiteMemory(path, embedder=WordLlamaEmbedder())
+    assert "wordllama-l2_supercat-128" in str(err.value) and "wordllama-l2_supercat-256" in str(err.value)
+    with pytest.raises(InputError, match="wordllama-l2_supercat-128"):
+        SQLiteMemory(path, embedder=WordCountEmbedder())
+    with SQLiteMemory(path) as memory:  # "auto" takes the recorded embedder
+        assert memory.stats()["dim"] == 128
+        assert memory.search("capital of France", mode="dense")[0].source == "country:FR"
+        memory.add_passages([{"text": "Lima is the capital of Peru.", "source": "city:lima"}])
+        assert memory.stats()["vectors"] == memory.count()
+
+
+@needs_wordllama
+def test_embedder_none_searches_by_bm25_and_refuses_to_leave_passages_without_vectors(tmp_path):
+    path = tmp_path / "m.sqlite"
+    with SQLiteMemory(path, create=True) as memory:
+        memory.add_passages({"text": p["text"], "source": p["kb_id"]} for p in PASSAGES)
+    with SQLiteMemory(path, embedder=None) as memory:
+        assert memory.search("capital of France")[0].source == "country:FR"
+        assert memory.stats()["note"] == "opened with embedder=None; searching by BM25 only"
+        with pytest.raises(InputError, match="embedder='auto'"):
+            memory.add_passages([{"text": "Lima is the capital of Peru.", "source": "city:lima"}])
+        assert memory.count() == len(PASSAGES)
+
+
+def test_any_object_with_name_dim_and_encode_is_an_embedder(tmp_path):
+    with SQLiteMemory(tmp_path / "m.sqlite", create=True, embedder=WordCountEmbedder()) as memory:
+        memory.add_passages({"text": p["text"], "source": p["kb_id"]} for p in PASSAGES)
+        assert (memory.stats()["embedder"], memory.stats()["dim"]) == ("test-word-counts-32", 32)
+        assert memory.search("helium is the chemical element with symbol he", mode="dense")[0].source == "element:He"
+    with pytest.raises(InputError, match="is not an Embedder"):
+        SQLiteMemory(tmp_path / "m.sqlite", embedder="minilm")
+
+
+def test_store_without_an_embedder_installed_still_works(tmp_path, monkeypatch):
+    def not_installed():
+        raise MissingDependency("the default memory embedder needs the wordllama package; install it with: pip install wordllama")
+
+    monkeypatch.setattr(sqlite_store, "default_embedder", not_installed)
+    with SQLiteMemory(tmp_path / "m.sqlite", create=True) as memory:
+        report = memory.add_passages({"text": p["text"], "source": p["kb_id"]} for p in PASSAGES)
+        assert (report.added, report.embedded) == (len(PASSAGES), 0)
+        assert memory.search("capital of France")[0].source == "country:FR"
+        stats = memory.stats()
+        assert (stats["vectors"], stats["embedder"], stats["search_modes"]) == (0, None, ["bm25"])
+        assert "pip install wordllama" in stats["note"] and "BM25 only" in stats["note"]
+        with pytest.raises(MissingDependency, match="pip install wordllama"):
+            memory.reindex()
+
+
+@needs_wordllama
+def test_remove_by_source_prefix_clears_every_index(store):
+    before = store.stats()
+    assert store.remove("country:X1") == 11  # X1 and X10..X19
+    after = store.stats()
+    for key in ("passages", "fts_rows", "vectors", "sources"):
+        assert after[key] == before[key] - 11, key
+    assert all(not hit.source.startswith("country:X1") for hit in store.search("Land1 Land15 capital", k=50))
+    assert all(not hit.source.startswith("country:X1") for hit in store.search("Land15 Town15", k=50, mode="dense"))
+    assert store.remove("country:X_") == 0  # no LIKE wildcards: the prefix is literal
+    assert store.remove("nothing:") == 0
+    with pytest.raises(InputError, match="non-empty"):
+        store.remove("")
+    # A removed passage can come back: its text is no longer a duplicate.
+    assert store.add_passages([{"text": "Land15 is a country in Asia. The capital of Land15 is Town15.", "source": "country:X15"}]).added == 1
+    assert store.search("capital of Land15")[0].source == "country:X15"
+
+
+def test_sources_count_a_files_chunks_once(tmp_path):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "long.md").write_text("\n\n".join(f"Paragraph {i} " + "about budgets " * 60 for i in range(4)))
+    (notes / "short.md").write_text("One short note.")
+    with SQLiteMemory(tmp_path / "m.sqlite", create=True, embedder=None) as memory:
+        memory.add_text_files([notes])
+        stats = memory.stats()
+    assert stats["passages"] > 2 and stats["sources"] == 2
+
+
+@needs_wordllama
+def test_old_store_without_vectors_is_searchable_and_reindex_adds_them(tmp_path):
+    path = make_version_1_store(tmp_path / "old.sqlite", PASSAGES)
+    with SQLiteMemory(path) as memory:
+        stats = memory.stats()
+        assert (stats["schema_version"], stats["vectors"], stats["search_modes"]) == (1, 0, ["bm25"])
+        assert "reindex()" in stats["note"]
+        hits = memory.search("What is the capital of Burkina Faso?")  # hybrid falls back to BM25
+        assert hits[0].source == "country:BF" and hits[0].cosine is None
+        with pytest.raises(InputError, match="reindex"):
+            memory.search("capital", mode="dense")
+        assert memory.reindex() == len(PASSAGES)
+        assert memory.reindex() == 0
+        stats = memory.stats()
+        assert (stats["schema_version"], stats["vectors"], stats["embedder"], stats["note"]) == (
+            2, len(PASSAGES), "wordllama-l2_supercat-256", None,
+        )
+        assert memory.search("capital of France", mode="dense")[0].source == "country:FR"
+        assert memory.search("What is the capital of Burkina Faso?")[0].cosine is not None
+
+
+@needs_wordllama
+def test_adding_to_an_old_store_backfills_its_vectors(tmp_path):
+    path = make_version_1_store(tmp_path / "old.sqlite", PASSAGES[:10])
+    with SQLiteMemory(path) as memory:
+        report = memory.add_passages({"text": p["text"], "source": p["kb_id"]} for p in PASSAGES[10:])
+        assert (report.added, report.embedded) == (len(PASSAGES) - 10, len(PASSAGES))
+        assert memory.stats()["vectors"] == len(PASSAGES)
+
+
+@needs_wordllama
+def test_reindex_full_recomputes_everything(store):
+    assert store.reindex(full=True) == store.count()
+    assert store.search("What is the capital of Burkina Faso?")[0].source == "country:BF"
+    assert store.stats()["fts_rows"] == store.count()
+
+
+@needs_wordllama
+def test_failed_ingest_leaves_no_vectors_behind(store):
+    before = store.stats()
+
+    def passages_then_crash():
+        yield {"text": "a fresh passage that would be new", "source": "new:1"}
+        raise RuntimeError("disk on fire")
+
+    with pytest.raises(RuntimeError):
+        store.add_passages(passages_then_crash())
+    assert store.stats() == before
+
+
+@needs_wordllama
+def test_another_connections_writes_are_seen(tmp_path):
+    path = tmp_path / "m.sqlite"
+    with SQLiteMemory(path, create=True) as writer, SQLiteMemory(path) as reader:
+        writer.add_passages({"text": p["text"], "source": p["kb_id"]} for p in PASSAGES)
+        assert reader.search("capital of France", mode="dense")[0].source == "country:FR"  # loads the vectors
+        writer.add_passages([{"text": "Lima is the capital and largest city of Peru.", "source": "city:lima"}])
+        assert reader.search("capital of Peru", mode="dense")[0].source == "city:lima"
+        assert reader.search("capital of Peru", mode="bm25")[0].source == "city:lima"
+        writer.remove("city:lima")
+        assert all(hit.source != "city:lima" for hit in reader.search("capital of Peru", mode="dense"))
+
+
+@needs_wordllama
+def test_dense_search_honours_the_deadline(store):
+    with pytest.raises(TimeoutError):
+        store.search("capital of France", mode="dense", deadline=time.monotonic() - 1)
+    with pytest.raises(TimeoutError):
+        store.search("capital of France", mode="hybrid", deadline=time.monotonic() - 1)
+
+
+def test_rare_phrases_pick_candidates_without_changing_bm25(store, monkeypatch):
+    """On a large store only the rarest phrases pick BM25's candidates; the common ones still add to
+    each candidate's BM25, which must equal plain FTS5 BM25 over every phrase."""
+    queries = [
+        ("What is the capital of Burkina Faso?", ""),
+        ("Which chemical element has the symbol He?", ""),
+        ("What is the capital of Burkina Faso?", "The capital of Burkina Faso is Bobo-Dioulasso"),
+        ("In which country is the capital Town7?", "Town7 is in Land3"),
+    ]
+    plain = {q: store.search(q, k=5, context=c, mode="bm25") for q, c in queries}
+    monkeypatch.setattr(sqlite_store, "ANCHOR_POSTINGS", 3)
+    for query, context in queries:
+        hits = store.search(query, k=5, context=context, mode="bm25")
+        assert hits[0].source == plain[query][0].source, query
+        phrases = [t.word for t in query_terms(query)] + sqlite_store.query_bigrams(query)
+        full = dict(store._bm25(" OR ".join(map(sqlite_store._fts_phrase, phrases))))
+        by_rowid = {text: rowid for rowid, text in store._conn.execute("SELECT id, text FROM passages")}
+        for hit in hits:
+            assert hit.bm25 == pytest.approx(full[by_rowid[hit.text]]), (query, hit.source)
+
+
+@pytest.mark.slow
+@needs_wordllama
+def test_hybrid_search_at_a_hundred_thousand_passages():
+    from surprisegate.store.bench_memory import TARGET_P95_MS, bench_memory
+
+    lines = []
+    result = bench_memory(n_passages=100_000, queries=200, progress=lines.append)
+    sqlite = result["sqlite"]
+    assert sqlite["n_passages"] == 100_000 and sqlite["mode"] == "hybrid"
+    assert sum("passages stored" in line for line in lines) == 10  # a line every 10,000
+    assert sqlite["recall@5"] >= 0.95
+    assert sqlite["build_s"] < 120
+    # Measured p95 of about 14 ms on 2 busy cores; twice the target keeps a loaded CI machine green
+    # while still catching a return to scoring every posting (about 80 ms).
+    assert sqlite["p95_ms"] <= 2 * TARGET_P95_MS, sqlite
+    assert result["milvus"] is None

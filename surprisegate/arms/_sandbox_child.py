@@ -34,9 +34,9 @@ BLOCKED_EVENTS = {
     "socket.__new__": "opening a network socket",
     "socket.connect": "connecting to the network",
     "socket.bind": "binding a network port",
-    "socket.getaddrinfo": "resolving a host name",
-    "socket.gethostbyname": "resolving a host name",
-    "socket.gethostbyaddr": "resolving an address",
+    "socket.getaddrinfo": "resolving a host name (network access)",
+    "socket.gethostbyname": "resolving a host name (network access)",
+    "socket.gethostbyaddr": "resolving an address (network access)",
     "socket.sendto": "sending network packets",
     "gc.get_objects": "inspecting the interpreter's objects",
     "gc.get_referrers": "inspecting the interpreter's objects",
@@ -45,7 +45,8 @@ BLOCKED_EVENTS = {
     "resource.prlimit": "changing resource limits",
 }
 # Modules whose import alone gives process creation or native code without an audit event of their own.
-BLOCKED_IMPORTS = {"_posixsubprocess": "starting a subprocess", "_ctypes": "loading native code",
+BLOCKED_IMPORTS = {"_posixsubprocess": "starting a subprocess", "subprocess": "starting a subprocess",
+                   "multiprocessing": "starting a subprocess", "_ctypes": "loading native code",
                    "ctypes": "loading native code"}
 # Events that touch paths: (argument positions written, argument positions read).
 PATH_EVENTS = {

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from surprisegate.arms import Evidence
@@ -57,9 +57,9 @@ def add_days(day: date, days: int) -> date:
 
 def today_in(zone: str, now: datetime | None = None) -> date:
     """Today's date in an IANA time zone ("Asia/Tokyo", "UTC"); `now` (aware) is for tests and replays."""
-    moment = now or datetime.now(timezone.utc)
+    moment = now or datetime.now(UTC)
     if moment.tzinfo is None:
-        raise InputError(f"now={moment!r} must be timezone-aware, e.g. datetime.now(timezone.utc)")
+        raise InputError(f"now={moment!r} must be timezone-aware, e.g. datetime.now(UTC)")
     return moment.astimezone(_zone_info(zone)).date()
 
 
@@ -124,7 +124,8 @@ _DATE_FORMS = [
         re.IGNORECASE,
     ),
 ]
-_HOLIDAYS = {"christmas": (12, 25), "xmas": (12, 25), "new_day": (1, 1), "new_eve": (12, 31), "halloween": (10, 31)}
+# Fixed-date holidays, keyed by a word their names contain: (month, day).
+_HOLIDAYS = {"christmas": (12, 25), "xmas": (12, 25), "eve": (12, 31), "day": (1, 1), "halloween": (10, 31)}
 
 
 @dataclass(frozen=True)
@@ -167,9 +168,8 @@ def _mention(match: re.Match[str]) -> DateMention | None:
         return DateMention(relative=groups["relative"].lower(), **common)
     if groups.get("holiday"):
         words = groups["holiday"].lower()
-        key = "christmas" if "christmas" in words else "xmas" if words == "xmas" else "halloween" \
-            if words == "halloween" else "new_eve" if "eve" in words else "new_day"
-        month, day = _HOLIDAYS[key]
+        # First match wins: "christmas day" is Christmas; "new year's eve" before "new year's day".
+        month, day = next(date for key, date in _HOLIDAYS.items() if key in words)
         return DateMention(month=month, day=day, **common)
     month_text = groups["month"]
     # "may" is a month only when capitalised: "it may 10 times" is not the 10th of May.

@@ -131,7 +131,7 @@ def _count_lines(text: str) -> int:
 _FILE_EXTENSIONS = "txt|json|jsonl|toml|ya?ml|cfg|ini|conf|csv|tsv|md|py|log|xml|html|env|rst|sql|sh"
 PATH_PATTERN = (
     r"(?:~?/[\w.-]{1,255}(?:/[\w.-]{1,255}){0,20}"  # /etc/hosts, ~/notes
-    r"|\./[\w./-]{1,255}"  # ./data/notes.txt
+    r"|(?:\.{1,2}/){1,10}[\w.-]{1,255}(?:/[\w.-]{1,255}){0,20}"  # ./data/notes.txt, ../secret.txt (refused later)
     rf"|\b[\w-]{{1,255}}(?:/[\w.-]{{1,255}}){{0,20}}\.(?:{_FILE_EXTENSIONS})\b)"  # config.toml, data/notes.txt
 )
 ASKS_FOR_CONTENTS = (

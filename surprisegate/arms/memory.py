@@ -1,8 +1,10 @@
 """The memory arm (Remember): ground a doubtful span in the user's own memory store.
 
 It searches with the user's question (the doubtful span only re-ranks, since the model may have it
-wrong), keeps passages whose relevance `score` clears the floor, and from each passes on the one
-sentence that best answers the question, never the whole passage.
+wrong) in the store's default mode (hybrid: BM25 fused with dense vectors), keeps passages whose
+relevance `score` clears the floor, and from each passes on the one sentence that best answers the
+question, never the whole passage. The floor is calibrated for the lexical `score` of "bm25" and
+"hybrid"; a store searching in "dense" mode scores by cosine similarity, which it does not fit.
 """
 
 from __future__ import annotations
@@ -136,7 +138,12 @@ class MemoryArm:
                     confidence=hit.score,
                     source=f"memory:{hit.source}",
                     observable=0.0,
-                    detail={"title": hit.title, "bm25": hit.bm25, "passage": hit.text[:PASSAGE_CHARS]},
+                    detail={
+                        "title": hit.title,
+                        "bm25": hit.bm25,
+                        "cosine": hit.cosine,  # None from a store without vectors
+                        "passage": hit.text[:PASSAGE_CHARS],
+                    },
                 )
             )
         return evidence

@@ -110,7 +110,7 @@ def _bwrap_help() -> str:
     if path is None:
         return ""
     try:
-        done = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=5, env={})
+        done = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=5, env={}, check=False)
     except (OSError, subprocess.SubprocessError):
         return ""
     return done.stdout + done.stderr
@@ -363,7 +363,7 @@ def _result(returncode: int, timed_out: bool, child: dict | None, output: dict, 
         common["violations"] = tuple(str(v) for v in child.get("violations") or ())
         common["isolation"] = child.get("isolation") or {}
     if timed_out:
-        return SandboxResult("timeout", f"killed after the {limits.timeout_s:g} s wall-clock limit", **common)
+        return SandboxResult("timeout", f"killed after the {limits.timeout_s:.3g} s wall-clock limit", **common)
     if child is None:
         return _result_without_report(returncode, stderr, common)
     if common.get("violations"):
@@ -456,7 +456,7 @@ def _is_runnable(code: str) -> bool:
             return False
     doing = (ast.Call, ast.Subscript, ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.Set, ast.comprehension,
              ast.JoinedStr, ast.Lambda)
-    return len(tree.body) > 1 or any(isinstance(node, doing) for node in ast.walk(tree))
+    return any(isinstance(node, doing) for node in ast.walk(tree))
 
 
 # --------------------------------------------------------------------------------------------------

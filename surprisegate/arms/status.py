@@ -133,7 +133,7 @@ def check_status(target: StatusTarget | str, allowed: Sequence[StatusTarget | st
         connection.settimeout(remaining)
         try:
             connection.connect(address)
-        except socket.timeout:
+        except TimeoutError:
             connection.close()
             last_problem = f"no answer within {remaining:.1f} s (filtered or down)"
             continue
@@ -234,7 +234,9 @@ class StatusRequest:
     port: int | None = None
 
     def describe(self) -> str:
-        return self.target or (f"{self.host}" if self.host else "") + (f" port {self.port}" if self.port else "")
+        if self.target:
+            return self.target
+        return " ".join(part for part in (self.host, f"port {self.port}" if self.port else None) if part)
 
 
 def extract_status_request(text: str) -> StatusRequest | None:

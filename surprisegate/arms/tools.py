@@ -568,7 +568,7 @@ class CalculatorTool:
 # --------------------------------------------------------------------------------------------------
 # ToolArm: every Act tool behind one arm
 
-ALL_TOOLS = ("python", "files", "status", "dates", "units", "calculator")
+ALL_TOOLS = ("files", "python", "status", "dates", "units", "calculator")
 MIN_PYTHON_SECONDS = 0.2  # below this a snippet cannot even start its interpreter: refuse instead
 
 

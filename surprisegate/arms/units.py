@@ -249,7 +249,7 @@ def _symbol(unit: str, quantity, amount: float) -> str:
 _UNIT_EXPRESSION = re.compile(r"^[A-Za-z_ °º²³/*^0-9.]+$")
 
 
-def convert(value: float | int | Fraction | str, source: str, target: str) -> ConversionResult:
+def convert(value: float | Fraction | str, source: str, target: str) -> ConversionResult:
     """Convert `value` `source` units to `target` units: convert(26.2, "mile", "kilometer").shown == "42.1648".
 
     Units may be written as people write them ("miles", "°F") or as pint expressions ("mile / hour").

@@ -9,6 +9,7 @@ with a (often wrong) claim as `context`, as `MemoryArm` asks them.
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import tempfile
@@ -26,6 +27,9 @@ CONTINENTS = ["Africa", "Asia", "Europe", "North America", "South America", "Oce
 JOBS = "engineer teacher nurse architect baker pilot lawyer farmer chemist librarian carpenter journalist".split()
 INDUSTRIES = "shipping mining software textile brewing insurance aerospace fishing publishing railway".split()
 SEAS = ["Northern Sea", "Amber Sea", "Gulf of Sarn", "Eastern Ocean", "Lake Veltra", "Bay of Kors"]
+
+TARGET_P95_MS = 20.0
+PROGRESS_EVERY = 10_000  # passages per ingest call, and so per progress line
 
 # Share of the passages per entity kind; countries are few, as in the world.
 MIX = {"country": 0.01, "city": 0.30, "person": 0.34, "company": 0.15, "river": 0.10, "mountain": 0.10}
@@ -110,6 +114,84 @@ def synthetic_world(n_passages: int, seed: int = SEED) -> tuple[list[dict[str, s
     return passages, questions
 
 
+def bench_memory(
+    n_passages: int = 100_000,
+    queries: int = 200,
+    progress: Callable[[str], None] = _noop,
+    milvus_bench: Callable[[list[dict], list[dict], Callable[[str], None]], dict] | None = None,
+    seed: int = SEED,
+) -> dict:
+    """Build a SQLite store of `n_passages` synthetic passages in a temporary folder and time
+    `queries` hybrid searches (k=5, with a claim as context, as `MemoryArm` searches).
+
+    `milvus_bench(passages, questions, progress)`, when given, runs the same passages and questions
+    against Milvus and its dict fills the "milvus" slot.
+    """
+    from .sqlite import SEARCH_MODES, SQLiteMemory
+
+    passages, questions = synthetic_world(n_passages, seed)
+    asked = random.Random(seed + 1).sample(questions, min(queries, len(questions)))
+    result: dict = {"benchmark": "memory", "target": "p95 <= 20 ms", "cpus": os.cpu_count()}
+    with tempfile.TemporaryDirectory(prefix="surprisegate-bench-") as folder:
+        with SQLiteMemory(Path(folder) / "memory.sqlite", create=True) as store:
+            start = time.perf_counter()
+            for batch in _in_batches(passages, PROGRESS_EVERY):
+                store.add_passages(batch)
+                progress(f"sqlite: {store.count():,}/{len(passages):,} passages stored")
+            build_s = time.perf_counter() - start
+            start = time.perf_counter()
+            store.search(asked[0]["question"], k=5, context=asked[0]["claim"])  # loads the model and the vectors
+            first_search_s = time.perf_counter() - start
+            by_mode = {}
+            for mode in ("hybrid", *(m for m in SEARCH_MODES if m != "hybrid")):
+                progress(f"sqlite: {len(asked)} {mode} searches")
+                by_mode[mode] = _time_searches(store, asked, mode)
+            stats = store.stats()
+        hybrid = by_mode["hybrid"]
+        result["sqlite"] = {
+            "p50_ms": hybrid["p50_ms"],
+            "p95_ms": hybrid["p95_ms"],
+            "p99_ms": hybrid["p99_ms"],
+            "mode": "hybrid",
+            "n_passages": stats["passages"],
+            "build_s": round(build_s, 2),
+            "first_search_s": round(first_search_s, 3),
+            "recall@5": hybrid["recall@5"],
+            "meets_target": hybrid["p95_ms"] <= TARGET_P95_MS,
+            "embedder": stats["embedder"],
+            "file_bytes": stats["file_bytes"],
+            "by_mode": by_mode,
+        }
+    result["milvus"] = milvus_bench(passages, asked, progress) if milvus_bench is not None else None
+    return result
+
+
+def _time_searches(store, asked: list[dict[str, str]], mode: str) -> dict:
+    seconds: list[float] = []
+    found = 0
+    for question in asked:
+        start = time.perf_counter()
+        hits = store.search(question["question"], k=5, context=question["claim"], mode=mode)
+        seconds.append(time.perf_counter() - start)
+        found += any(hit.source == question["source"] for hit in hits)
+    seconds.sort()
+    return {
+        "p50_ms": round(1000 * _percentile(seconds, 0.50), 2),
+        "p95_ms": round(1000 * _percentile(seconds, 0.95), 2),
+        "p99_ms": round(1000 * _percentile(seconds, 0.99), 2),
+        "mean_ms": round(1000 * statistics.fmean(seconds), 2),
+        "recall@5": round(found / len(asked), 4),
+    }
+
+
+def main() -> int:
+    import json
+    import sys
+
+    print(json.dumps(bench_memory(progress=lambda line: print(line, file=sys.stderr)), indent=2))
+    return 0
+
+
 def _in_batches(passages: list[dict[str, str]], size: int) -> Iterator[list[dict[str, str]]]:
     for start in range(0, len(passages), size):
         yield passages[start : start + size]
@@ -122,3 +204,7 @@ def _percentile(sorted_values: list[float], share: float) -> float:
 
 def _article(word: str) -> str:
     return ("an " if word[0] in "aeiou" else "a ") + word
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -75,12 +75,13 @@ class WordLlamaEmbedder:
             model = _LOADED.get(self.name)
             if model is None:
                 root = logging.getLogger()
-                handlers_before = list(root.handlers)
+                handlers_before, level_before = list(root.handlers), root.level
                 # wordllama calls logging.basicConfig() on import; undo it so the host's logging stays its own.
                 import wordllama
                 from wordllama import WordLlama
 
                 root.handlers[:] = handlers_before
+                root.setLevel(level_before)
                 package_dir = Path(wordllama.__file__).parent
                 # The wheel keeps its tokenizer in tokenizers/, where wordllama looks only inside its cache
                 # folder; pointing cache_dir at the package finds both files, and disable_download turns a

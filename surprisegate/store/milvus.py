@@ -21,6 +21,7 @@ without an embedder stays BM25-only.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import sqlite3
@@ -47,6 +48,7 @@ from .sqlite import (
     SQLiteMemory,
     _content_hash,
     embedding_text,
+    query_bigrams,
     query_terms,
 )
 
@@ -464,9 +466,12 @@ class MilvusMemory:
         for row, (title_stems, text_stems) in zip(rows, stems):
             title_stems = [stem for stem in title_stems if len(stem.encode()) <= WORD_BYTES]
             text_stems = [stem for stem in text_stems if len(stem.encode()) <= WORD_BYTES]
-            row["terms"] = " ".join(title_stems) + "\n" + " ".join(text_stems)
             row["words"] = sorted(set(title_stems) | set(text_stems))
+            row["terms"] = " ".join(title_stems) + "\n" + " ".join(text_stems)
             _check_limits(row)
+            pairs = " ".join(_pair_token(*pair) for stems_ in (title_stems, text_stems) for pair in zip(stems_, stems_[1:]))
+            if len(row["terms"].encode()) + 1 + len(pairs) <= TEXT_BYTES:  # a very long passage goes without
+                row["terms"] += "\n" + pairs
         return rows
 
     def _existing_ids(self, ids: list[str]) -> set[str]:
@@ -543,7 +548,9 @@ class MilvusMemory:
             cosines = {candidate.id: float(candidate.vector @ query_vector) for candidate in best}
             return [_hit(candidate, max(0.0, cosines[candidate.id]), 0.0, cosines[candidate.id]) for candidate in best]
 
-        lexical, query_bm25 = self._lexical(terms, context_terms, pool, deadline, with_vectors=query_vector is not None)
+        lexical, query_bm25 = self._lexical(
+            terms, query_bigrams(query), context_terms, pool, deadline, with_vectors=query_vector is not None
+        )
         if not lexical:  # no passage shares a word with the question: nothing here is about it
             return []
         if query_vector is None or not query_vector.any():  # BM25 alone
@@ -573,10 +580,16 @@ class MilvusMemory:
         return SQLiteMemory._idf(self._frequencies([stems], total)[stems] if stems else 0, total)
 
     def _lexical(
-        self, terms: list[QueryTerm], context_terms: list[QueryTerm], pool: int, deadline: float | None, with_vectors: bool
+        self,
+        terms: list[QueryTerm],
+        bigrams: list[str],
+        context_terms: list[QueryTerm],
+        pool: int,
+        deadline: float | None,
+        with_vectors: bool,
     ) -> tuple[list[_Candidate], dict[str, float]]:
         """The `pool` best passages by BM25 (re-ranked by `context_terms`), and their query BM25."""
-        found = self._bm25(_stem_text(terms), pool, deadline, with_vectors)
+        found = self._bm25(_stem_text(terms, bigrams), pool, deadline, with_vectors)
         query_bm25 = {candidate.id: bm25 for candidate, bm25 in found}
         ranking = dict(query_bm25)  # SQLite's convention: lower (more negative) is better
         context_text = _stem_text(context_terms)
@@ -725,12 +738,25 @@ def _hit(candidate: _Candidate, score: float, bm25: float, cosine: float | None)
     return Hit(text=candidate.text, title=candidate.title, source=candidate.source, score=score, bm25=bm25, cosine=cosine)
 
 
-def _stem_text(terms: list[QueryTerm]) -> str:
-    """The terms' stems, each once, for Milvus's BM25 (which, like FTS5's OR query, sums over words)."""
-    stems: dict[str, None] = {}
+def _stem_text(terms: list[QueryTerm], bigrams: list[str] = ()) -> str:
+    """The query for Milvus's BM25 (which, like FTS5's OR query, sums over words): the terms' stems,
+    each once, then a pair token for each adjacent word pair, standing in for FTS5's phrases."""
+    tokens: dict[str, None] = {}
     for term in terms:
-        stems.update(dict.fromkeys(_TOKENIZER.stems(term.word)))
-    return " ".join(stems)
+        tokens.update(dict.fromkeys(_TOKENIZER.stems(term.word)))
+    for bigram in bigrams:
+        stems = [stem for word in bigram.split() for stem in _TOKENIZER.stems(word)]
+        tokens.update(dict.fromkeys(_pair_token(*pair) for pair in zip(stems, stems[1:])))
+    return " ".join(tokens)
+
+
+def _pair_token(first: str, second: str) -> str:
+    """One made-up word for two adjacent stems ("symbol b"), so that BM25 can rank the phrase.
+
+    A hash, letters and digits only, so that every engine's analyzer keeps it whole; 40 bits make a
+    collision between two of a store's pairs unlikely and harmless (it only nudges ranking).
+    """
+    return "p" + hashlib.blake2b(f"{first} {second}".encode(), digest_size=5).hexdigest()
 
 
 def _fuse(rankings: list[list[str]]) -> list[str]:

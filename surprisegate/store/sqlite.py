@@ -254,31 +254,30 @@ def embedding_text(title: str, text: str) -> str:
     return text if not title or text.startswith(title) else f"{title}\n{text}"
 
 
-def _single_blas_thread():
-    # On small machines a threaded BLAS matrix-vector product waits on thread wake-ups longer than it
-    # computes (100k x 256: about 8 ms threaded, 4 ms on one thread on 2 cores).
+_BLAS = None  # threadpoolctl's controller, found on first use; False without threadpoolctl
+_BLAS_LOCK = threading.Lock()
+
+
+def _one_thread_product(matrix: np.ndarray, vector: np.ndarray) -> np.ndarray:
+    """`matrix @ vector` with BLAS held to one thread.
+
+    On small machines a threaded BLAS matrix-vector product waits on thread wake-ups longer than it
+    computes (100k x 256: about 8 ms threaded, 4 ms on one thread, on 2 cores). The limit is
+    process-wide, so the lock keeps two searches from interleaving its setting and restoring.
+    """
     global _BLAS
-    if _BLAS is None:
-        try:
-            from threadpoolctl import ThreadpoolController
+    with _BLAS_LOCK:
+        if _BLAS is None:
+            try:
+                from threadpoolctl import ThreadpoolController
 
-            _BLAS = ThreadpoolController()
-        except ImportError:
-            _BLAS = False
-    if _BLAS is False:
-        return _NoLimit()
-    return _BLAS.limit(limits=1, user_api="blas")
-
-
-class _NoLimit:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        pass
-
-
-_BLAS = None
+                _BLAS = ThreadpoolController()
+            except ImportError:
+                _BLAS = False
+        if _BLAS is False:
+            return matrix @ vector
+        with _BLAS.limit(limits=1, user_api="blas"):
+            return matrix @ vector
 
 
 @dataclass
@@ -289,8 +288,7 @@ class _VectorIndex:
     matrix: np.ndarray  # float32 (len(ids), dim), unit rows
 
     def similarities(self, vector: np.ndarray) -> np.ndarray:
-        with _single_blas_thread():
-            return self.matrix @ vector
+        return _one_thread_product(self.matrix, vector)
 
     def best(self, similarities: np.ndarray, n: int) -> list[int]:
         """Row positions of the `n` most similar, best first."""
@@ -357,6 +355,8 @@ class SQLiteMemory:
                     f"INSERT INTO meta(key, value) VALUES ('format', '{FORMAT_NAME}'), "
                     f"('schema_version', '{SCHEMA_VERSION}'); COMMIT;"
                 )
+                with self._write_transaction():
+                    self._writing_embedder()  # records the embedder, so stats() names it from the start
                 return
             meta = dict(self._conn.execute("SELECT key, value FROM meta")) if "meta" in tables else {}
         except sqlite3.DatabaseError as err:  # e.g. "file is not a database"
@@ -368,15 +368,17 @@ class SQLiteMemory:
                 f"memory={str(self.path)!r} has schema version {meta['schema_version']}, newer than this "
                 f"surprisegate supports ({SCHEMA_VERSION}); upgrade with: pip install -U surprisegate"
             )
-        recorded = meta.get("embedder")
-        if self._embedder is not None and recorded is not None:
-            mine = (self._embedder.name, str(self._embedder.dim))
-            if mine != (recorded, meta.get("embedding_dim")):
-                raise InputError(
-                    f"memory={str(self.path)!r} holds vectors from embedder {recorded!r} "
-                    f"(dim {meta.get('embedding_dim')}), not {mine[0]!r} (dim {mine[1]}); vectors of two "
-                    "models cannot be compared. Open it with embedder='auto', or build a new store for the other embedder"
-                )
+        self._check_same_embedder(self._recorded_embedder())
+
+    def _check_same_embedder(self, recorded: tuple[str, int] | None) -> None:
+        if self._embedder is None or recorded is None:
+            return
+        if (self._embedder.name, self._embedder.dim) != recorded:
+            raise InputError(
+                f"memory={str(self.path)!r} holds vectors from embedder {recorded[0]!r} (dim {recorded[1]}), "
+                f"not {self._embedder.name!r} (dim {self._embedder.dim}); vectors of two models cannot be "
+                "compared. Open it with embedder='auto', or build a new store for the other embedder"
+            )
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -408,7 +410,8 @@ class SQLiteMemory:
             ).fetchone()[0]
             fts_rows = self._conn.execute("SELECT count(*) FROM passages_fts_docsize").fetchone()[0]
             vectors = self._vector_count()
-            usable = self._search_embedder() is not None and vectors > 0
+            # An empty store with an embedder is ready for every mode; one with passages needs vectors.
+            usable = self._search_embedder() is not None and (vectors > 0 or passages == 0)
             note = None
             if not usable:
                 why = self._embedder_problem or "the store has no vectors yet; run reindex() to add them"
@@ -533,6 +536,8 @@ class SQLiteMemory:
     def reindex(self, full: bool = False) -> int:
         """Embed the passages that have no vector (all of them with `full=True`, which also rebuilds the
         full-text index). Returns how many passages were embedded."""
+        if self._embedder_choice is None:
+            raise InputError(f"memory={str(self.path)!r} was opened with embedder=None; open it with embedder='auto' to add vectors")
         with self._lock, self._write_transaction():
             embedder = self._writing_embedder()
             if embedder is None:
@@ -593,6 +598,7 @@ class SQLiteMemory:
                     raise  # adding passages without vectors would leave dense search blind to them
                 self._embedder_problem = f"no embedder is installed ({err})"
                 return None
+        self._check_same_embedder(recorded)  # another process may have recorded one since we opened
         if recorded is None:
             self._conn.execute(
                 "INSERT INTO meta(key, value) VALUES ('embedder', ?), ('embedding_dim', ?)",
@@ -691,20 +697,32 @@ class SQLiteMemory:
             embedder = self._search_embedder()
             if embedder is None or not self._has_vector_table():
                 return None
-            rows = self._conn.execute("SELECT id, vector FROM passage_vectors ORDER BY id").fetchall()
-            if not rows:
-                return None
+            self._conn.execute("BEGIN")  # one snapshot: the count must hold while the rows are read
+            try:
+                self._vectors = self._read_vectors(embedder.dim)
+            finally:
+                self._conn.execute("COMMIT")
+        return self._vectors
+
+    def _read_vectors(self, dim: int) -> _VectorIndex | None:
+        count = self._conn.execute("SELECT count(*) FROM passage_vectors").fetchone()[0]
+        if not count:
+            return None
+        ids = np.empty(count, dtype=np.int64)
+        matrix = np.empty((count, dim), dtype=np.float32)
+        filled = 0
+        cursor = self._conn.execute("SELECT id, vector FROM passage_vectors ORDER BY id")
+        while rows := cursor.fetchmany(10_000):  # in slices, so loading never holds two copies
             data = b"".join(vector for _, vector in rows)
-            if len(data) != len(rows) * embedder.dim * 4:
+            if len(data) != len(rows) * dim * 4:
                 raise InputError(
-                    f"memory={str(self.path)!r} holds vectors of mixed sizes, not all {embedder.dim}-dimensional; "
+                    f"memory={str(self.path)!r} holds vectors that are not all {dim}-dimensional; "
                     "rebuild them with reindex(full=True)"
                 )
-            self._vectors = _VectorIndex(
-                ids=np.fromiter((rowid for rowid, _ in rows), dtype=np.int64, count=len(rows)),
-                matrix=np.frombuffer(data, dtype="<f4").reshape(len(rows), embedder.dim),
-            )
-        return self._vectors
+            ids[filled : filled + len(rows)] = [rowid for rowid, _ in rows]
+            matrix[filled : filled + len(rows)] = np.frombuffer(data, dtype="<f4").reshape(len(rows), dim)
+            filled += len(rows)
+        return _VectorIndex(ids=ids, matrix=matrix)
 
     # -- search ----------------------------------------------------------------------------------
 
@@ -764,6 +782,8 @@ class SQLiteMemory:
     ) -> list[Hit]:
         pool = max(k, CANDIDATE_POOL)
         index = self._vector_index() if mode != "bm25" else None
+        if self._total() == 0:
+            return []
         if mode == "dense" and index is None:
             raise InputError(
                 f"mode='dense' needs vectors, but memory={str(self.path)!r} cannot use any "
@@ -799,13 +819,14 @@ class SQLiteMemory:
                 for rowid in self._holders(phrase, list(fused)):
                     names_held[rowid] += 1
         order = sorted(fused, key=lambda rowid: (-names_held[rowid], -fused[rowid], lexical_rank.get(rowid, pool)))
-        # Vector-only finds must hold a query word, so that `score` (and the floor) can judge them.
+        # Vector-only finds must hold a word of the query, so that `score` (and the floor) can judge them.
         best: list[int] = []
         scores: dict[int, float] = {}
         for start in range(0, len(order), k):
             batch = order[start : start + k]
-            scores.update(self._scores(terms, context_terms, batch))
-            best += [rowid for rowid in batch if rowid in lexical_rank or scores[rowid] > 0.0]
+            batch_scores, holds_query_word = self._coverage(terms, context_terms, batch)
+            scores.update(batch_scores)
+            best += [rowid for rowid in batch if rowid in lexical_rank or rowid in holds_query_word]
             if len(best) >= k:
                 break
         best = best[:k]
@@ -876,9 +897,17 @@ class SQLiteMemory:
 
     def _scores(self, terms: list[QueryTerm], context_terms: list[QueryTerm], rowids: list[int]) -> dict[int, float]:
         """`score` of each passage: the IDF-weighted share of the query's terms it holds."""
+        return self._coverage(terms, context_terms, rowids)[0]
+
+    def _coverage(
+        self, terms: list[QueryTerm], context_terms: list[QueryTerm], rowids: list[int]
+    ) -> tuple[dict[int, float], set[int]]:
+        """(`score` of each passage, the passages holding a word of the query itself, not a number)."""
         if not rowids:
-            return {}
+            return {}, set()
         total = self._total()
+        query_words = {term.word for term in terms if not term.word.isdigit()}
+        holds_query_word: set[int] = set()
         writes_names = any(term.is_name for term in terms)
         covered = dict.fromkeys(rowids, 0.0)
         holds_a_word = dict.fromkeys(rowids, False)  # a passage that shares only numbers is not about the query
@@ -893,9 +922,12 @@ class SQLiteMemory:
                 for rowid in self._holders(term.word, rowids):
                     covered[rowid] += weight
                     holds_a_word[rowid] |= not term.word.isdigit()
-        return {
+                    if term.word in query_words:
+                        holds_query_word.add(rowid)
+        scores = {
             rowid: min(1.0, covered[rowid] / whole) if holds_a_word[rowid] and whole > 0 else 0.0 for rowid in rowids
         }
+        return scores, holds_query_word
 
     def _hits(
         self, best: list[int], scores: dict[int, float], bm25: dict[int, float], cosines: dict[int, float]
