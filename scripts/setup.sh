@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 LLAMA_CPP_VERSION=0.3.36
 WHEELS=${SURPRISEGATE_WHEELS:-$HOME/.cache/surprisegate/wheels}
-EXTRAS=${EXTRAS:-llamacpp,test}
+EXTRAS=${EXTRAS:-llamacpp,test,eval}
 mkdir -p "$WHEELS"
 
 if [ ! -x .venv/bin/python ]; then

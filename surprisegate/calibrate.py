@@ -22,13 +22,15 @@ import numpy as np
 
 from .config import Config, to_toml
 from .errors import InputError
-from .labeling import iter_labels
-from .signals import SIGNALS, copy_flags, signal_value
+from .labeling import CLOZE_INSTRUCTION, iter_labels
+from .signals import SIGNALS, copy_flags, question_kind, signal_value
 from .surprise import RollingWindow
 
 WINDOWS = (4, 8, 16, 32)
 STATISTICS = ("mean", "p90", "max")
 MIN_RECALL = 0.5
+MIN_PRECISION = 0.8
+OBJECTIVES = ("recall", "precision")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -100,7 +102,8 @@ class Labelled:
     id: str
     correct: bool
     category: str
-    sequences: dict[str, list[float]]  # signal -> per-token values
+    sequences: dict[str, list[float]]  # signal -> per-token values (novel signals: copied tokens skipped)
+    kind: str = ""  # question_kind of the question as the model saw it
 
 
 def prepare(records: Iterable[dict]) -> list[Labelled]:
@@ -111,9 +114,12 @@ def prepare(records: Iterable[dict]) -> list[Labelled]:
         context = r["question"] + (" " + r["question"] if r.get("format") == "cloze" else "")
         flags = copy_flags(r.get("pieces") or [""] * len(r["surprises"]), context)
         entropies = r.get("entropies") or [math.nan] * len(r["surprises"])
-        seqs = {sig: [signal_value(sig, s, h, c) for s, h, c in zip(r["surprises"], entropies, flags)]
-                for sig in SIGNALS}
-        out.append(Labelled(r["id"], r["correct"], r.get("category") or "", seqs))
+        seqs = {}
+        for sig in SIGNALS:
+            values = (signal_value(sig, s, h, c) for s, h, c in zip(r["surprises"], entropies, flags))
+            seqs[sig] = [v for v in values if v is not None]  # novel signals skip copied tokens
+        question = CLOZE_INSTRUCTION.format(question=r["question"]) if r.get("format") == "cloze" else r["question"]
+        out.append(Labelled(r["id"], r["correct"], r.get("category") or "", seqs, question_kind(question)))
     if not out:
         raise InputError("no usable labelled replies found; run `surprisegate label` first")
     return out
@@ -136,7 +142,9 @@ def window_peak(values: list[float], window: int, statistic: str, min_tokens: in
         stat = w.push(v)
         if len(w) >= need:
             peak = max(peak, stat)
-    return peak if peak != -math.inf else (max(values) if values else 0.0)
+    if peak == -math.inf:  # never eligible (too few values): the trigger could not have fired
+        return 0.0
+    return peak
 
 
 # ------------------------------------------------------------------------------------------------
@@ -183,15 +191,112 @@ def sweep(items: list[Labelled], signals=SIGNALS, windows=WINDOWS, statistics=ST
     return points
 
 
-def choose(points: list[dict], min_recall: float = MIN_RECALL) -> dict:
-    """Highest precision at recall >= min_recall; ties go to higher recall."""
+def choose(points: list[dict], min_recall: float = MIN_RECALL, objective: str = "precision",
+           min_precision: float = MIN_PRECISION) -> dict:
+    """objective "precision": highest precision at recall >= min_recall (ties: higher recall).
+    objective "recall": highest recall at precision >= min_precision and recall >= min_recall; when no
+    point reaches min_precision, falls back to the "precision" rule.
+    """
     eligible = [p for p in points if p["recall"] >= min_recall and not math.isnan(p["precision"])]
     if not eligible:
         raise InputError(f"no trigger reaches recall >= {min_recall}; label more items")
+    if objective == "recall":
+        precise = [p for p in eligible if p["precision"] >= min_precision]
+        if precise:
+            return max(precise, key=lambda p: (round(p["recall"], 4), p["precision"]))
     return max(eligible, key=lambda p: (round(p["precision"], 4), p["recall"]))
 
 
-def plot_curves(items: list[Labelled], chosen: dict, baseline: dict, out_dir: Path, min_tokens: int = 4) -> list[str]:
+# ------------------------------------------------------------------------------------------------
+# per-kind normalisation: the model is right far more often on some kinds of question than others
+# ------------------------------------------------------------------------------------------------
+MIN_KIND_ITEMS = 15  # kinds with fewer labelled replies use the global parameters
+BETAS = (0.5, 1.0, 1.5, 2.0, 3.0)
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-3), 1 - 1e-3)
+    return math.log(p / (1 - p))
+
+
+def fit_kind_model(peaks: np.ndarray, labels: np.ndarray, kinds: list[str]) -> dict:
+    """Per-kind (prior wrong-rate, mean, spread) of the window peak, shrunk toward the global values."""
+    glob_p = float(labels.mean())
+    glob_mu, glob_sd = float(peaks.mean()), float(peaks.std()) + 1e-6
+    model = {"_global": (glob_p, glob_mu, glob_sd)}
+    for k in set(kinds):
+        idx = np.array([kk == k for kk in kinds])
+        n = int(idx.sum())
+        if n < MIN_KIND_ITEMS:
+            continue
+        prior = (labels[idx].sum() + 2 * glob_p) / (n + 2)  # two pseudo-counts of the global rate
+        mu = float(peaks[idx].mean())
+        sd = float(peaks[idx].std()) + 0.25 * glob_sd  # a floor: small kinds must not get razor-thin spreads
+        model[k] = (float(prior), mu, sd)
+    return model
+
+
+def kind_scores(peaks: np.ndarray, kinds: list[str], model: dict, beta: float) -> np.ndarray:
+    out = np.empty(len(peaks))
+    for i, (x, k) in enumerate(zip(peaks, kinds)):
+        prior, mu, sd = model.get(k, model["_global"])
+        out[i] = _logit(prior) + beta * (x - mu) / sd
+    return out
+
+
+def cross_validated_scores(peaks, labels, kinds, beta, folds: int = 5, seed: int = 0) -> np.ndarray:
+    """Scores of each reply from a model fitted without it (so the AUROC is not flattered by overfitting)."""
+    fold = np.random.default_rng(seed).integers(0, folds, len(peaks))
+    out = np.empty(len(peaks))
+    for f in range(folds):
+        train, test = fold != f, fold == f
+        model = fit_kind_model(peaks[train], labels[train], [k for k, t in zip(kinds, train) if t])
+        out[test] = kind_scores(peaks[test], [k for k, t in zip(kinds, test) if t], model, beta)
+    return out
+
+
+def kind_thresholds(model: dict, beta: float, cut: float) -> tuple[float, dict[str, float]]:
+    """Turn the score cut into a threshold in bits per kind: score > cut  <=>  peak > threshold_k."""
+    def threshold(prior, mu, sd):
+        return mu + sd * (cut - _logit(prior)) / beta
+
+    glob = threshold(*model["_global"])
+    return glob, {k: round(threshold(*v), 4) for k, v in model.items() if k != "_global"}
+
+
+def calibrate_kinds(items: list[Labelled], rules: list[dict], objective: str = "precision") -> dict:
+    """Best (rule, beta) by cross-validated AUROC; the operating point on those honest scores."""
+    labels = np.array([0 if it.correct else 1 for it in items])
+    kinds = [it.kind for it in items]
+    best = None
+    for rule in rules:
+        peaks = np.array([window_peak(it.sequences[rule["signal"]], rule["window"], rule["statistic"],
+                                      rule["min_tokens"]) for it in items])
+        for beta in BETAS:
+            scores = cross_validated_scores(peaks, labels, kinds, beta)
+            a = auroc(scores, labels)
+            if best is None or a > best["auroc"]:
+                best = {"rule": rule, "beta": beta, "auroc": a, "scores": scores, "peaks": peaks}
+    scores = best["scores"]
+    points = []
+    for cut in np.unique(np.quantile(scores, np.linspace(0.02, 0.98, 80))):
+        precision, recall = precision_recall(scores > cut, labels)
+        points.append({"cut": float(cut), "precision": precision, "recall": recall,
+                       "trigger_rate": float((scores > cut).mean())})
+    chosen = choose(points, objective=objective)
+    highest_precision = choose(points, objective="precision")
+    model = fit_kind_model(best["peaks"], labels, kinds)
+    glob, per_kind = kind_thresholds(model, best["beta"], chosen["cut"])
+    lo, hi = bootstrap_auroc(scores, labels)
+    return {"rule": best["rule"], "beta": best["beta"], "auroc_cv": best["auroc"], "ci_low": lo, "ci_high": hi,
+            "chosen": chosen,
+        "objective": objective, "highest_precision_point": highest_precision, "threshold": round(glob, 4), "kind_thresholds": per_kind,
+            "kinds": {k: {"prior_wrong": round(v[0], 3), "mean": round(v[1], 3), "sd": round(v[2], 3)}
+                      for k, v in model.items()}, "scores": scores}
+
+
+def plot_curves(items: list[Labelled], chosen: dict, baseline: dict, out_dir: Path,
+                kind_scores: np.ndarray | None = None) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -200,6 +305,9 @@ def plot_curves(items: list[Labelled], chosen: dict, baseline: dict, out_dir: Pa
     labels = np.array([0 if it.correct else 1 for it in items])
     curves = {}
     for name, p in (("chosen", chosen), ("baseline", baseline)):
+        if name == "chosen" and kind_scores is not None:
+            curves[f"chosen: {p['signal']} {p['statistic']} W={p['window']} + per-kind (cross-validated)"] = list(kind_scores)
+            continue
         scores = [window_peak(it.sequences[p["signal"]], p["window"], p["statistic"], p["min_tokens"]) for it in items]
         curves[f"{name}: {p['signal']} {p['statistic']} W={p['window']}"] = scores
     paths = []
@@ -226,6 +334,7 @@ def plot_curves(items: list[Labelled], chosen: dict, baseline: dict, out_dir: Pa
     ax.axvline(MIN_RECALL, ls=":", color="grey")
     ax.axhline(labels.mean(), ls="--", color="grey", label=f"base rate of wrong replies {labels.mean():.2f}")
     ax.scatter([chosen["recall"]], [chosen["precision"]], color="red", zorder=3, label="chosen operating point")
+    ax.set_ylim(0, 1.02)
     ax.set_xlabel("recall (wrong replies the trigger catches)")
     ax.set_ylabel("intervention precision (triggers on wrong replies)")
     ax.set_title("Precision-recall of the trigger")
@@ -238,33 +347,63 @@ def plot_curves(items: list[Labelled], chosen: dict, baseline: dict, out_dir: Pa
 
 
 def calibrate(label_dirs: list[str | Path], out_config: str | Path, base: Config | None = None,
-              bootstrap: int = 500, progress: Callable[[str], None] = lambda m: None) -> dict:
+              bootstrap: int = 500, objective: str = "recall",
+              progress: Callable[[str], None] = lambda m: None) -> dict:
     """Compute the report, write the chosen operating point into a TOML config, and plots beside it."""
     items = prepare(iter_labels(label_dirs))
     progress(f"{len(items)} labelled replies, {sum(not it.correct for it in items)} wrong")
     table = signal_table(items, bootstrap=bootstrap)
     progress("swept AUROC; sweeping trigger rules ...")
     points = sweep(items)
-    chosen = choose(points)
+    chosen = choose(points, objective=objective)
     baseline_points = [p for p in points if p["signal"] == "surprise" and p["statistic"] == "mean"]
     baseline = choose(baseline_points)
+    # Per-kind normalisation over the strongest few window rules (ranked by plain AUROC of their peak).
+    rules = []
+    for row in table:
+        if row["feature"].startswith("window_"):
+            _, stat, w = row["feature"].split("_")
+            for mt in (1, 4):
+                if mt <= int(w):
+                    rules.append({"signal": row["signal"], "statistic": stat, "window": int(w), "min_tokens": mt})
+        if len(rules) >= 8:
+            break
+    progress("fitting per-kind normalisation ...")
+    kinds = calibrate_kinds(items, rules, objective=objective)
     base = base or Config()
-    config = base.replace(signal=chosen["signal"], statistic=chosen["statistic"], window=chosen["window"],
-                          min_tokens=chosen["min_tokens"], threshold=chosen["threshold"])
+    # Per-kind normalisation is used when it separates better (cross-validated) than the best plain signal.
+    use_kinds = kinds["auroc_cv"] > table[0]["auroc"]
+    if use_kinds:
+        rule = kinds["rule"]
+        config = base.replace(signal=rule["signal"], statistic=rule["statistic"], window=rule["window"],
+                              min_tokens=rule["min_tokens"], threshold=kinds["threshold"],
+                              kind_thresholds=kinds["kind_thresholds"])
+        chosen = {**rule, "threshold": kinds["threshold"], "precision": kinds["chosen"]["precision"],
+                  "recall": kinds["chosen"]["recall"], "trigger_rate": kinds["chosen"]["trigger_rate"],
+                  "per_kind": True, "beta": kinds["beta"]}
+    else:
+        config = base.replace(signal=chosen["signal"], statistic=chosen["statistic"], window=chosen["window"],
+                              min_tokens=chosen["min_tokens"], threshold=chosen["threshold"], kind_thresholds={})
     out = Path(out_config)
     out.parent.mkdir(parents=True, exist_ok=True)
     header = (f"# written by surprisegate calibrate from {len(items)} labelled replies\n"
               f"# chosen: precision {chosen['precision']:.3f} at recall {chosen['recall']:.3f} "
               f"(trigger rate {chosen['trigger_rate']:.3f})\n")
     out.write_text(header + to_toml(config))
-    plots = plot_curves(items, chosen, baseline, out.parent)
+    plots = plot_curves(items, chosen, baseline, out.parent, kind_scores=kinds["scores"] if use_kinds else None)
     best_plain = next(r for r in table if r["signal"] == "surprise")
+    kinds_report = {k: v for k, v in kinds.items() if k != "scores"}
     report = {
         "n": len(items),
         "wrong": int(sum(not it.correct for it in items)),
-        "best": table[0],
+        "best": ({"signal": f"{kinds['rule']['signal']} {kinds['rule']['statistic']} W={kinds['rule']['window']} "
+                           f"+ per-kind normalisation", "feature": "cross-validated score", "auroc": kinds["auroc_cv"],
+                           "ci_low": kinds["ci_low"], "ci_high": kinds["ci_high"]}
+                 if kinds["auroc_cv"] > table[0]["auroc"] else table[0]),
+        "per_kind": kinds_report,
         "best_plain_surprise": best_plain,
         "chosen": chosen,
+        "objective": objective,
         "baseline_surprise_mean": baseline,
         "config": str(out),
         "plots": plots,

@@ -108,9 +108,10 @@ def build_arms(config: Config, memory: str | None, tools: bool = True) -> dict:
         path = ensure_demo(quiet=False) if memory == "demo" else Path(memory)
         arms["memory"] = MemoryArm(SQLiteMemory(path), floor=config.relevance_floor)
     if tools:
-        from .arms.tools import CalculatorTool
+        from .arms.tools import ToolArm
 
-        arms["tool"] = CalculatorTool()
+        arms["tool"] = ToolArm(roots=config.tool_roots, allowed_status_targets=config.tool_status_targets,
+                               python_sandbox=config.tool_python_sandbox, default_timezone=config.tool_timezone)
     return arms
 
 
@@ -376,12 +377,16 @@ def label(data: str, out_dir: str, limit: int | None, **kwargs) -> None:
               help="Folder(s) written by `surprisegate label` (repeatable: pooled).")
 @click.option("--out", "out_config", required=True, type=click.Path(dir_okay=False), help="Config TOML to write.")
 @click.option("--bootstrap", default=500, show_default=True, type=int, help="Bootstrap resamples for AUROC CIs.")
+@click.option("--objective", type=click.Choice(["recall", "precision"]), default="recall", show_default=True,
+              help="recall: most wrong replies caught at precision >= 0.8 (and recall >= 0.5); "
+                   "precision: highest precision at recall >= 0.5.")
 @click.option("--json", "as_json", is_flag=True)
-def calibrate(label_dirs: tuple[str, ...], out_config: str, bootstrap: int, as_json: bool) -> None:
+def calibrate(label_dirs: tuple[str, ...], out_config: str, bootstrap: int, objective: str, as_json: bool) -> None:
     """AUROC of each signal, sweep of trigger rules, chosen operating point written to a config, plots."""
     from .calibrate import calibrate as run
 
-    report = run(list(label_dirs), out_config, bootstrap=bootstrap, progress=lambda m: click.echo(m, err=True))
+    report = run(list(label_dirs), out_config, bootstrap=bootstrap, objective=objective,
+                 progress=lambda m: click.echo(m, err=True))
     if as_json:
         click.echo(json.dumps({k: v for k, v in report.items() if k != "auroc_table"}))
         return

@@ -50,6 +50,11 @@ class Config:
     arm_order_other: tuple[str, ...] = field(
         default=("memory", "web", "tool"), metadata={"help": "arm order for entity/other spans"})
     relevance_floor: float = field(default=0.6, metadata={"help": "memory hits scoring below this count as nothing found"})
+    tool_roots: tuple[str, ...] = field(default=(), metadata={"help": "folders the file tool may read"})
+    tool_status_targets: tuple[str, ...] = field(default=(), metadata={
+        "help": "host:port or URLs the live-status tool may check"})
+    tool_python_sandbox: str = field(default="auto", metadata={"help": "auto | bwrap | rlimits (python snippets)"})
+    tool_timezone: str = field(default="UTC", metadata={"help": "zone for 'today' questions"})
     injection: str = field(default="system_turn", metadata={
         "help": "system_turn: evidence turn before a fresh assistant turn | close_reopen: close the open turn, "
                 "system turn, reopen | inline"})
@@ -101,6 +106,7 @@ def _validate(c: Config) -> None:
     choice("signal", SIGNALS)
     choice("stream", STREAM_POLICIES)
     choice("injection", INJECTIONS)
+    choice("tool_python_sandbox", ("auto", "bwrap", "rlimits"))
     if not 1 <= c.window <= 512:
         _fail("window", c.window, "use a whole number of tokens between 1 and 512, e.g. 16", "argument")
     if not isinstance(c.kind_thresholds, dict) or not all(
