@@ -60,7 +60,7 @@ class Config:
                 "system turn, reopen | inline"})
     evidence_template: str = field(
         default="Fact: {evidence}",
-        metadata={"help": "text of the injected segment; {evidence} and {source} are filled in"})
+        metadata={"help": "text of the injected segment; {evidence}, {claim} and {source} are filled in"})
     # --- streaming ---
     stream: str = field(default="holdback", metadata={
         "help": "holdback: show a token once it left the window (can't be rewound) | emit: at once, with rewind events"})
@@ -128,8 +128,13 @@ def _validate(c: Config) -> None:
         order = getattr(c, key)
         if not order or any(a not in ARM_NAMES for a in order) or len(set(order)) != len(order):
             _fail(key, list(order), f"use distinct arm names from {', '.join(ARM_NAMES)}", "argument")
-    if "{evidence}" not in c.evidence_template:
-        _fail("evidence_template", c.evidence_template, "include the placeholder {evidence}", "argument")
+    if "{evidence}" not in c.evidence_template and "{claim}" not in c.evidence_template:
+        _fail("evidence_template", c.evidence_template, "include the placeholder {evidence} (or {claim})", "argument")
+    try:
+        c.evidence_template.format(evidence="", claim="", source="")
+    except (KeyError, IndexError, ValueError) as err:
+        _fail("evidence_template", c.evidence_template, f"only {{evidence}}, {{claim}} and {{source}} can be filled in ({err})",
+              "argument")
     if not 1 <= c.max_tokens <= 32768:
         _fail("max_tokens", c.max_tokens, "use a whole number between 1 and 32768", "argument")
     if not (math.isfinite(c.temperature) and 0.0 <= c.temperature <= 10.0):

@@ -378,7 +378,7 @@ def _intervene(backend, layout, config, arms, router, question, reply, trigger, 
         trimmed, rewind_method = to_drop, "reprefill"
     del context.tokens[keep:]
     reply.cut(trigger.span_start)
-    evidence_text = config.evidence_template.format(evidence=chosen.evidence, source=chosen.source)
+    evidence_text = config.evidence_template.format(evidence=chosen.evidence, claim=chosen.claim, source=chosen.source)
     if config.injection == "system_turn":
         system_turn = backend.tokenize(layout.system_turn_prefix + evidence_text + layout.system_turn_suffix)
         segment = system_turn + backend.tokenize(layout.open_assistant)

@@ -88,7 +88,7 @@ def _decode(backend, prompt_tokens: list[int], max_tokens: int, stop_at_sentence
 def _prompt_tokens(backend, layout: PromptLayout, evidence: str | None, config: Config, prefix: str) -> list[int]:
     text = layout.body
     if evidence:
-        text += layout.system_turn_prefix + config.evidence_template.format(evidence=evidence, source="") \
+        text += layout.system_turn_prefix + config.evidence_template.format(evidence=evidence, claim=evidence, source="") \
             + layout.system_turn_suffix
     return backend.tokenize(text) + backend.tokenize(layout.open_assistant) + (backend.tokenize(prefix) if prefix else [])
 

@@ -24,10 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +64,10 @@ LABEL_BYTES = 4_096  # title and source
 MAX_WORDS = 4_096
 WORD_BYTES = 256  # a longer "word" is an encoded blob, not something a question asks about
 WRITE_BATCH = 1_000  # passages embedded and inserted per request
+DF_PROBE_LIMIT = 1_000  # see `_count_holding`
+# How long a passage count (and the document frequencies cached with it) is trusted without asking
+# again: this store's own writes refresh it at once; another process's show within this time.
+TOTAL_TTL_S = 1.0
 # The tokenizer of SQLiteMemory's passages_fts; both stores must agree on what a word is.
 FTS_TOKENIZER = "porter unicode61 remove_diacritics 2"
 
@@ -177,6 +183,8 @@ class MilvusMemory:
         self._df_lock = threading.Lock()
         self._df_cache: dict[tuple[str, ...], int] = {}
         self._df_cache_total = -1  # the passage count the cached frequencies belong to
+        self._total_counted_at = -math.inf  # time.monotonic() of that count
+        self._workers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="surprisegate-milvus")
         self._pymilvus = _import_pymilvus()
         self._is_lite = not client_uri.startswith(("http://", "https://", "tcp://", "unix:"))
         try:
@@ -191,7 +199,7 @@ class MilvusMemory:
         try:
             self._open(create, embedder)
         except BaseException:
-            self._client.close()
+            self.close()
             raise
 
     def _unreachable(self, err: Exception) -> BackendError:
@@ -352,6 +360,7 @@ class MilvusMemory:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def close(self) -> None:
+        self._workers.shutdown(wait=False, cancel_futures=True)
         self._client.close()
 
     def __enter__(self) -> MilvusMemory:
@@ -541,28 +550,36 @@ class MilvusMemory:
                 "search with mode='hybrid' or 'bm25'"
             )
         query_vector = self.embedder.encode([query])[0] if mode != "bm25" and self.embedder is not None else None
+        if query_vector is not None and not query_vector.any():  # no word the embedder knows
+            query_vector = None if mode != "dense" else query_vector
         pool = max(k, CANDIDATE_POOL)
 
         if mode == "dense":
-            best = self._dense(query_vector, k, deadline) if query_vector.any() else []
-            cosines = {candidate.id: float(candidate.vector @ query_vector) for candidate in best}
-            return [_hit(candidate, max(0.0, cosines[candidate.id]), 0.0, cosines[candidate.id]) for candidate in best]
+            ids = self._dense(query_vector, k, deadline) if query_vector.any() else []
+            fetched = self._fetch(ids, True, deadline)
+            cosines = {id: float(fetched[id].vector @ query_vector) for id in ids}
+            return [_hit(fetched[id], max(0.0, cosines[id]), 0.0, cosines[id]) for id in ids]
 
-        lexical, query_bm25 = self._lexical(
-            terms, query_bigrams(query), context_terms, pool, deadline, with_vectors=query_vector is not None
-        )
+        # Round trips that do not wait on each other's answers run side by side: the counts behind
+        # `score`, the dense search, and the BM25 searches.
+        counting = self._start_counts([_TOKENIZER.stems(term.word) for term in terms + context_terms], deadline)
+        dense_search = None if query_vector is None else self._workers.submit(self._dense, query_vector, pool, deadline)
+        lexical, query_bm25 = self._lexical(terms, query_bigrams(query), context_terms, pool, deadline)
         if not lexical:  # no passage shares a word with the question: nothing here is about it
             return []
-        if query_vector is None or not query_vector.any():  # BM25 alone
-            best = lexical[:k]
-            scores = self._scores(terms, context_terms, best, deadline)
-        else:
-            dense = self._dense(query_vector, pool, deadline)
-            candidates = {candidate.id: candidate for candidate in dense + lexical}
-            order = _fuse([[c.id for c in lexical], [c.id for c in dense]])
-            scores = self._scores(terms, context_terms, [candidates[id] for id in order], deadline)
-            # Vector-only finds must hold a query word, so that `score` (and the floor) can judge them.
-            best = [candidates[id] for id in order if id in query_bm25 or scores[id] > 0.0][:k]
+        order = lexical if dense_search is None else _fuse([lexical, dense_search.result()])
+        total, frequencies = self._finish_counts(*counting, deadline)
+        # Passages are fetched k at a time, best first: a vector-only find must hold a query word, so
+        # that `score` (and the floor) can judge it, and may be passed over for the next.
+        best: list[_Candidate] = []
+        scores: dict[str, float] = {}
+        for start in range(0, len(order), k):
+            fetched = self._fetch(order[start : start + k], query_vector is not None, deadline)
+            batch = [fetched[id] for id in order[start : start + k] if id in fetched]
+            scores.update(self._scores(terms, context_terms, batch, total, frequencies))
+            best += [candidate for candidate in batch if candidate.id in query_bm25 or scores[candidate.id] > 0.0]
+            if len(best) >= k:
+                break
         return [
             _hit(
                 candidate,
@@ -570,39 +587,29 @@ class MilvusMemory:
                 query_bm25.get(candidate.id, 0.0),
                 None if query_vector is None else float(candidate.vector @ query_vector),
             )
-            for candidate in best
+            for candidate in best[:k]
         ]
 
     def idf(self, word: str) -> float:
         """Inverse document frequency of `word` in this store (stemmed like the passages)."""
-        stems = _TOKENIZER.stems(word.lower())
-        total = self._total()
-        return SQLiteMemory._idf(self._frequencies([stems], total)[stems] if stems else 0, total)
+        group = _TOKENIZER.stems(word.lower())
+        total, frequencies = self._finish_counts(*self._start_counts([group], None), None)
+        return SQLiteMemory._idf(frequencies.get(group, 0), total)
 
     def _lexical(
-        self,
-        terms: list[QueryTerm],
-        bigrams: list[str],
-        context_terms: list[QueryTerm],
-        pool: int,
-        deadline: float | None,
-        with_vectors: bool,
-    ) -> tuple[list[_Candidate], dict[str, float]]:
-        """The `pool` best passages by BM25 (re-ranked by `context_terms`), and their query BM25."""
-        found = self._bm25(_stem_text(terms, bigrams), pool, deadline, with_vectors)
-        query_bm25 = {candidate.id: bm25 for candidate, bm25 in found}
+        self, terms: list[QueryTerm], bigrams: list[str], context_terms: list[QueryTerm], pool: int, deadline: float | None
+    ) -> tuple[list[str], dict[str, float]]:
+        """The ids of the `pool` best passages by BM25, re-ranked by `context_terms`, and their query BM25."""
+        query_bm25 = dict(self._bm25(_stem_text(terms, bigrams), pool, deadline))
         ranking = dict(query_bm25)  # SQLite's convention: lower (more negative) is better
         context_text = _stem_text(context_terms)
         if context_text and ranking:
-            for candidate, bm25 in self._bm25(context_text, len(ranking), deadline, False, among=list(ranking)):
-                ranking[candidate.id] += CONTEXT_WEIGHT * bm25
-        order = sorted(range(len(found)), key=lambda at: ranking[found[at][0].id])
-        return [found[at][0] for at in order], query_bm25
+            for id, bm25 in self._bm25(context_text, len(ranking), deadline, among=list(ranking)):
+                ranking[id] += CONTEXT_WEIGHT * bm25
+        return sorted(query_bm25, key=ranking.__getitem__), query_bm25
 
-    def _bm25(
-        self, text: str, limit: int, deadline: float | None, with_vectors: bool, among: list[str] | None = None
-    ) -> list[tuple[_Candidate, float]]:
-        """(candidate, bm25) best first, bm25 negated as in SQLite (lower is better); `among` limits the ids."""
+    def _bm25(self, text: str, limit: int, deadline: float | None, among: list[str] | None = None) -> list[tuple[str, float]]:
+        """(id, bm25) best first, bm25 negated as in SQLite (lower is better); `among` limits the ids."""
         options = {"filter": f"id in {json.dumps(among)}"} if among else {}
         results = self._call(
             "search",
@@ -611,14 +618,15 @@ class MilvusMemory:
             anns_field="sparse",
             limit=limit,
             search_params={"metric_type": "BM25"},
-            output_fields=_output_fields(with_vectors),
+            output_fields=[],
             deadline=deadline,
             **options,
         )
         # Engines disagree on the sign of a BM25 "distance" (server: +score, milvus-lite 3: -score).
-        return [(_candidate(hit), -abs(float(hit["distance"]))) for hit in results[0] if hit["distance"]]
+        return [(hit["id"], -abs(float(hit["distance"]))) for hit in results[0] if hit["distance"]]
 
-    def _dense(self, vector: np.ndarray, limit: int, deadline: float | None) -> list[_Candidate]:
+    def _dense(self, vector: np.ndarray, limit: int, deadline: float | None) -> list[str]:
+        """Ids of the `limit` passages whose vectors are nearest `vector`, best first."""
         results = self._call(
             "search",
             self.collection,
@@ -626,25 +634,35 @@ class MilvusMemory:
             anns_field="dense",
             limit=limit,
             search_params={"metric_type": "IP"},
-            output_fields=_output_fields(True),
+            output_fields=[],
             deadline=deadline,
         )
-        return [_candidate(hit) for hit in results[0]]
+        return [hit["id"] for hit in results[0]]
+
+    def _fetch(self, ids: list[str], with_vectors: bool, deadline: float | None) -> dict[str, _Candidate]:
+        """The passages with these ids (fewer if some were removed meanwhile)."""
+        if not ids:
+            return {}
+        fields = ["text", "title", "source", "words"] + (["dense"] if with_vectors else [])
+        rows = self._call("query", self.collection, filter=f"id in {json.dumps(ids)}", output_fields=fields, deadline=deadline)
+        return {row["id"]: _candidate(row) for row in rows}
 
     def _scores(
-        self, terms: list[QueryTerm], context_terms: list[QueryTerm], candidates: list[_Candidate], deadline: float | None
+        terms: list[QueryTerm],
+        context_terms: list[QueryTerm],
+        candidates: list[_Candidate],
+        total: int,
+        frequencies: dict[tuple[str, ...], int],
     ) -> dict[str, float]:
         """SQLiteMemory's `score`: the IDF-weighted share of the query's terms each candidate holds."""
-        total = self._total(deadline)
         stems = {term.word: _TOKENIZER.stems(term.word) for term in terms + context_terms}
-        frequencies = self._frequencies([group for group in stems.values() if group], total, deadline)
         writes_names = any(term.is_name for term in terms)
         covered = {candidate.id: 0.0 for candidate in candidates}
         holds_a_word = dict.fromkeys(covered, False)  # a passage that shares only numbers is not about the query
         whole = 0.0
         for term in terms + context_terms:
             group = stems[term.word]
-            frequency = frequencies[group] if group else 0
+            frequency = frequencies.get(group, 0)
             weight = term.weight * SQLiteMemory._idf(frequency, total)
             if writes_names and term.lower_case and not frequency:
                 weight *= UNSEEN_WORD_WEIGHT
@@ -659,38 +677,89 @@ class MilvusMemory:
 
     # -- document frequencies --------------------------------------------------------------------
 
-    def _total(self, deadline: float | None = None) -> int:
+    def _start_counts(self, groups: list[tuple[str, ...]], deadline: float | None):
+        """Start counting the store's passages (unless counted within TOTAL_TTL_S) and, for each group
+        of stems not cached, the passages holding all of them. Hand the result to `_finish_counts`."""
+        groups = {group for group in groups if group}  # a word of punctuation only is held by none
+        with self._df_lock:
+            cached = {group: self._df_cache[group] for group in groups if group in self._df_cache}
+            cached_total = self._df_cache_total
+            recent = time.monotonic() - self._total_counted_at < TOTAL_TTL_S
+        total = _done(cached_total) if recent else self._workers.submit(self._count_passages, deadline)
+        missing = sorted(groups - cached.keys())
+        pending = self._workers.submit(self._count_holding, missing, deadline) if missing else _done({})
+        return total, cached_total, cached, pending
+
+    def _finish_counts(
+        self, total: Future, cached_total: int, cached: dict, pending: Future, deadline: float | None
+    ) -> tuple[int, dict[tuple[str, ...], int]]:
+        """(passage count, {group: document frequency}) from `_start_counts`."""
+        total = total.result()
+        frequencies = pending.result()
+        if total != cached_total:  # the store changed since those were cached: count them again
+            frequencies.update(self._count_holding(list(cached), deadline))
+        else:
+            frequencies.update(cached)
+        with self._df_lock:
+            if self._df_cache_total == total:
+                if len(self._df_cache) + len(frequencies) > _Tokenizer.CACHE_LIMIT:  # bound it in long-lived processes
+                    self._df_cache.clear()
+                self._df_cache.update(frequencies)
+        return total, frequencies
+
+    def _count_passages(self, deadline: float | None) -> int:
         total = self.count(deadline)
         with self._df_lock:
             if total != self._df_cache_total:  # the store changed (here or in another process)
                 self._df_cache.clear()
                 self._df_cache_total = total
+            self._total_counted_at = time.monotonic()
         return total
 
-    def _frequencies(
-        self, groups: list[tuple[str, ...]], total: int, deadline: float | None = None
-    ) -> dict[tuple[str, ...], int]:
-        """How many passages hold each group of stems (all of them, for a word that stems to several)."""
-        with self._df_lock:
-            known = {group: self._df_cache[group] for group in groups if group in self._df_cache}
-        for group in set(groups) - set(known):
-            if len(group) == 1:
-                expression = f"array_contains(words, {_quote(group[0])})"
-            else:
-                expression = f"array_contains_all(words, [{', '.join(map(_quote, group))}])"
-            rows = self._call("query", self.collection, filter=expression, output_fields=["count(*)"], deadline=deadline)
-            known[group] = int(rows[0]["count(*)"])
-            with self._df_lock:
-                if self._df_cache_total == total:
-                    if len(self._df_cache) >= _Tokenizer.CACHE_LIMIT:
-                        self._df_cache.clear()
-                    self._df_cache[group] = known[group]
-        return known
+    def _count_holding(self, groups: list[tuple[str, ...]], deadline: float | None) -> dict[tuple[str, ...], int]:
+        """How many passages hold each group of stems (all of them, for a word that stems to several).
+
+        One BM25 search with a query per word lists the holders of every rare word in one round trip
+        (the inverted index answers it from the posting lists); a word held by DF_PROBE_LIMIT passages
+        or more is counted by a filter instead, and then cached like any other.
+        """
+        counts: dict[tuple[str, ...], int] = {}
+        single = [group for group in groups if len(group) == 1]
+        if single:
+            results = self._call(
+                "search",
+                self.collection,
+                data=[stem for (stem,) in single],
+                anns_field="sparse",
+                limit=DF_PROBE_LIMIT,
+                search_params={"metric_type": "BM25"},
+                output_fields=[],
+                deadline=deadline,
+            )
+            for group, holders in zip(single, results):
+                if len(holders) < DF_PROBE_LIMIT:
+                    counts[group] = sum(1 for hit in holders if hit["distance"])
+        for group in groups:
+            if group not in counts:
+                if len(group) == 1:
+                    expression = f"array_contains(words, {_quote(group[0])})"
+                else:
+                    expression = f"array_contains_all(words, [{', '.join(map(_quote, group))}])"
+                rows = self._call("query", self.collection, filter=expression, output_fields=["count(*)"], deadline=deadline)
+                counts[group] = int(rows[0]["count(*)"])
+        return counts
 
     def _forget_frequencies(self) -> None:
         with self._df_lock:
             self._df_cache.clear()
             self._df_cache_total = -1
+            self._total_counted_at = -math.inf
+
+
+def _done(value) -> Future:
+    future = Future()
+    future.set_result(value)
+    return future
 
 
 def _check_mode(mode: str) -> str:
@@ -716,20 +785,14 @@ def _check_limits(row: dict) -> None:
         raise InputError(f"{where} has {len(row['words']):,} distinct words, more than Milvus holds ({MAX_WORDS:,}); {fix}")
 
 
-def _output_fields(with_vectors: bool) -> list[str]:
-    # `words` lets the score be computed without another round trip; `dense` gives each hit's cosine.
-    return ["text", "title", "source", "words"] + (["dense"] if with_vectors else [])
-
-
-def _candidate(hit) -> _Candidate:
-    entity = hit["entity"]
-    vector = entity.get("dense")
+def _candidate(row: dict) -> _Candidate:
+    vector = row.get("dense")
     return _Candidate(
-        id=hit["id"],
-        text=entity["text"],
-        title=entity["title"],
-        source=entity["source"],
-        words=frozenset(entity["words"] or ()),
+        id=row["id"],
+        text=row["text"],
+        title=row["title"],
+        source=row["source"],
+        words=frozenset(row["words"] or ()),
         vector=None if vector is None else np.asarray(vector, dtype=np.float32),
     )
 
