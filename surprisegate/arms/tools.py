@@ -555,9 +555,9 @@ class CalculatorTool:
         # "The answer is V." is copied by small models as their reply, so the reply ends with the number
         # (20 arith_dev items: 0.95 correct with it, 0.60 with "37 times 48 is 1776." alone).
         verb = "is" if exact else "is about"
-            evidence=f"{describe_expression(expression)} {verb} {value_text}. The answer {verb} {value_text}.",
+        return Evidence(
             claim=f"{expression} = {value_text}",
-            evidence=f"{describe_expression(expression)} {verb} {value_text}. The answer is {value_text}.",
+            evidence=f"{describe_expression(expression)} {verb} {value_text}. The answer {verb} {value_text}.",
             confidence=1.0,
             source="tool:calculator",
             observable=1.0,

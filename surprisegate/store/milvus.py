@@ -647,6 +647,7 @@ class MilvusMemory:
         rows = self._call("query", self.collection, filter=f"id in {json.dumps(ids)}", output_fields=fields, deadline=deadline)
         return {row["id"]: _candidate(row) for row in rows}
 
+    @staticmethod
     def _scores(
         terms: list[QueryTerm],
         context_terms: list[QueryTerm],
