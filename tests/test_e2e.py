@@ -96,3 +96,25 @@ def test_detect_mode_never_changes_the_reply(factkb_memory):
     detect = ask_json(home, "--mode", "detect", question)
     assert detect["reply"] == off["reply"] and detect["rounds"] == []
     assert detect["surprise"]["n"] == detect["n_tokens"] and off["surprise"] is None
+
+
+@pytest.fixture(scope="module")
+def web_server(shared_data):
+    from surprisegate.websearch_server import serve
+
+    with serve(str(shared_data / "web_corpus.jsonl"), port=0) as server:
+        yield server
+
+
+def test_multi_hop_question_via_the_local_web_server(factkb_memory, web_server):
+    home, _ = factkb_memory
+    question = "Which private research university is located in Chestnut Hill, Massachusetts Boston College or Stanford University?"
+    off = ask_json(home, "--mode", "off", "--memory", "none", question)
+    assert "boston college" not in off["reply"].split(".")[0].lower()
+    on = ask_json(home, "--mode", "intervene", "--memory", "none", "--web", web_server.url, question)
+    assert "Boston College" in on["reply"].split(".")[0]
+    rewound = [r for r in on["rounds"] if r["action"] == "rewound"]
+    assert rewound and rewound[0]["chosen"]["source"].startswith("web:searxng:")
+    receipt = next(json.loads(l) for l in open(on["receipt"], encoding="utf-8") if on["receipt_id"] in l)
+    web_report = next(a for a in receipt["rounds"][0]["arms"] if a["arm"] == "web")
+    assert web_report["status"] == "ok" and web_report["latency_ms"] >= 0
