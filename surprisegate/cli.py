@@ -103,16 +103,24 @@ def build_arms(config: Config, memory: str | None, tools: bool = True) -> dict:
     arms: dict = {}
     if memory and memory != "none":
         from .arms.memory import MemoryArm
-        from .store.sqlite import SQLiteMemory
+        from .store.open import open_memory
 
-        path = ensure_demo(quiet=False) if memory == "demo" else Path(memory)
-        arms["memory"] = MemoryArm(SQLiteMemory(path), floor=config.relevance_floor)
+        target = str(ensure_demo(quiet=False)) if memory == "demo" else memory
+        arms["memory"] = MemoryArm(open_memory(target), floor=config.relevance_floor)
     if tools:
         from .arms.tools import ToolArm
 
         arms["tool"] = ToolArm(roots=config.tool_roots, allowed_status_targets=config.tool_status_targets,
                                python_sandbox=config.tool_python_sandbox, default_timezone=config.tool_timezone)
     return arms
+
+
+def _check_memory(memory: str) -> None:
+    """A missing SQLite file is a user mistake worth catching before the model loads."""
+    if memory in ("demo", "none") or "://" in memory or memory.startswith("milvus-lite:"):
+        return
+    if not Path(memory).exists():
+        raise InputError(f"--memory={memory!r} does not exist; build it with: surprisegate memory add --memory {memory} FILE.jsonl")
 
 
 def ensure_demo(quiet: bool = True) -> Path:
@@ -196,8 +204,7 @@ def ask(question: str, memory: str, no_tools: bool, web_url: str | None, receipt
 
     chat_messages(question)  # validates the question before anything slow happens
     config = resolve_config(kwargs)
-    if memory not in ("demo", "none") and not Path(memory).exists():
-        raise InputError(f"--memory={memory!r} does not exist; build it with: surprisegate memory add --memory {memory} FILE.jsonl")
+    _check_memory(memory)
     arms = build_arms(config, memory, tools=not no_tools) if config.mode == "intervene" else {}
     if web_url and config.mode == "intervene":
         arms["web"] = build_web_arm(web_url)
@@ -266,42 +273,48 @@ def memory() -> None:
 
 
 @memory.command("add")
-@click.option("--memory", "memory_path", required=True, type=click.Path(dir_okay=False), help="SQLite store (created if absent).")
+@click.option("--memory", "memory_path", required=True, help="Store: SQLite file (created if absent) or milvus URI.")
 @click.option("--text-field", default="text", show_default=True)
 @click.option("--id-field", default="kb_id", show_default=True)
 @click.option("--title-field", default="title", show_default=True)
 @click.argument("files", nargs=-1, required=True)
 def memory_add(memory_path: str, text_field: str, id_field: str, title_field: str, files: tuple[str, ...]) -> None:
     """Ingest JSONL files (one passage per line) and .txt/.md files or folders."""
-    from .store.sqlite import SQLiteMemory
+    from .store.open import open_memory
 
     for f in files:
         if not Path(f).exists():
             raise InputError(f"FILE={f!r} does not exist; pass JSONL, .txt or .md files or folders to ingest")
-    with SQLiteMemory(memory_path, create=True) as store:
+    with open_memory(memory_path, create=True) as store:
         for f in files:
             p = Path(f)
+            click.echo(f"{f}: ingesting ...", err=True)
             if p.is_file() and p.suffix in (".jsonl", ".json", ".ndjson"):
                 report = store.add_jsonl(p, text_field=text_field, id_field=id_field, title_field=title_field)
             else:
                 report = store.add_text_files([p])
-            click.echo(f"{f}: added {report.added}, duplicates skipped {report.skipped_duplicates}, errors {len(report.errors)}")
+            embedded = getattr(report, "embedded", None)
+            click.echo(f"{f}: added {report.added}, duplicates skipped {report.skipped_duplicates}, "
+                       f"errors {len(report.errors)}" + (f", vectors {embedded}" if embedded is not None else ""))
             for line_no, message in report.errors[:20]:
                 click.echo(f"  line {line_no}: {message}", err=True)
         click.echo(f"{memory_path}: {store.count()} passages")
 
 
 @memory.command("search")
-@click.option("--memory", "memory_path", required=True, type=click.Path(dir_okay=False))
+@click.option("--memory", "memory_path", required=True)
 @click.option("-k", "k", default=5, show_default=True, type=int)
+@click.option("--mode", "search_mode", type=click.Choice(["hybrid", "bm25", "dense"]), default=None,
+              help="Search mode [default: the store's, hybrid].")
 @click.option("--json", "as_json", is_flag=True)
 @click.argument("query")
-def memory_search(memory_path: str, k: int, as_json: bool, query: str) -> None:
+def memory_search(memory_path: str, k: int, search_mode: str | None, as_json: bool, query: str) -> None:
     """Search the store; best first, with normalised relevance (0..1) and source."""
-    from .store.sqlite import SQLiteMemory
+    from .store.open import open_memory
 
-    with SQLiteMemory(memory_path) as store:
-        hits = store.search(query, k=k)
+    _check_memory(memory_path)
+    with open_memory(memory_path) as store:
+        hits = store.search(query, k=k, mode=search_mode) if search_mode else store.search(query, k=k)
     if as_json:
         click.echo(json.dumps([{"text": h.text, "score": round(h.score, 4), "source": h.source, "title": h.title}
                                for h in hits], ensure_ascii=False))
@@ -310,6 +323,44 @@ def memory_search(memory_path: str, k: int, as_json: bool, query: str) -> None:
         click.echo("no hits")
     for i, h in enumerate(hits, 1):
         click.echo(f"{i}. [{h.score:.2f}] {h.source} — {h.text[:160]}")
+
+
+@memory.command("stats")
+@click.option("--memory", "memory_path", required=True)
+@click.option("--json", "as_json", is_flag=True)
+def memory_stats(memory_path: str, as_json: bool) -> None:
+    """Passages, sources, embedder, index sizes."""
+    from .store.open import open_memory
+
+    _check_memory(memory_path)
+    with open_memory(memory_path) as store:
+        stats = store.stats()
+    click.echo(json.dumps(stats, default=str) if as_json else "\n".join(f"{k:>16}: {v}" for k, v in stats.items()))
+
+
+@memory.command("remove")
+@click.option("--memory", "memory_path", required=True)
+@click.argument("source_prefix")
+def memory_remove(memory_path: str, source_prefix: str) -> None:
+    """Remove every passage whose source starts with SOURCE_PREFIX (from every index, in one transaction)."""
+    from .store.open import open_memory
+
+    _check_memory(memory_path)
+    with open_memory(memory_path) as store:
+        removed = store.remove(source_prefix)
+        click.echo(f"removed {removed} passages; {store.count()} left")
+
+
+@memory.command("reindex")
+@click.option("--memory", "memory_path", required=True)
+@click.option("--full", is_flag=True, help="Recompute every vector and rebuild the full-text index.")
+def memory_reindex(memory_path: str, full: bool) -> None:
+    """Fill in missing vectors (e.g. a store built before dense search existed)."""
+    from .store.sqlite import SQLiteMemory
+
+    _check_memory(memory_path)
+    with SQLiteMemory(memory_path) as store:
+        click.echo(f"embedded {store.reindex(full=full)} passages")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,8 +472,7 @@ def eval_cmd(data: str, modes: str, memory: str, web_url: str | None, no_tools: 
     read_items(data, 1)
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
     config = resolve_config(kwargs)
-    if memory not in ("none", "demo") and not Path(memory).exists():
-        raise InputError(f"--memory={memory!r} does not exist; build it with: surprisegate memory add --memory {memory} FILE.jsonl")
+    _check_memory(memory)
     arms = build_arms(config, memory, tools=not no_tools)
     if web_url:
         arms["web"] = build_web_arm(web_url)
@@ -495,6 +545,29 @@ def bench_rewind(context_tokens: int, repeats: int, as_json: bool) -> None:
 
     out = run(context_tokens=context_tokens, repeats=repeats, progress=lambda m: click.echo(m, err=True))
     click.echo(json.dumps(out) if as_json else _pretty(out))
+
+
+@bench.command("memory")
+@click.option("--passages", "n_passages", default=100_000, show_default=True, type=int)
+@click.option("--queries", default=200, show_default=True, type=int)
+@click.option("--milvus/--no-milvus", default=True, show_default=True, help="Also measure milvus-lite.")
+@click.option("--json", "as_json", is_flag=True)
+def bench_memory_cmd(n_passages: int, queries: int, milvus: bool, as_json: bool) -> None:
+    """p50/p95/p99 query latency of the SQLite store (hybrid) at N synthetic passages, Milvus beside it."""
+    from .store.bench_memory import bench_memory
+
+    milvus_bench = None
+    if milvus:
+        try:
+            import milvus_lite  # noqa: F401
+            import pymilvus  # noqa: F401
+
+            from .store.bench_milvus import bench_milvus_on as milvus_bench
+        except ImportError:
+            click.echo("milvus-lite not installed: pip install 'surprisegate[milvus]'; SQLite only", err=True)
+    out = bench_memory(n_passages=n_passages, queries=queries, progress=lambda m: click.echo(m, err=True),
+                       milvus_bench=milvus_bench)
+    click.echo(json.dumps(out, default=str) if as_json else _pretty(out))
 
 
 def _pretty(d: dict) -> str:

@@ -475,7 +475,7 @@ def factkb(lite_db):
 @needs_milvus_lite
 def test_factkb_dev_questions_find_their_passage(factkb):
     assert factkb.search("What is the capital of Atlantis?")[0].score < 0.3
-    rows = [json.loads(line) for line in (SHARED_DATA / "factqa_dev.jsonl").read_text().splitlines()][::4]
+    rows = [json.loads(line) for line in (SHARED_DATA / "factqa_dev.jsonl").read_text().splitlines()][::8]
     top = [factkb.search(row["question"])[0].source for row in rows]
     accuracy = sum(source == row["kb_id"] for source, row in zip(top, rows)) / len(rows)
-    assert accuracy >= 0.98  # measured 0.99 on every 4th row, as SQLiteMemory
+    assert accuracy >= 0.98  # every 8th row: 0.99 (SQLiteMemory: 0.99)

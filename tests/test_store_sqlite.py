@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sqlite3
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import numpy as np
 
 from surprisegate.errors import InputError, MissingDependency
 from surprisegate.store import sqlite as sqlite_store
@@ -305,7 +305,7 @@ def test_factkb_dev_questions_find_their_passage(factkb):
 # -- dense vectors and hybrid search -------------------------------------------------------------
 
 needs_wordllama = pytest.mark.skipif(
-    __import__("importlib").util.find_spec("wordllama") is None, reason="wordllama (the default embedder) is not installed"
+    importlib.util.find_spec("wordllama") is None, reason="wordllama (the default embedder) is not installed"
 )
 
 STATS_KEYS = {
@@ -382,9 +382,10 @@ def test_each_mode_fills_score_bm25_and_cosine_as_documented(store):
 
 
 def test_unknown_mode_is_an_input_error(tmp_path):
-    with SQLiteMemory(tmp_path / "m.sqlite", create=True, embedder=None) as memory:
-        with pytest.raises(InputError, match="mode='semantic' is not a search mode"):
-            memory.search("capital", mode="semantic")
+    with SQLiteMemory(tmp_path / "m.sqlite", create=True, embedder=None) as memory, pytest.raises(
+        InputError, match="mode='semantic' is not a search mode"
+    ):
+        memory.search("capital", mode="semantic")
     with pytest.raises(InputError, match="not a search mode"):
         SQLiteMemory(tmp_path / "m.sqlite", mode="fuzzy")
 

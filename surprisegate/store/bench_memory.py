@@ -64,7 +64,8 @@ def synthetic_world(n_passages: int, seed: int = SEED) -> tuple[list[dict[str, s
     counts["person"] += n_passages - sum(counts.values())  # the rounding remainder
     countries = [name() for _ in range(counts["country"])]
     cities = [name() for _ in range(counts["city"])]
-    companies = [name() + " " + rng.choice(["Works", "Group", "Holdings", "Lines", "Labs"]) for _ in range(counts["company"])]
+    company_kinds = ["Works", "Group", "Holdings", "Lines", "Labs"]
+    companies = [f"{name()} {rng.choice(company_kinds)}" for _ in range(counts["company"])]
     rivers = [name() for _ in range(counts["river"])]
     passages: list[dict[str, str]] = []
     questions: list[dict[str, str]] = []
@@ -79,7 +80,8 @@ def synthetic_world(n_passages: int, seed: int = SEED) -> tuple[list[dict[str, s
         currency = name()
         add("country", country,
             f"{country} is a country in {rng.choice(CONTINENTS)}. The capital of {country} is {capital}. "
-            f"The currency of {country} is the {currency} crown. The population of {country} is about {rng.randint(10**5, 10**8):,}.",
+            f"The currency of {country} is the {currency} crown. "
+            f"The population of {country} is about {rng.randint(10**5, 10**8):,}.",
             f"What is the capital of {country}?", f"The capital of {country} is {other}")
     for city in cities:
         country = rng.choice(countries)
@@ -97,8 +99,8 @@ def synthetic_world(n_passages: int, seed: int = SEED) -> tuple[list[dict[str, s
     for company in companies:
         boss = f"{name()} {name()}"
         add("company", company,
-            f"{company} is {_article(rng.choice(INDUSTRIES))} company founded in {rng.randint(1850, 2020)} and based in "
-            f"{rng.choice(cities)}. Its chief executive is {boss}.",
+            f"{company} is {_article(rng.choice(INDUSTRIES))} company founded in {rng.randint(1850, 2020)} "
+            f"and based in {rng.choice(cities)}. Its chief executive is {boss}.",
             f"Who runs {company}?", f"The chief executive of {company} is {boss}")
     for river in rivers:
         add("river", f"{river} river",

@@ -21,7 +21,6 @@ import numpy as np
 
 from ..errors import InputError, MissingDependency
 
-
 _LOADED: dict[str, object] = {}  # loaded models by embedder name (and device)
 _LOAD_LOCK = threading.Lock()
 
@@ -86,13 +85,19 @@ class WordLlamaEmbedder:
                 # The wheel keeps its tokenizer in tokenizers/, where wordllama looks only inside its cache
                 # folder; pointing cache_dir at the package finds both files, and disable_download turns a
                 # missing file into an error instead of a download.
-                model = _LOADED[self.name] = WordLlama.load(
-                    config=self.CONFIG,
-                    dim=self.BUNDLED_DIM,
-                    trunc_dim=None if self.dim == self.BUNDLED_DIM else self.dim,
-                    cache_dir=package_dir,
-                    disable_download=True,
-                )
+                try:
+                    model = _LOADED[self.name] = WordLlama.load(
+                        config=self.CONFIG,
+                        dim=self.BUNDLED_DIM,
+                        trunc_dim=None if self.dim == self.BUNDLED_DIM else self.dim,
+                        cache_dir=package_dir,
+                        disable_download=True,
+                    )
+                except FileNotFoundError as err:  # a wordllama release that moved or dropped its bundled files
+                    raise MissingDependency(
+                        f"wordllama's bundled weights are not where this surprisegate expects them ({err}); "
+                        "install the version it was built for with: pip install 'wordllama>=0.4,<0.5'"
+                    ) from err
         return model
 
     def encode(self, texts: list[str]) -> np.ndarray:
@@ -170,7 +175,10 @@ def embedder_from_name(name: str) -> Embedder:
         return WordLlamaEmbedder(dim=int(name.rsplit("-", 1)[1]))
     if name == MiniLMEmbedder.name:
         return MiniLMEmbedder()
-    raise InputError(f"embedder={name!r} is not one this surprisegate knows; known: wordllama-l2_supercat-256, {MiniLMEmbedder.name}")
+    raise InputError(
+        f"embedder={name!r} is not one this surprisegate knows; "
+        f"known: wordllama-l2_supercat-256 (or -128, -64), {MiniLMEmbedder.name}"
+    )
 
 
 def default_embedder() -> Embedder:

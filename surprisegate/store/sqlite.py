@@ -414,7 +414,7 @@ class SQLiteMemory:
             usable = self._search_embedder() is not None and (vectors > 0 or passages == 0)
             note = None
             if not usable:
-                why = self._embedder_problem or "the store has no vectors yet; run reindex() to add them"
+                why = self._embedder_problem or "the store has no vectors yet; run `surprisegate memory reindex --memory PATH` to add them"
                 note = f"{why}; searching by BM25 only"
             elif vectors < passages:
                 note = f"{passages - vectors} passages have no vector yet (dense search misses them); run reindex()"
@@ -537,7 +537,9 @@ class SQLiteMemory:
         """Embed the passages that have no vector (all of them with `full=True`, which also rebuilds the
         full-text index). Returns how many passages were embedded."""
         if self._embedder_choice is None:
-            raise InputError(f"memory={str(self.path)!r} was opened with embedder=None; open it with embedder='auto' to add vectors")
+            raise InputError(
+                f"memory={str(self.path)!r} was opened with embedder=None; open it with embedder='auto' to add vectors"
+            )
         with self._lock, self._write_transaction():
             embedder = self._writing_embedder()
             if embedder is None:
@@ -616,7 +618,8 @@ class SQLiteMemory:
         embedded = 0
         for start in range(0, len(missing), EMBED_BATCH):
             batch = missing[start : start + EMBED_BATCH]
-            embedded += self._write_vectors(embedder, [(rowid, embedding_text(title, text)) for rowid, title, text in batch])
+            texts = [(rowid, embedding_text(title, text)) for rowid, title, text in batch]
+            embedded += self._write_vectors(embedder, texts)
         return embedded
 
     def _write_vectors(self, embedder: Embedder, items: list[tuple[int, str]]) -> int:
@@ -665,9 +668,8 @@ class SQLiteMemory:
         return frequency
 
     def _has_vector_table(self) -> bool:
-        return bool(
-            self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'passage_vectors'").fetchone()
-        )
+        found = self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'passage_vectors'")
+        return found.fetchone() is not None
 
     def _vector_count(self) -> int:
         if not self._has_vector_table():
@@ -787,7 +789,8 @@ class SQLiteMemory:
         if mode == "dense" and index is None:
             raise InputError(
                 f"mode='dense' needs vectors, but memory={str(self.path)!r} cannot use any "
-                f"({self._embedder_problem or 'it has none yet'}); run reindex(), or search with mode='hybrid' or 'bm25'"
+                f"({self._embedder_problem or 'it has none yet'}); "
+                "run reindex(), or search with mode='hybrid' or 'bm25'"
             )
         similarities = None
         if index is not None:
@@ -883,14 +886,17 @@ class SQLiteMemory:
         """Those of `rowids` whose passage holds `phrase`."""
         if self._frequency(phrase) <= HOLDERS_SCAN_RATIO * len(rowids):
             wanted = set(rowids)
-            postings = self._conn.execute("SELECT rowid FROM passages_fts WHERE passages_fts MATCH ?", (_fts_phrase(phrase),))
+            postings = self._conn.execute(
+                "SELECT rowid FROM passages_fts WHERE passages_fts MATCH ?", (_fts_phrase(phrase),)
+            )
             return [rowid for (rowid,) in postings if rowid in wanted]
         # FTS5 answers "rowid = ?" by seeking the posting list: cheap for a handful of passages even when
         # the word is in half the store.
         return [
             rowid
             for (rowid,) in self._conn.execute(
-                f"SELECT rowid FROM passages_fts WHERE passages_fts MATCH ? AND rowid IN ({','.join('?' * len(rowids))})",
+                "SELECT rowid FROM passages_fts WHERE passages_fts MATCH ? "
+                f"AND rowid IN ({','.join('?' * len(rowids))})",
                 (_fts_phrase(phrase), *rowids),
             )
         ]
