@@ -86,10 +86,23 @@ def call_with_deadline(fn: Callable[[], Any], deadline: float) -> tuple[str, Any
     return "ok", box.get("value")
 
 
-def ground_round(arms: Mapping[str, Arm], order: Sequence[str], query: Query, deadline: float) -> tuple[Evidence | None, list[dict]]:
-    """Try arms in order until one returns evidence; all of it under one hard deadline."""
+def ground_round(arms: Mapping[str, Arm], order: Sequence[str], query: Query, deadline: float,
+                 cache: dict | None = None) -> tuple[Evidence | None, list[dict]]:
+    """Try arms in order until one returns evidence; all of it under one hard deadline.
+
+    `cache` (per reply) remembers each arm's answer to a question: a later round of the same reply asks
+    the same question, and paying for the same lookup twice buys nothing.
+    """
     reports: list[dict] = []
     for name in order:
+        key = (name, query.question, query.span_class)
+        if cache is not None and key in cache:
+            results = cache[key]
+            reports.append({"arm": name, "status": "ok" if results else "empty", "cached": True, "latency_ms": 0.0,
+                            "results": [e.to_dict() for e in results]})
+            if results:
+                return results[0], reports
+            continue
         arm = arms.get(name)
         if arm is None:
             reports.append({"arm": name, "status": "skipped", "reason": "arm not configured", "latency_ms": 0.0, "results": []})
@@ -107,6 +120,8 @@ def ground_round(arms: Mapping[str, Arm], order: Sequence[str], query: Query, de
                 report["status"] = "timeout"
         elif status == "ok":
             results = list(value or [])
+            if cache is not None:
+                cache[key] = results
             report["results"] = [e.to_dict() for e in results]
             if results:
                 reports.append(report)
@@ -195,6 +210,7 @@ def stream(
     copies = CopyTracker(question + " " + assistant_prefix) if config.signal.startswith("novel") else None
     reply = _Reply()
     rounds: list[dict] = []
+    arm_cache: dict = {}  # per reply: (arm, question, class) -> evidence list
     would_trigger: list[dict] = []  # detect mode: crossings recorded, never acted on
     decoded = 0  # every token sampled, including dropped ones
     window_max = 0.0  # highest statistic of a window eligible to trigger, over every token decoded
@@ -260,7 +276,7 @@ def stream(
                 yield trigger
                 record, new_logits = yield from _intervene(
                     backend, layout, config, arms, router, question, reply, trigger, emitted, holdback, rounds, context,
-                    prefix_tokens,
+                    prefix_tokens, arm_cache,
                 )
                 rounds.append(record)
                 if new_logits is not None:
@@ -319,7 +335,7 @@ def _trigger_dict(t: Trigger) -> dict:
 
 
 def _intervene(backend, layout, config, arms, router, question, reply, trigger, emitted, holdback, earlier_rounds,
-               context, prefix_tokens):
+               context, prefix_tokens, cache):
     """One grounding round. Returns (convergence record, new logits or None when resumed unmodified)."""
     started = time.monotonic()
     deadline = started + config.round_deadline_s
@@ -332,7 +348,7 @@ def _intervene(backend, layout, config, arms, router, question, reply, trigger, 
     order = tuple(a for a in configured if a in arms)
     query = Query(query.span, query.question, query.sentence, span_class=route.span_class)
 
-    chosen, arm_reports = ground_round(arms, order, query, deadline)
+    chosen, arm_reports = ground_round(arms, order, query, deadline, cache)
     record: dict[str, Any] = {
         "round": trigger.round,
         "trigger": _trigger_dict(trigger),

@@ -267,3 +267,14 @@ def test_per_kind_threshold_overrides_the_global_one():
     assert high.rounds == [] and high.text == WRONG
     _, events, low = run(cfg(threshold=100.0, kind_thresholds={"capital": 3.0}), arms)
     assert low.rounds and next(e for e in events if isinstance(e, Trigger)).threshold == 3.0
+
+
+def test_a_later_round_reuses_the_arm_answer_instead_of_calling_again():
+    def stubborn(context):
+        return plan(WRONG, doubtful="Wrongville")
+
+    arm = StaticArm("memory", [RIGHT_EVIDENCE])
+    _, _, done = run(cfg(max_rounds=2), {"memory": arm}, script=stubborn)
+    assert len(done.rounds) == 2 and len(arm.calls) == 1
+    second = done.rounds[1]
+    assert second["arms"][0]["cached"] is True and second["action"] == "resumed_unmodified"

@@ -13,6 +13,7 @@ import importlib.util
 import itertools
 import json
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from surprisegate.errors import BackendError, InputError
+from surprisegate.errors import BackendError, InputError, MissingDependency
 from surprisegate.store.open import open_memory
 from surprisegate.store.sqlite import MAX_CHUNK_CHARS, Hit, SQLiteMemory
 
@@ -321,6 +322,23 @@ def test_scores_and_idf_equal_sqlites(module_store, tmp_path):
             assert module_store.idf(word) == pytest.approx(sqlite.idf(word)), word
 
 
+@needs_milvus_lite
+def test_another_handles_writes_reach_the_score(lite_db, monkeypatch):
+    """Document frequencies are cached, but a change in the store (here by another handle) drops them."""
+    import surprisegate.store.milvus as milvus
+
+    monkeypatch.setattr(milvus, "TOTAL_TTL_S", 0.0)  # re-count on every search instead of once a second
+    uri = lite_uri(lite_db)
+    with open_memory(uri, create=True, embedder=None) as writer, open_memory(uri, embedder=None) as reader:
+        writer.add_passages([{"text": f"Zorblat is a town number {i}.", "source": f"z:{i}"} for i in range(3)])
+        writer.add_passages([{"text": f"Plain filler passage number {i}.", "source": f"f:{i}"} for i in range(7)])
+        before = reader.idf("Zorblat")
+        assert before == pytest.approx(SQLiteMemory._idf(3, 10))
+        writer.remove("z:0")
+        assert reader.idf("Zorblat") == pytest.approx(SQLiteMemory._idf(2, 9))
+        assert reader.search("Where is Zorblat?")[0].source in {"z:1", "z:2"}
+
+
 @by_kind()
 def test_deadline_already_passed_raises_timeout(store):
     with pytest.raises(TimeoutError):
@@ -398,6 +416,7 @@ def test_store_persists_across_reopen(lite_db, tmp_path):
 
 @needs_milvus_lite
 def test_missing_collection_names_uri_and_fix(lite_db):
+    open_memory(lite_uri(lite_db), create=True, embedder=None).close()  # the file exists, the collection not
     uri = lite_uri(lite_db, "never_made")
     with pytest.raises(InputError) as err:
         open_memory(uri)
@@ -444,6 +463,13 @@ def test_plain_path_opens_sqlite(tmp_path):
         assert isinstance(memory, SQLiteMemory)
     with pytest.raises(InputError, match="does not exist"):
         open_memory(str(tmp_path / "other.sqlite"))
+
+
+def test_missing_milvus_lite_says_what_to_install(tmp_path, monkeypatch):
+    pytest.importorskip("pymilvus")
+    monkeypatch.setitem(sys.modules, "milvus_lite", None)  # as if not installed
+    with pytest.raises(MissingDependency, match=r"milvus-lite cannot load .*pip install 'surprisegate\[milvus\]'"):
+        open_memory(f"milvus-lite:{tmp_path / 'm.db'}#memory", create=True)
 
 
 def test_unreachable_server_fails_fast_with_uri_and_fix():

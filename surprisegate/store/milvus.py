@@ -7,12 +7,18 @@ works for both. How it stays the same:
   case and accent folding) run on an in-memory scratch table, so "capitals" meets "capital" exactly as
   in SQLiteMemory. Milvus indexes those stems (`terms`, BM25 by a server-side `Function`) and keeps each
   passage's distinct stems in an array (`words`) for document frequencies.
-- Score: the same IDF coverage of the query's terms. Whether a candidate holds a term is read from the
-  `words` its search returned; a term's document frequency is counted by the engine (`array_contains`,
-  index-backed on a server) and cached until the store's passage count changes, so a warm search costs
-  one count and one or two searches, and stays right when another process writes.
-- Ranking: Milvus's BM25, re-ranked by `context=` as in SQLiteMemory; with vectors, fused with dense
-  (inner product) search by reciprocal rank (k=60), a vector-only find kept only if it holds a query word.
+- Score: the same IDF coverage of the query's terms. Whether a passage holds a term is read from its
+  `words`; a term's document frequency is counted by the engine (one BM25 request lists the holders of
+  all of a query's rare words; a common word is counted by `array_contains`), cached with the passage
+  count it belongs to, and counted again once that count changes (checked at most every TOTAL_TTL_S).
+  No side table to keep in step, so it stays right whichever process writes.
+- Ranking: Milvus's BM25 over stems plus a made-up word per adjacent stem pair (FTS5's phrases),
+  re-ranked by `context=` as in SQLiteMemory. With vectors, "hybrid" orders as SQLiteMemory does:
+  passages holding more of the query's names and word pairs first, then reciprocal-rank fusion (k=60)
+  of BM25 and dense (inner product) search; a vector-only find must hold a word of the query.
+
+A search is about four round trips (BM25, its context re-rank, document frequencies on a cache miss,
+fetching the k best), the independent ones sent side by side.
 
 Milvus has no transactions: an ingest checks every passage before writing any, and deletes what it
 wrote if a write fails midway. A collection's fields are fixed when it is made, so a store built
@@ -145,6 +151,19 @@ def _import_pymilvus():
     return pymilvus
 
 
+def _import_milvus_lite(uri: str) -> None:
+    # pymilvus would report a missing or broken milvus-lite as a failed connection; say what to install.
+    try:
+        import milvus_lite  # noqa: F401
+    except ImportError as err:
+        fix = (
+            "pip install 'setuptools<81' (milvus-lite 2.5 imports pkg_resources)"
+            if err.name == "pkg_resources"
+            else "pip install 'surprisegate[milvus]'"
+        )
+        raise MissingDependency(f"memory={uri!r} is a milvus-lite store, but milvus-lite cannot load ({err}); {fix}") from err
+
+
 def _quote(value: str) -> str:
     """A string literal for a Milvus filter expression."""
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -187,15 +206,12 @@ class MilvusMemory:
         self._workers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="surprisegate-milvus")
         self._pymilvus = _import_pymilvus()
         self._is_lite = not client_uri.startswith(("http://", "https://", "tcp://", "unix:"))
+        if self._is_lite:
+            _import_milvus_lite(self.uri)
         try:
             self._client = self._pymilvus.MilvusClient(uri=client_uri, token=token, timeout=connect_timeout)
         except self._pymilvus.MilvusException as err:
             raise self._unreachable(err) from err
-        except ImportError as err:  # a ".db" path without milvus-lite installed
-            raise MissingDependency(
-                f"memory={self.uri!r} is a milvus-lite store, which needs milvus-lite; "
-                "install it with: pip install 'surprisegate[milvus]'"
-            ) from err
         try:
             self._open(create, embedder)
         except BaseException:
@@ -420,8 +436,10 @@ class MilvusMemory:
         """
         rows = self._rows(passages)
         if rows and self._has_vectors and self.embedder is None:
-            raise InputError(f"memory={self.uri!r} keeps vectors for every passage, but {self._embedder_problem}; "
-                             "open it with embedder='auto' so that new passages get theirs too")
+            raise InputError(
+                f"memory={self.uri!r} keeps vectors for every passage, but {self._embedder_problem}; "
+                "open it with embedder='auto' so that new passages get theirs too"
+            )
         report = IngestReport()
         written: list[str] = []
         try:
@@ -557,27 +575,30 @@ class MilvusMemory:
         if mode == "dense":
             ids = self._dense(query_vector, k, deadline) if query_vector.any() else []
             fetched = self._fetch(ids, True, deadline)
-            cosines = {id: float(fetched[id].vector @ query_vector) for id in ids}
-            return [_hit(fetched[id], max(0.0, cosines[id]), 0.0, cosines[id]) for id in ids]
+            found = [fetched[id] for id in ids if id in fetched]  # one removed meanwhile is gone
+            cosines = {candidate.id: float(candidate.vector @ query_vector) for candidate in found}
+            return [_hit(candidate, max(0.0, cosines[candidate.id]), 0.0, cosines[candidate.id]) for candidate in found]
 
         # Round trips that do not wait on each other's answers run side by side: the counts behind
         # `score`, the dense search, and the BM25 searches.
         counting = self._start_counts([_TOKENIZER.stems(term.word) for term in terms + context_terms], deadline)
         dense_search = None if query_vector is None else self._workers.submit(self._dense, query_vector, pool, deadline)
-        lexical, query_bm25 = self._lexical(terms, query_bigrams(query), context_terms, pool, deadline)
+        bigrams = query_bigrams(query)
+        lexical, query_bm25 = self._lexical(terms, bigrams, context_terms, pool, deadline)
         if not lexical:  # no passage shares a word with the question: nothing here is about it
             return []
-        order = lexical if dense_search is None else _fuse([lexical, dense_search.result()])
+        order = lexical if dense_search is None else self._hybrid_order(terms, bigrams, lexical, dense_search.result(), deadline)
         total, frequencies = self._finish_counts(*counting, deadline)
-        # Passages are fetched k at a time, best first: a vector-only find must hold a query word, so
-        # that `score` (and the floor) can judge it, and may be passed over for the next.
+        # Passages are fetched k at a time, best first: a vector-only find must hold a word of the
+        # query itself, so that `score` (and the floor) can judge it, and may be passed over.
         best: list[_Candidate] = []
         scores: dict[str, float] = {}
         for start in range(0, len(order), k):
             fetched = self._fetch(order[start : start + k], query_vector is not None, deadline)
             batch = [fetched[id] for id in order[start : start + k] if id in fetched]
-            scores.update(self._scores(terms, context_terms, batch, total, frequencies))
-            best += [candidate for candidate in batch if candidate.id in query_bm25 or scores[candidate.id] > 0.0]
+            batch_scores, holds_query_word = self._coverage(terms, context_terms, batch, total, frequencies)
+            scores.update(batch_scores)
+            best += [candidate for candidate in batch if candidate.id in query_bm25 or candidate.id in holds_query_word]
             if len(best) >= k:
                 break
         return [
@@ -647,16 +668,48 @@ class MilvusMemory:
         rows = self._call("query", self.collection, filter=f"id in {json.dumps(ids)}", output_fields=fields, deadline=deadline)
         return {row["id"]: _candidate(row) for row in rows}
 
+    def _hybrid_order(
+        self, terms: list[QueryTerm], bigrams: list[str], lexical: list[str], dense: list[str], deadline: float | None
+    ) -> list[str]:
+        """SQLiteMemory's hybrid order: passages holding more of the query's names and word pairs first
+        (static vectors blur "Li" and "H"), then by reciprocal-rank fusion, then by BM25 rank."""
+        fused = _fuse([lexical, dense])
+        marks = [stems[0] for term in terms if term.is_name and len(stems := _TOKENIZER.stems(term.word)) == 1]
+        marks += [token for token in _stem_text([], bigrams).split()]
+        names_held = dict.fromkeys(fused, 0)
+        if marks:
+            # One BM25 search per mark, all in one request, each limited to the fused passages.
+            results = self._call(
+                "search",
+                self.collection,
+                data=marks,
+                anns_field="sparse",
+                limit=len(fused),
+                filter=f"id in {json.dumps(fused)}",
+                search_params={"metric_type": "BM25"},
+                output_fields=[],
+                deadline=deadline,
+            )
+            for holders in results:
+                for hit in holders:
+                    if hit["distance"] and hit["id"] in names_held:
+                        names_held[hit["id"]] += 1
+        position = {id: at for at, id in enumerate(fused)}  # already by fused score, then BM25 rank
+        return sorted(fused, key=lambda id: (-names_held[id], position[id]))
+
     @staticmethod
-    def _scores(
+    def _coverage(
         terms: list[QueryTerm],
         context_terms: list[QueryTerm],
         candidates: list[_Candidate],
         total: int,
         frequencies: dict[tuple[str, ...], int],
-    ) -> dict[str, float]:
-        """SQLiteMemory's `score`: the IDF-weighted share of the query's terms each candidate holds."""
+    ) -> tuple[dict[str, float], set[str]]:
+        """(SQLiteMemory's `score` of each candidate: the IDF-weighted share of the query's terms it
+        holds; the candidates holding a word of the query itself, not a number)."""
         stems = {term.word: _TOKENIZER.stems(term.word) for term in terms + context_terms}
+        query_words = {term.word for term in terms if not term.word.isdigit()}
+        holds_query_word: set[str] = set()
         writes_names = any(term.is_name for term in terms)
         covered = {candidate.id: 0.0 for candidate in candidates}
         holds_a_word = dict.fromkeys(covered, False)  # a passage that shares only numbers is not about the query
@@ -674,7 +727,10 @@ class MilvusMemory:
                 if all(stem in candidate.words for stem in group):
                     covered[candidate.id] += weight
                     holds_a_word[candidate.id] |= not term.word.isdigit()
-        return {id: min(1.0, covered[id] / whole) if holds_a_word[id] and whole > 0 else 0.0 for id in covered}
+                    if term.word in query_words:
+                        holds_query_word.add(candidate.id)
+        scores = {id: min(1.0, covered[id] / whole) if holds_a_word[id] and whole > 0 else 0.0 for id in covered}
+        return scores, holds_query_word
 
     # -- document frequencies --------------------------------------------------------------------
 
@@ -726,18 +782,20 @@ class MilvusMemory:
         """
         counts: dict[tuple[str, ...], int] = {}
         single = [group for group in groups if len(group) == 1]
-        if single:
+        per_request = 16  # keeps queries x limit within Milvus's 16,384 results per request
+        for start in range(0, len(single), per_request):
+            chunk = single[start : start + per_request]
             results = self._call(
                 "search",
                 self.collection,
-                data=[stem for (stem,) in single],
+                data=[stem for (stem,) in chunk],
                 anns_field="sparse",
                 limit=DF_PROBE_LIMIT,
                 search_params={"metric_type": "BM25"},
                 output_fields=[],
                 deadline=deadline,
             )
-            for group, holders in zip(single, results):
+            for group, holders in zip(chunk, results):
                 if len(holders) < DF_PROBE_LIMIT:
                     counts[group] = sum(1 for hit in holders if hit["distance"])
         for group in groups:
