@@ -29,7 +29,7 @@ from .surprise import RollingWindow
 WINDOWS = (4, 8, 16, 32)
 STATISTICS = ("mean", "p90", "max")
 MIN_RECALL = 0.5
-MIN_PRECISION = 0.8
+MIN_PRECISION = 0.85  # "recall" objective: catch the most wrong replies while 85% of triggers are on wrong ones
 OBJECTIVES = ("recall", "precision")
 
 
@@ -264,7 +264,8 @@ def kind_thresholds(model: dict, beta: float, cut: float) -> tuple[float, dict[s
     return glob, {k: round(threshold(*v), 4) for k, v in model.items() if k != "_global"}
 
 
-def calibrate_kinds(items: list[Labelled], rules: list[dict], objective: str = "precision") -> dict:
+def calibrate_kinds(items: list[Labelled], rules: list[dict], objective: str = "precision",
+                    min_precision: float = MIN_PRECISION) -> dict:
     """Best (rule, beta) by cross-validated AUROC; the operating point on those honest scores."""
     labels = np.array([0 if it.correct else 1 for it in items])
     kinds = [it.kind for it in items]
@@ -283,14 +284,15 @@ def calibrate_kinds(items: list[Labelled], rules: list[dict], objective: str = "
         precision, recall = precision_recall(scores > cut, labels)
         points.append({"cut": float(cut), "precision": precision, "recall": recall,
                        "trigger_rate": float((scores > cut).mean())})
-    chosen = choose(points, objective=objective)
+    chosen = choose(points, objective=objective, min_precision=min_precision)
     highest_precision = choose(points, objective="precision")
     model = fit_kind_model(best["peaks"], labels, kinds)
     glob, per_kind = kind_thresholds(model, best["beta"], chosen["cut"])
     lo, hi = bootstrap_auroc(scores, labels)
     return {"rule": best["rule"], "beta": best["beta"], "auroc_cv": best["auroc"], "ci_low": lo, "ci_high": hi,
             "chosen": chosen,
-        "objective": objective, "highest_precision_point": highest_precision, "threshold": round(glob, 4), "kind_thresholds": per_kind,
+        "objective": objective,
+        "min_precision": min_precision, "highest_precision_point": highest_precision, "threshold": round(glob, 4), "kind_thresholds": per_kind,
             "kinds": {k: {"prior_wrong": round(v[0], 3), "mean": round(v[1], 3), "sd": round(v[2], 3)}
                       for k, v in model.items()}, "scores": scores}
 
@@ -347,7 +349,7 @@ def plot_curves(items: list[Labelled], chosen: dict, baseline: dict, out_dir: Pa
 
 
 def calibrate(label_dirs: list[str | Path], out_config: str | Path, base: Config | None = None,
-              bootstrap: int = 500, objective: str = "recall",
+              bootstrap: int = 500, objective: str = "recall", min_precision: float = MIN_PRECISION,
               progress: Callable[[str], None] = lambda m: None) -> dict:
     """Compute the report, write the chosen operating point into a TOML config, and plots beside it."""
     items = prepare(iter_labels(label_dirs))
@@ -355,7 +357,7 @@ def calibrate(label_dirs: list[str | Path], out_config: str | Path, base: Config
     table = signal_table(items, bootstrap=bootstrap)
     progress("swept AUROC; sweeping trigger rules ...")
     points = sweep(items)
-    chosen = choose(points, objective=objective)
+    chosen = choose(points, objective=objective, min_precision=min_precision)
     baseline_points = [p for p in points if p["signal"] == "surprise" and p["statistic"] == "mean"]
     baseline = choose(baseline_points)
     # Per-kind normalisation over the strongest few window rules (ranked by plain AUROC of their peak).
@@ -369,7 +371,7 @@ def calibrate(label_dirs: list[str | Path], out_config: str | Path, base: Config
         if len(rules) >= 8:
             break
     progress("fitting per-kind normalisation ...")
-    kinds = calibrate_kinds(items, rules, objective=objective)
+    kinds = calibrate_kinds(items, rules, objective=objective, min_precision=min_precision)
     base = base or Config()
     # Per-kind normalisation is used when it separates better (cross-validated) than the best plain signal.
     use_kinds = kinds["auroc_cv"] > table[0]["auroc"]
@@ -404,6 +406,7 @@ def calibrate(label_dirs: list[str | Path], out_config: str | Path, base: Config
         "best_plain_surprise": best_plain,
         "chosen": chosen,
         "objective": objective,
+        "min_precision": min_precision,
         "baseline_surprise_mean": baseline,
         "config": str(out),
         "plots": plots,

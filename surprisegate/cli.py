@@ -164,7 +164,7 @@ class TerminalView:
             click.echo(event.text, nl=False)
         elif isinstance(event, Trigger):
             click.echo(self.paint(
-                f"\n  ⚠ round {event.round}: {event.statistic} surprise {event.value:.2f} > {event.threshold:.2f} bits "
+                f"\n  ⚠ round {event.round}: {event.statistic} {event.value:.2f} > {event.threshold:.2f} bits "
                 f"on {event.span_text.strip()!r}", "33"))
         elif isinstance(event, Grounding):
             if event.found:
@@ -429,14 +429,16 @@ def label(data: str, out_dir: str, limit: int | None, **kwargs) -> None:
 @click.option("--out", "out_config", required=True, type=click.Path(dir_okay=False), help="Config TOML to write.")
 @click.option("--bootstrap", default=500, show_default=True, type=int, help="Bootstrap resamples for AUROC CIs.")
 @click.option("--objective", type=click.Choice(["recall", "precision"]), default="recall", show_default=True,
-              help="recall: most wrong replies caught at precision >= 0.8 (and recall >= 0.5); "
+              help="recall: most wrong replies caught at precision >= --min-precision (and recall >= 0.5); "
                    "precision: highest precision at recall >= 0.5.")
+@click.option("--min-precision", default=0.85, show_default=True, type=float)
 @click.option("--json", "as_json", is_flag=True)
-def calibrate(label_dirs: tuple[str, ...], out_config: str, bootstrap: int, objective: str, as_json: bool) -> None:
+def calibrate(label_dirs: tuple[str, ...], out_config: str, bootstrap: int, objective: str, min_precision: float,
+              as_json: bool) -> None:
     """AUROC of each signal, sweep of trigger rules, chosen operating point written to a config, plots."""
     from .calibrate import calibrate as run
 
-    report = run(list(label_dirs), out_config, bootstrap=bootstrap, objective=objective,
+    report = run(list(label_dirs), out_config, bootstrap=bootstrap, objective=objective, min_precision=min_precision,
                  progress=lambda m: click.echo(m, err=True))
     if as_json:
         click.echo(json.dumps({k: v for k, v in report.items() if k != "auroc_table"}))

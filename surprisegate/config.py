@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+from . import calibrated
 from .errors import ConfigError
 from .signals import SIGNALS
 from .surprise import STATISTICS
@@ -29,17 +30,17 @@ ARM_NAMES = ("memory", "web", "tool")
 class Config:
     # --- detection ---
     mode: str = field(default="off", metadata={"help": "off | detect | intervene"})
-    signal: str = field(default="surprise", metadata={
+    signal: str = field(default=calibrated.SIGNAL, metadata={
         "help": "per-token value in the window: surprise | entropy | novel (surprise of tokens not copied from "
                 "the question) | novel_entropy"})
-    statistic: str = field(default="mean", metadata={"help": "rolling statistic: mean | p90 | max"})
-    # Provisional operating point from 200 factqa_dev items on SmolLM2-135M (fires on 84% of replies,
-    # precision 0.73, recall 0.87: with a gold memory a rewound right answer stays right);
-    # `surprisegate calibrate` writes a measured one.
-    window: int = field(default=4, metadata={"help": "rolling window size W in tokens"})
-    threshold: float = field(default=1.0, metadata={"help": "trigger when window statistic (bits) exceeds this"})
-    min_tokens: int = field(default=4, metadata={"help": "tokens in the window before it may trigger (capped at window)"})
-    kind_thresholds: dict = field(default_factory=dict, metadata={
+    statistic: str = field(default=calibrated.STATISTIC, metadata={"help": "rolling statistic: mean | p90 | max"})
+    # The operating point `surprisegate calibrate` measured on the dev labels (see calibrated.py).
+    window: int = field(default=calibrated.WINDOW, metadata={"help": "rolling window size W in tokens"})
+    threshold: float = field(default=calibrated.THRESHOLD, metadata={
+        "help": "trigger when window statistic (bits) exceeds this (kinds without their own threshold)"})
+    min_tokens: int = field(default=calibrated.MIN_TOKENS, metadata={
+        "help": "tokens in the window before it may trigger (capped at window)"})
+    kind_thresholds: dict = field(default_factory=lambda: dict(calibrated.KIND_THRESHOLDS), metadata={
         "help": "per-kind-of-question thresholds (bits) learned by calibrate; other kinds use threshold"})
     tail_cut: float = field(default=4.0, metadata={"help": "bits above which a token counts toward tail mass"})
     # --- intervention ---
@@ -167,7 +168,7 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
             if isinstance(value, bool):
                 raise ValueError
             return float(value)
-        if _FIELD_TYPES[key].default_factory is dict:
+        if key == "kind_thresholds":
             if isinstance(value, str):
                 value = tomllib.loads("t = " + value)["t"] if value.strip().startswith("{") else {}
             return {str(k): float(v) for k, v in dict(value).items()}

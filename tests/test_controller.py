@@ -45,7 +45,8 @@ RIGHT_EVIDENCE = Evidence(claim="capital of Testland", evidence="The capital of 
 
 
 def cfg(**kw):
-    base = dict(mode="intervene", statistic="max", window=4, threshold=3.0, min_tokens=1, max_tokens=60, system_prompt="")
+    base = dict(mode="intervene", signal="surprise", statistic="max", window=4, threshold=3.0, min_tokens=1,
+                max_tokens=60, system_prompt="", kind_thresholds={})
     return Config(**(base | kw))
 
 
