@@ -461,12 +461,13 @@ def calibrate(label_dirs: tuple[str, ...], out_config: str, bootstrap: int, obje
 @click.option("--memory", default="none", show_default=True, help="Memory store for the memory arm ('none' = no memory).")
 @click.option("--web", "web_url", default=None, help="SearxNG-compatible search URL for the web arm.")
 @click.option("--no-tools", is_flag=True)
-@click.option("--limit", type=int, default=None)
+@click.option("--limit", type=int, default=None, help="Only the first N items.")
+@click.option("--sample", type=int, default=None, help="A seeded random subset of N items (after --limit).")
 @click.option("--out", "out_dir", default="eval-out", show_default=True, type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True)
 @config_options
 def eval_cmd(data: str, modes: str, memory: str, web_url: str | None, no_tools: bool, limit: int | None,
-             out_dir: str, as_json: bool, **kwargs) -> None:
+             sample: int | None, out_dir: str, as_json: bool, **kwargs) -> None:
     """The A/B: accuracy, regressions, trigger rate, grounding calls, tokens and time per mode."""
     from .evaluate import evaluate
     from .labeling import read_items
@@ -479,7 +480,8 @@ def eval_cmd(data: str, modes: str, memory: str, web_url: str | None, no_tools: 
     if web_url:
         arms["web"] = build_web_arm(web_url)
     backend = load_backend_for(config)
-    summary = evaluate(data, mode_list, backend, config, arms, out_dir, limit=limit, progress=_progress_bar("eval"))
+    summary = evaluate(data, mode_list, backend, config, arms, out_dir, limit=limit, sample=sample,
+                       progress=_progress_bar("eval"))
     if as_json:
         click.echo(json.dumps(summary))
     else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import re
 import time
 from dataclasses import dataclass, field
@@ -165,12 +166,15 @@ def run_mode(mode: str, backend, item: dict, config: Config, arms: Mapping[str, 
 
 
 def evaluate(data: str | Path, modes: Sequence[str], backend, config: Config, arms: Mapping[str, Arm],
-             out_dir: str | Path, limit: int | None = None,
+             out_dir: str | Path, limit: int | None = None, sample: int | None = None, seed: int = 0,
              progress: Callable[[int, int, str], None] | None = None) -> dict:
     for m in modes:
         if m not in MODES:
             raise InputError(f"--modes contains {m!r}; use any of {', '.join(MODES)}")
     items = read_items(data, limit)
+    if sample and sample < len(items):
+        # A seeded random subset: the files are ordered (by entity, by subtask), so the first N are not typical.
+        items = random.Random(seed).sample(items, sample)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
