@@ -536,7 +536,7 @@ def test_old_store_without_vectors_is_searchable_and_reindex_adds_them(tmp_path)
     with SQLiteMemory(path) as memory:
         stats = memory.stats()
         assert (stats["schema_version"], stats["vectors"], stats["search_modes"]) == (1, 0, ["bm25"])
-        assert "reindex()" in stats["note"]
+        assert "memory reindex" in stats["note"]
         hits = memory.search("What is the capital of Burkina Faso?")  # hybrid falls back to BM25
         assert hits[0].source == "country:BF" and hits[0].cosine is None
         with pytest.raises(InputError, match="reindex"):

@@ -17,8 +17,9 @@ works for both. How it stays the same:
   passages holding more of the query's names and word pairs first, then reciprocal-rank fusion (k=60)
   of BM25 and dense (inner product) search; a vector-only find must hold a word of the query.
 
-A search is about four round trips (BM25, its context re-rank, document frequencies on a cache miss,
-fetching the k best), the independent ones sent side by side.
+A search is a few round trips (BM25 returning its passages' fields, the context re-rank, document
+frequencies on a cache miss; with vectors, the dense search and the name check), the independent ones
+sent side by side.
 
 Milvus has no transactions: an ingest checks every passage before writing any, and deletes what it
 wrote if a write fails midway. A collection's fields are fixed when it is made, so a store built
@@ -573,9 +574,7 @@ class MilvusMemory:
         pool = max(k, CANDIDATE_POOL)
 
         if mode == "dense":
-            ids = self._dense(query_vector, k, deadline) if query_vector.any() else []
-            fetched = self._fetch(ids, True, deadline)
-            found = [fetched[id] for id in ids if id in fetched]  # one removed meanwhile is gone
+            found = self._dense(query_vector, k, deadline) if query_vector.any() else []
             cosines = {candidate.id: float(candidate.vector @ query_vector) for candidate in found}
             return [_hit(candidate, max(0.0, cosines[candidate.id]), 0.0, cosines[candidate.id]) for candidate in found]
 
@@ -584,18 +583,21 @@ class MilvusMemory:
         counting = self._start_counts([_TOKENIZER.stems(term.word) for term in terms + context_terms], deadline)
         dense_search = None if query_vector is None else self._workers.submit(self._dense, query_vector, pool, deadline)
         bigrams = query_bigrams(query)
-        lexical, query_bm25 = self._lexical(terms, bigrams, context_terms, pool, deadline)
+        lexical, query_bm25 = self._lexical(terms, bigrams, context_terms, pool, deadline, query_vector is not None)
         if not lexical:  # no passage shares a word with the question: nothing here is about it
             return []
-        order = lexical if dense_search is None else self._hybrid_order(terms, bigrams, lexical, dense_search.result(), deadline)
+        if dense_search is None:
+            order = lexical
+        else:
+            dense = dense_search.result()
+            order = self._hybrid_order(terms, bigrams, lexical, dense, deadline)
         total, frequencies = self._finish_counts(*counting, deadline)
-        # Passages are fetched k at a time, best first: a vector-only find must hold a word of the
-        # query itself, so that `score` (and the floor) can judge it, and may be passed over.
+        # A vector-only find must hold a word of the query itself, so that `score` (and the floor) can
+        # judge it; checked k at a time, best first, as SQLiteMemory does.
         best: list[_Candidate] = []
         scores: dict[str, float] = {}
         for start in range(0, len(order), k):
-            fetched = self._fetch(order[start : start + k], query_vector is not None, deadline)
-            batch = [fetched[id] for id in order[start : start + k] if id in fetched]
+            batch = order[start : start + k]
             batch_scores, holds_query_word = self._coverage(terms, context_terms, batch, total, frequencies)
             scores.update(batch_scores)
             best += [candidate for candidate in batch if candidate.id in query_bm25 or candidate.id in holds_query_word]
@@ -618,19 +620,30 @@ class MilvusMemory:
         return SQLiteMemory._idf(frequencies.get(group, 0), total)
 
     def _lexical(
-        self, terms: list[QueryTerm], bigrams: list[str], context_terms: list[QueryTerm], pool: int, deadline: float | None
-    ) -> tuple[list[str], dict[str, float]]:
-        """The ids of the `pool` best passages by BM25, re-ranked by `context_terms`, and their query BM25."""
-        query_bm25 = dict(self._bm25(_stem_text(terms, bigrams), pool, deadline))
+        self,
+        terms: list[QueryTerm],
+        bigrams: list[str],
+        context_terms: list[QueryTerm],
+        pool: int,
+        deadline: float | None,
+        with_vectors: bool,
+    ) -> tuple[list[_Candidate], dict[str, float]]:
+        """The `pool` best passages by BM25, re-ranked by `context_terms`, and their query BM25 by id."""
+        found = self._bm25(_stem_text(terms, bigrams), pool, deadline, fields=_fields(with_vectors))
+        query_bm25 = {candidate.id: bm25 for candidate, bm25 in found}
         ranking = dict(query_bm25)  # SQLite's convention: lower (more negative) is better
         context_text = _stem_text(context_terms)
         if context_text and ranking:
-            for id, bm25 in self._bm25(context_text, len(ranking), deadline, among=list(ranking)):
-                ranking[id] += CONTEXT_WEIGHT * bm25
-        return sorted(query_bm25, key=ranking.__getitem__), query_bm25
+            for candidate, bm25 in self._bm25(context_text, len(ranking), deadline, among=list(ranking)):
+                ranking[candidate.id] += CONTEXT_WEIGHT * bm25
+        return sorted((candidate for candidate, _ in found), key=lambda candidate: ranking[candidate.id]), query_bm25
 
-    def _bm25(self, text: str, limit: int, deadline: float | None, among: list[str] | None = None) -> list[tuple[str, float]]:
-        """(id, bm25) best first, bm25 negated as in SQLite (lower is better); `among` limits the ids."""
+    def _bm25(
+        self, text: str, limit: int, deadline: float | None, among: list[str] | None = None, fields: list[str] = ()
+    ) -> list[tuple[_Candidate, float]]:
+        """(passage, bm25) best first, bm25 negated as in SQLite (lower is better); `among` limits the
+        ids. The passages hold only the `fields` asked for (the search returns them, which is cheaper
+        than fetching them by id afterwards)."""
         options = {"filter": f"id in {json.dumps(among)}"} if among else {}
         results = self._call(
             "search",
@@ -639,15 +652,15 @@ class MilvusMemory:
             anns_field="sparse",
             limit=limit,
             search_params={"metric_type": "BM25"},
-            output_fields=[],
+            output_fields=list(fields),
             deadline=deadline,
             **options,
         )
         # Engines disagree on the sign of a BM25 "distance" (server: +score, milvus-lite 3: -score).
-        return [(hit["id"], -abs(float(hit["distance"]))) for hit in results[0] if hit["distance"]]
+        return [(_candidate(hit), -abs(float(hit["distance"]))) for hit in results[0] if hit["distance"]]
 
-    def _dense(self, vector: np.ndarray, limit: int, deadline: float | None) -> list[str]:
-        """Ids of the `limit` passages whose vectors are nearest `vector`, best first."""
+    def _dense(self, vector: np.ndarray, limit: int, deadline: float | None) -> list[_Candidate]:
+        """The `limit` passages whose vectors are nearest `vector`, best first."""
         results = self._call(
             "search",
             self.collection,
@@ -655,27 +668,25 @@ class MilvusMemory:
             anns_field="dense",
             limit=limit,
             search_params={"metric_type": "IP"},
-            output_fields=[],
+            output_fields=_fields(True),
             deadline=deadline,
         )
-        return [hit["id"] for hit in results[0]]
-
-    def _fetch(self, ids: list[str], with_vectors: bool, deadline: float | None) -> dict[str, _Candidate]:
-        """The passages with these ids (fewer if some were removed meanwhile)."""
-        if not ids:
-            return {}
-        fields = ["text", "title", "source", "words"] + (["dense"] if with_vectors else [])
-        rows = self._call("query", self.collection, filter=f"id in {json.dumps(ids)}", output_fields=fields, deadline=deadline)
-        return {row["id"]: _candidate(row) for row in rows}
+        return [_candidate(hit) for hit in results[0]]
 
     def _hybrid_order(
-        self, terms: list[QueryTerm], bigrams: list[str], lexical: list[str], dense: list[str], deadline: float | None
-    ) -> list[str]:
+        self,
+        terms: list[QueryTerm],
+        bigrams: list[str],
+        lexical: list[_Candidate],
+        dense: list[_Candidate],
+        deadline: float | None,
+    ) -> list[_Candidate]:
         """SQLiteMemory's hybrid order: passages holding more of the query's names and word pairs first
         (static vectors blur "Li" and "H"), then by reciprocal-rank fusion, then by BM25 rank."""
-        fused = _fuse([lexical, dense])
+        candidates = {candidate.id: candidate for candidate in dense + lexical}
+        fused = _fuse([[candidate.id for candidate in lexical], [candidate.id for candidate in dense]])
         marks = [stems[0] for term in terms if term.is_name and len(stems := _TOKENIZER.stems(term.word)) == 1]
-        marks += [token for token in _stem_text([], bigrams).split()]
+        marks += _stem_text([], bigrams).split()
         names_held = dict.fromkeys(fused, 0)
         if marks:
             # One BM25 search per mark, all in one request, each limited to the fused passages.
@@ -695,7 +706,7 @@ class MilvusMemory:
                     if hit["distance"] and hit["id"] in names_held:
                         names_held[hit["id"]] += 1
         position = {id: at for at, id in enumerate(fused)}  # already by fused score, then BM25 rank
-        return sorted(fused, key=lambda id: (-names_held[id], position[id]))
+        return [candidates[id] for id in sorted(fused, key=lambda id: (-names_held[id], position[id]))]
 
     @staticmethod
     def _coverage(
@@ -844,14 +855,21 @@ def _check_limits(row: dict) -> None:
         raise InputError(f"{where} has {len(row['words']):,} distinct words, more than Milvus holds ({MAX_WORDS:,}); {fix}")
 
 
-def _candidate(row: dict) -> _Candidate:
-    vector = row.get("dense")
+def _fields(with_vectors: bool) -> list[str]:
+    # `words` lets `score` be computed without another round trip; `dense` gives each hit's cosine.
+    return ["text", "title", "source", "words"] + (["dense"] if with_vectors else [])
+
+
+def _candidate(hit) -> _Candidate:
+    """A passage from a search hit; fields the search did not return are left empty."""
+    entity = hit.get("entity") or {}
+    vector = entity.get("dense")
     return _Candidate(
-        id=row["id"],
-        text=row["text"],
-        title=row["title"],
-        source=row["source"],
-        words=frozenset(row["words"] or ()),
+        id=hit["id"],
+        text=entity.get("text", ""),
+        title=entity.get("title", ""),
+        source=entity.get("source", ""),
+        words=frozenset(entity.get("words") or ()),
         vector=None if vector is None else np.asarray(vector, dtype=np.float32),
     )
 
