@@ -31,16 +31,44 @@ HAS_MILVUS_LITE = all(importlib.util.find_spec(name) for name in ("pymilvus", "m
 needs_milvus_lite = pytest.mark.skipif(not HAS_MILVUS_LITE, reason="pip install pymilvus milvus-lite")
 
 PASSAGES = [
-    {"kb_id": "country:BF", "title": "Burkina Faso", "text": "Burkina Faso is a country in Africa. The capital of Burkina Faso is Ouagadougou. The currency of Burkina Faso is the West African CFA Franc (XOF)."},
-    {"kb_id": "country:ML", "title": "Mali", "text": "Mali is a country in Africa. The capital of Mali is Bamako. Mali shares land borders with Burkina Faso, Niger, Senegal."},
-    {"kb_id": "city:2362344", "title": "Bobo-Dioulasso", "text": "Bobo-Dioulasso is a city in Burkina Faso with a population of about 904,920."},
-    {"kb_id": "country:FR", "title": "France", "text": "France is a country in Europe. The capital of France is Paris. The currency of France is the Euro (EUR)."},
-    {"kb_id": "element:He", "title": "Helium", "text": "Helium is the chemical element with symbol He and atomic number 2."},
-    {"kb_id": "element:H", "title": "Hydrogen", "text": "Hydrogen is the chemical element with symbol H and atomic number 1."},
+    {
+        "kb_id": "country:BF",
+        "title": "Burkina Faso",
+        "text": "Burkina Faso is a country in Africa. The capital of Burkina Faso is Ouagadougou. The currency of Burkina Faso is the West African CFA Franc (XOF).",
+    },
+    {
+        "kb_id": "country:ML",
+        "title": "Mali",
+        "text": "Mali is a country in Africa. The capital of Mali is Bamako. Mali shares land borders with Burkina Faso, Niger, Senegal.",
+    },
+    {
+        "kb_id": "city:2362344",
+        "title": "Bobo-Dioulasso",
+        "text": "Bobo-Dioulasso is a city in Burkina Faso with a population of about 904,920.",
+    },
+    {
+        "kb_id": "country:FR",
+        "title": "France",
+        "text": "France is a country in Europe. The capital of France is Paris. The currency of France is the Euro (EUR).",
+    },
+    {
+        "kb_id": "element:He",
+        "title": "Helium",
+        "text": "Helium is the chemical element with symbol He and atomic number 2.",
+    },
+    {
+        "kb_id": "element:H",
+        "title": "Hydrogen",
+        "text": "Hydrogen is the chemical element with symbol H and atomic number 1.",
+    },
 ]
 # Filler, so that words like "capital" are common as in a real store (see test_store_sqlite.py).
 PASSAGES += [
-    {"kb_id": f"country:X{i}", "title": f"Land{i}", "text": f"Land{i} is a country in Asia. The capital of Land{i} is Town{i}."}
+    {
+        "kb_id": f"country:X{i}",
+        "title": f"Land{i}",
+        "text": f"Land{i} is a country in Asia. The capital of Land{i} is Town{i}.",
+    }
     for i in range(20)
 ]
 
@@ -66,7 +94,9 @@ class OtherEmbedder(HashingEmbedder):
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
-    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows), encoding="utf-8")
+    path.write_text(
+        "".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows), encoding="utf-8"
+    )
     return path
 
 
@@ -263,7 +293,9 @@ def test_symbol_that_is_a_stopword_still_counts(module_store):
 
 @by_module_kind()
 def test_wrong_claim_in_context_does_not_outrank_the_question(module_store):
-    hits = module_store.search("What is the capital of Burkina Faso?", context="The capital of Burkina Faso is Bobo-Dioulasso")
+    hits = module_store.search(
+        "What is the capital of Burkina Faso?", context="The capital of Burkina Faso is Bobo-Dioulasso"
+    )
     assert hits[0].source == "country:BF"
     assert hits[0].score >= 0.6
 
@@ -276,9 +308,36 @@ def test_k_limits_results_and_stopwords_find_nothing(module_store):
     assert module_store.search("") == []
 
 
-FTS_SYNTAX = ['AND', 'OR', 'NOT', 'NEAR', 'capital AND', '"capital', 'capital"', '*', 'cap*', 'title:France', ':', '(', ')',
-              '(capital OR', 'NEAR(capital paris)', '^capital', '-France', '+', 'a"b"c', "''", '{title}: x', 'col:', '\x00',
-              'id in ["x"]', 'source like "%"', "\\", '\\"', 'array_contains(words, "capit")']
+FTS_SYNTAX = [
+    "AND",
+    "OR",
+    "NOT",
+    "NEAR",
+    "capital AND",
+    '"capital',
+    'capital"',
+    "*",
+    "cap*",
+    "title:France",
+    ":",
+    "(",
+    ")",
+    "(capital OR",
+    "NEAR(capital paris)",
+    "^capital",
+    "-France",
+    "+",
+    'a"b"c',
+    "''",
+    "{title}: x",
+    "col:",
+    "\x00",
+    'id in ["x"]',
+    'source like "%"',
+    "\\",
+    '\\"',
+    'array_contains(words, "capit")',
+]
 
 
 @by_module_kind()
@@ -292,7 +351,7 @@ def test_query_syntax_in_queries_never_raises(module_store):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     query=st.lists(
-        st.sampled_from(["AND", "OR", "capital", "France", "like", "in", *'"*:()^-+{}[].,?!%_\\ \'é0']), max_size=12
+        st.sampled_from(["AND", "OR", "capital", "France", "like", "in", *"\"*:()^-+{}[].,?!%_\\ 'é0"]), max_size=12
     ).map("".join)
     | st.text(max_size=40)
 )
@@ -383,7 +442,18 @@ def test_stats(store):
         assert "without vectors" in stats["note"]
 
 
-@by_kind(["milvus-hybrid", "sqlite-hybrid"])
+@by_kind(MILVUS_KINDS)
+def test_reindex_has_nothing_to_do_or_says_why_not(store):
+    if store.embedder is not None:
+        assert store.reindex() == 0  # every passage got its vector as it was written
+        with pytest.raises(InputError, match="not offered for Milvus"):
+            store.reindex(full=True)
+    else:
+        with pytest.raises(InputError, match="cannot gain them; build a new store"):
+            store.reindex()
+
+
+@by_kind(["sqlite-hybrid", pytest.param("milvus-hybrid", marks=needs_milvus_lite)])
 def test_dense_and_hybrid_modes(store):
     dense = store.search("capital of France", mode="dense", k=3)
     assert len(dense) == 3 and all(hit.bm25 == 0.0 and hit.score == max(0.0, hit.cosine) for hit in dense)
@@ -427,7 +497,9 @@ def test_missing_collection_names_uri_and_fix(lite_db):
 
 def test_missing_lite_file_names_uri_and_fix(tmp_path):
     uri = f"milvus-lite:{tmp_path / 'nowhere.db'}#memory"
-    with pytest.raises(InputError, match="does not exist; build it with: surprisegate memory add --memory milvus-lite:"):
+    with pytest.raises(
+        InputError, match="does not exist; build it with: surprisegate memory add --memory milvus-lite:"
+    ):
         open_memory(uri)
     assert not (tmp_path / "nowhere.db").exists()
 

@@ -109,7 +109,9 @@ class _Tokenizer:
                     "INSERT INTO scratch(rowid, title, text) VALUES (?, ?, ?)",
                     ((doc, title, text) for doc, (title, text) in enumerate(rows)),
                 )
-                for doc, column, offset, term in self._conn.execute("SELECT doc, col, offset, term FROM scratch_tokens"):
+                for doc, column, offset, term in self._conn.execute(
+                    "SELECT doc, col, offset, term FROM scratch_tokens"
+                ):
                     tokens[doc][column == "text"].append((offset, term))
             finally:
                 self._conn.execute("ROLLBACK")
@@ -162,7 +164,9 @@ def _import_milvus_lite(uri: str) -> None:
             if err.name == "pkg_resources"
             else "pip install 'surprisegate[milvus]'"
         )
-        raise MissingDependency(f"memory={uri!r} is a milvus-lite store, but milvus-lite cannot load ({err}); {fix}") from err
+        raise MissingDependency(
+            f"memory={uri!r} is a milvus-lite store, but milvus-lite cannot load ({err}); {fix}"
+        ) from err
 
 
 def _quote(value: str) -> str:
@@ -245,7 +249,10 @@ class MilvusMemory:
             self._create(self._new_store_embedder(embedder))
             return
         meta = self._read_meta()
-        fix = f"pass a surprisegate memory, or build a new one with: surprisegate memory add --memory {self.uri} FILE.jsonl"
+        fix = (
+            "pass a surprisegate memory, or build a new one with: "
+            f"surprisegate memory add --memory {self.uri} FILE.jsonl"
+        )
         if meta.get("format") != FORMAT_NAME:
             raise InputError(f"memory={self.uri!r} is a Milvus collection but not a surprisegate memory store; {fix}")
         if int(meta.get("schema_version", 0)) > SCHEMA_VERSION:
@@ -273,7 +280,9 @@ class MilvusMemory:
     def _attach_embedder(self, recorded: str | None, dim: int | None, embedder: Embedder | str | None) -> None:
         self._has_vectors = bool(recorded)
         if not recorded:
-            self._embedder_problem = "the collection was built without vectors; build a new one with an embedder installed"
+            self._embedder_problem = (
+                "the collection was built without vectors; build a new one with an embedder installed"
+            )
             return
         if embedder is None:
             self._embedder_problem = f"opened with embedder=None, though the collection keeps {recorded!r} vectors"
@@ -282,7 +291,9 @@ class MilvusMemory:
             try:
                 embedder = embedder_from_name(recorded)
             except (MissingDependency, InputError) as err:
-                self._embedder_problem = f"the collection's vectors come from {recorded!r}, which cannot load here ({err})"
+                self._embedder_problem = (
+                    f"the collection's vectors come from {recorded!r}, which cannot load here ({err})"
+                )
                 return
         if (embedder.name, embedder.dim) != (recorded, dim):
             raise InputError(
@@ -324,12 +335,23 @@ class MilvusMemory:
         schema.add_field("text", DataType.VARCHAR, max_length=TEXT_BYTES)
         # Stems separated by spaces; the standard analyzer splits them back exactly.
         schema.add_field(
-            "terms", DataType.VARCHAR, max_length=TEXT_BYTES, enable_analyzer=True, analyzer_params={"tokenizer": "standard"}
+            "terms",
+            DataType.VARCHAR,
+            max_length=TEXT_BYTES,
+            enable_analyzer=True,
+            analyzer_params={"tokenizer": "standard"},
         )
-        schema.add_field("words", DataType.ARRAY, element_type=DataType.VARCHAR, max_capacity=MAX_WORDS, max_length=WORD_BYTES)
+        schema.add_field(
+            "words", DataType.ARRAY, element_type=DataType.VARCHAR, max_capacity=MAX_WORDS, max_length=WORD_BYTES
+        )
         schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
         schema.add_function(
-            Function(name="terms_bm25", function_type=FunctionType.BM25, input_field_names=["terms"], output_field_names=["sparse"])
+            Function(
+                name="terms_bm25",
+                function_type=FunctionType.BM25,
+                input_field_names=["terms"],
+                output_field_names=["sparse"],
+            )
         )
         index_params = self._client.prepare_index_params()
         index_params.add_index(field_name="sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25")
@@ -421,7 +443,9 @@ class MilvusMemory:
 
     def _scan(self, expression: str, fields: list[str]):
         """Batches of rows matching `expression`, each with "id" and `fields`."""
-        iterator = self._call("query_iterator", self.collection, batch_size=1000, filter=expression, output_fields=fields)
+        iterator = self._call(
+            "query_iterator", self.collection, batch_size=1000, filter=expression, output_fields=fields
+        )
         try:
             while rows := iterator.next():
                 yield rows
@@ -472,7 +496,9 @@ class MilvusMemory:
         return report
 
     def _embed(self, rows: list[dict]) -> None:
-        vectors = np.asarray(self.embedder.encode([embedding_text(row["title"], row["text"]) for row in rows]), dtype=np.float32)
+        vectors = np.asarray(
+            self.embedder.encode([embedding_text(row["title"], row["text"]) for row in rows]), dtype=np.float32
+        )
         if vectors.shape != (len(rows), self.embedder.dim):
             raise InputError(
                 f"embedder={self.embedder.name!r} returned shape {vectors.shape} for {len(rows)} texts; "
@@ -497,7 +523,9 @@ class MilvusMemory:
             row["words"] = sorted(set(title_stems) | set(text_stems))
             row["terms"] = " ".join(title_stems) + "\n" + " ".join(text_stems)
             _check_limits(row)
-            pairs = " ".join(_pair_token(*pair) for stems_ in (title_stems, text_stems) for pair in zip(stems_, stems_[1:]))
+            pairs = " ".join(
+                _pair_token(*pair) for stems_ in (title_stems, text_stems) for pair in zip(stems_, stems_[1:])
+            )
             if len(row["terms"].encode()) + 1 + len(pairs) <= TEXT_BYTES:  # a very long passage goes without
                 row["terms"] += "\n" + pairs
         return rows
@@ -521,6 +549,21 @@ class MilvusMemory:
         """
         return SQLiteMemory.add_text_files(self, paths)
 
+    def reindex(self, full: bool = False) -> int:
+        """SQLiteMemory's "embed what lacks a vector": here every passage gets its vector as it is
+        written, so there is nothing to do (returns 0). A collection's fields are fixed, so one built
+        without vectors cannot gain them, and `full` re-embedding is not offered: build a new store."""
+        fix = f"build a new store with: surprisegate memory add --memory NEW_URI FILES (this one is {self.uri})"
+        if not self._has_vectors:
+            raise InputError(
+                f"memory={self.uri!r} was built without vectors, and a Milvus collection cannot gain them; {fix}"
+            )
+        if full:
+            raise InputError(
+                f"memory={self.uri!r}: full=True (re-embed every passage) is not offered for Milvus; {fix}"
+            )
+        return 0
+
     def remove(self, source_prefix: str) -> int:
         """Remove the passages whose source starts with `source_prefix`. Returns how many were removed."""
         if not isinstance(source_prefix, str) or not source_prefix:
@@ -535,7 +578,12 @@ class MilvusMemory:
                 break
             head += char
         expression = f"source like {_quote(head + '%')}" if head else 'id != ""'
-        doomed = [row["id"] for rows in self._scan(expression, ["source"]) for row in rows if row["source"].startswith(source_prefix)]
+        doomed = [
+            row["id"]
+            for rows in self._scan(expression, ["source"])
+            for row in rows
+            if row["source"].startswith(source_prefix)
+        ]
         for start in range(0, len(doomed), WRITE_BATCH):
             self._call("delete", self.collection, ids=doomed[start : start + WRITE_BATCH])
         if doomed:
@@ -574,7 +622,7 @@ class MilvusMemory:
         pool = max(k, CANDIDATE_POOL)
 
         if mode == "dense":
-            found = self._dense(query_vector, k, deadline) if query_vector.any() else []
+            found = self._dense(query_vector, k, deadline, fields=_fields(True)) if query_vector.any() else []
             cosines = {candidate.id: float(candidate.vector @ query_vector) for candidate in found}
             return [_hit(candidate, max(0.0, cosines[candidate.id]), 0.0, cosines[candidate.id]) for candidate in found]
 
@@ -583,21 +631,27 @@ class MilvusMemory:
         counting = self._start_counts([_TOKENIZER.stems(term.word) for term in terms + context_terms], deadline)
         dense_search = None if query_vector is None else self._workers.submit(self._dense, query_vector, pool, deadline)
         bigrams = query_bigrams(query)
-        lexical, query_bm25 = self._lexical(terms, bigrams, context_terms, pool, deadline, query_vector is not None)
+        query_text = _stem_text(terms, bigrams)
+        lexical, query_bm25 = self._lexical(query_text, context_terms, pool, deadline)
         if not lexical:  # no passage shares a word with the question: nothing here is about it
             return []
-        if dense_search is None:
-            order = lexical
-        else:
-            dense = dense_search.result()
-            order = self._hybrid_order(terms, bigrams, lexical, dense, deadline)
+        order = (
+            lexical
+            if dense_search is None
+            else self._hybrid_order(terms, bigrams, lexical, dense_search.result(), deadline)
+        )
         total, frequencies = self._finish_counts(*counting, deadline)
         # A vector-only find must hold a word of the query itself, so that `score` (and the floor) can
-        # judge it; checked k at a time, best first, as SQLiteMemory does.
+        # judge it; checked k at a time, best first, as SQLiteMemory does. The passages come from a
+        # BM25 search limited to the batch: it returns just the ones holding a query word, with their
+        # fields, where fetching by id would scan the whole collection in milvus-lite.
         best: list[_Candidate] = []
         scores: dict[str, float] = {}
         for start in range(0, len(order), k):
-            batch = order[start : start + k]
+            ids = order[start : start + k]
+            found = self._bm25(query_text, len(ids), deadline, among=ids, fields=_fields(query_vector is not None))
+            by_id = {candidate.id: candidate for candidate, _ in found}
+            batch = [by_id[id] for id in ids if id in by_id]
             batch_scores, holds_query_word = self._coverage(terms, context_terms, batch, total, frequencies)
             scores.update(batch_scores)
             best += [candidate for candidate in batch if candidate.id in query_bm25 or candidate.id in holds_query_word]
@@ -620,30 +674,22 @@ class MilvusMemory:
         return SQLiteMemory._idf(frequencies.get(group, 0), total)
 
     def _lexical(
-        self,
-        terms: list[QueryTerm],
-        bigrams: list[str],
-        context_terms: list[QueryTerm],
-        pool: int,
-        deadline: float | None,
-        with_vectors: bool,
-    ) -> tuple[list[_Candidate], dict[str, float]]:
-        """The `pool` best passages by BM25, re-ranked by `context_terms`, and their query BM25 by id."""
-        found = self._bm25(_stem_text(terms, bigrams), pool, deadline, fields=_fields(with_vectors))
-        query_bm25 = {candidate.id: bm25 for candidate, bm25 in found}
+        self, query_text: str, context_terms: list[QueryTerm], pool: int, deadline: float | None
+    ) -> tuple[list[str], dict[str, float]]:
+        """The ids of the `pool` best passages by BM25, re-ranked by `context_terms`, and their query BM25."""
+        query_bm25 = {candidate.id: bm25 for candidate, bm25 in self._bm25(query_text, pool, deadline)}
         ranking = dict(query_bm25)  # SQLite's convention: lower (more negative) is better
         context_text = _stem_text(context_terms)
         if context_text and ranking:
             for candidate, bm25 in self._bm25(context_text, len(ranking), deadline, among=list(ranking)):
                 ranking[candidate.id] += CONTEXT_WEIGHT * bm25
-        return sorted((candidate for candidate, _ in found), key=lambda candidate: ranking[candidate.id]), query_bm25
+        return sorted(query_bm25, key=ranking.__getitem__), query_bm25
 
     def _bm25(
         self, text: str, limit: int, deadline: float | None, among: list[str] | None = None, fields: list[str] = ()
     ) -> list[tuple[_Candidate, float]]:
         """(passage, bm25) best first, bm25 negated as in SQLite (lower is better); `among` limits the
-        ids. The passages hold only the `fields` asked for (the search returns them, which is cheaper
-        than fetching them by id afterwards)."""
+        ids. The passages hold only the `fields` asked for."""
         options = {"filter": f"id in {json.dumps(among)}"} if among else {}
         results = self._call(
             "search",
@@ -659,8 +705,10 @@ class MilvusMemory:
         # Engines disagree on the sign of a BM25 "distance" (server: +score, milvus-lite 3: -score).
         return [(_candidate(hit), -abs(float(hit["distance"]))) for hit in results[0] if hit["distance"]]
 
-    def _dense(self, vector: np.ndarray, limit: int, deadline: float | None) -> list[_Candidate]:
-        """The `limit` passages whose vectors are nearest `vector`, best first."""
+    def _dense(
+        self, vector: np.ndarray, limit: int, deadline: float | None, fields: list[str] = ()
+    ) -> list[_Candidate]:
+        """The `limit` passages whose vectors are nearest `vector`, best first, holding the `fields` asked for."""
         results = self._call(
             "search",
             self.collection,
@@ -668,7 +716,7 @@ class MilvusMemory:
             anns_field="dense",
             limit=limit,
             search_params={"metric_type": "IP"},
-            output_fields=_fields(True),
+            output_fields=list(fields),
             deadline=deadline,
         )
         return [_candidate(hit) for hit in results[0]]
@@ -677,14 +725,13 @@ class MilvusMemory:
         self,
         terms: list[QueryTerm],
         bigrams: list[str],
-        lexical: list[_Candidate],
+        lexical: list[str],
         dense: list[_Candidate],
         deadline: float | None,
-    ) -> list[_Candidate]:
-        """SQLiteMemory's hybrid order: passages holding more of the query's names and word pairs first
-        (static vectors blur "Li" and "H"), then by reciprocal-rank fusion, then by BM25 rank."""
-        candidates = {candidate.id: candidate for candidate in dense + lexical}
-        fused = _fuse([[candidate.id for candidate in lexical], [candidate.id for candidate in dense]])
+    ) -> list[str]:
+        """SQLiteMemory's hybrid order of ids: passages holding more of the query's names and word pairs
+        first (static vectors blur "Li" and "H"), then by reciprocal-rank fusion, then by BM25 rank."""
+        fused = _fuse([lexical, [candidate.id for candidate in dense]])
         marks = [stems[0] for term in terms if term.is_name and len(stems := _TOKENIZER.stems(term.word)) == 1]
         marks += _stem_text([], bigrams).split()
         names_held = dict.fromkeys(fused, 0)
@@ -706,7 +753,7 @@ class MilvusMemory:
                     if hit["distance"] and hit["id"] in names_held:
                         names_held[hit["id"]] += 1
         position = {id: at for at, id in enumerate(fused)}  # already by fused score, then BM25 rank
-        return [candidates[id] for id in sorted(fused, key=lambda id: (-names_held[id], position[id]))]
+        return sorted(fused, key=lambda id: (-names_held[id], position[id]))
 
     @staticmethod
     def _coverage(
@@ -815,7 +862,9 @@ class MilvusMemory:
                     expression = f"array_contains(words, {_quote(group[0])})"
                 else:
                     expression = f"array_contains_all(words, [{', '.join(map(_quote, group))}])"
-                rows = self._call("query", self.collection, filter=expression, output_fields=["count(*)"], deadline=deadline)
+                rows = self._call(
+                    "query", self.collection, filter=expression, output_fields=["count(*)"], deadline=deadline
+                )
                 counts[group] = int(rows[0]["count(*)"])
         return counts
 
@@ -852,7 +901,9 @@ def _check_limits(row: dict) -> None:
             what = "stemmed words" if field == "terms" else field
             raise InputError(f"{where} has {size:,} bytes of {what}, more than Milvus holds ({limit:,}); {fix}")
     if len(row["words"]) > MAX_WORDS:
-        raise InputError(f"{where} has {len(row['words']):,} distinct words, more than Milvus holds ({MAX_WORDS:,}); {fix}")
+        raise InputError(
+            f"{where} has {len(row['words']):,} distinct words, more than Milvus holds ({MAX_WORDS:,}); {fix}"
+        )
 
 
 def _fields(with_vectors: bool) -> list[str]:
@@ -875,7 +926,9 @@ def _candidate(hit) -> _Candidate:
 
 
 def _hit(candidate: _Candidate, score: float, bm25: float, cosine: float | None) -> Hit:
-    return Hit(text=candidate.text, title=candidate.title, source=candidate.source, score=score, bm25=bm25, cosine=cosine)
+    return Hit(
+        text=candidate.text, title=candidate.title, source=candidate.source, score=score, bm25=bm25, cosine=cosine
+    )
 
 
 def _stem_text(terms: list[QueryTerm], bigrams: list[str] = ()) -> str:

@@ -89,10 +89,14 @@ def _open_lite(uri: str, create: bool, embedder, mode: str):
     location, _, name = uri[len("milvus-lite:") :].partition("#")
     path = Path(location).expanduser()
     if path.suffix != ".db":  # pymilvus hands only a ".db" path to milvus-lite
-        raise InputError(f"memory={uri!r}: a milvus-lite store is a file ending in .db, e.g. milvus-lite:~/memory.db#memory")
+        raise InputError(
+            f"memory={uri!r}: a milvus-lite store is a file ending in .db, e.g. milvus-lite:~/memory.db#memory"
+        )
     if not path.exists():
         if not create:
-            raise InputError(f"memory={uri!r} does not exist; build it with: surprisegate memory add --memory {uri} FILE.jsonl")
+            raise InputError(
+                f"memory={uri!r} does not exist; build it with: surprisegate memory add --memory {uri} FILE.jsonl"
+            )
         path.parent.mkdir(parents=True, exist_ok=True)
     return MilvusMemory(
         str(path.resolve()),
