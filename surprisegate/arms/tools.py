@@ -551,13 +551,14 @@ class CalculatorTool:
     def _evidence(expression: str, value: Number, field_name: str) -> Evidence:
         value_text = format_number(value)
         exact = is_exactly_shown(value)
-        # Say "about" when the shown value is rounded, so the model is not fed a false equality. The closing
-        # "The answer is V." is copied by small models as their reply, so the reply ends with the number
-        # (20 arith_dev items: 0.95 correct with it, 0.60 with "37 times 48 is 1776." alone).
+        # Say "about" when the shown value is rounded, so the model is not fed a false equality. The injected
+        # text is only "The answer is V.": small models copy it as their reply, which then ends with the
+        # number. With the operands in it they write "V is the answer to A plus B" (30 BIG-bench items of
+        # arith_dev: 1.00 correct vs 0.77; "A times B is V." alone: 0.60 on 20). The claim keeps the operands.
         verb = "is" if exact else "is about"
         return Evidence(
             claim=f"{expression} = {value_text}",
-            evidence=f"{describe_expression(expression)} {verb} {value_text}. The answer {verb} {value_text}.",
+            evidence=f"The answer {verb} {value_text}.",
             confidence=1.0,
             source="tool:calculator",
             observable=1.0,
