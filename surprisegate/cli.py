@@ -356,10 +356,10 @@ def memory_remove(memory_path: str, source_prefix: str) -> None:
 @click.option("--full", is_flag=True, help="Recompute every vector and rebuild the full-text index.")
 def memory_reindex(memory_path: str, full: bool) -> None:
     """Fill in missing vectors (e.g. a store built before dense search existed)."""
-    from .store.sqlite import SQLiteMemory
+    from .store.open import open_memory
 
     _check_memory(memory_path)
-    with SQLiteMemory(memory_path) as store:
+    with open_memory(memory_path) as store:
         click.echo(f"embedded {store.reindex(full=full)} passages")
 
 

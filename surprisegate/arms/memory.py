@@ -15,7 +15,7 @@ import time
 import unicodedata
 from typing import Protocol
 
-from ..errors import ArmError, ConfigError
+from ..errors import ArmError, ConfigError, SurpriseGateError
 from ..store.sqlite import STOPWORDS, Hit, query_terms
 from . import Evidence, Query
 
@@ -120,7 +120,7 @@ class MemoryArm:
             weights = self._word_weights(search_text) if hits else {}
         except TimeoutError:
             return []
-        except sqlite3.Error as err:
+        except (sqlite3.Error, SurpriseGateError) as err:  # SQLite, or a Milvus server that went away
             raise ArmError(f"memory search failed for question={search_text!r}: {err}") from err
 
         relation = relation_word(search_text)

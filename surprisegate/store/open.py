@@ -3,7 +3,7 @@
     PATH                                  SQLite file (the embedded default), e.g. ~/notes.sqlite
     milvus://HOST[:PORT]/COLLECTION       a Milvus server or cluster over gRPC (port 19530 by default)
     milvus+https://HOST[:PORT]/COLLECTION the same over TLS (e.g. Zilliz Cloud)
-    milvus-lite:PATH.db[#COLLECTION]      milvus-lite, Milvus embedded in this process; collection "memory" by default
+    milvus-lite:PATH.db[#COLLECTION]      milvus-lite: Milvus embedded, no server to run; collection "memory" by default
 
 A server that needs credentials reads them from the MILVUS_TOKEN environment variable ("user:password"
 or an API key), so they never appear in a URI that errors and receipts repeat.
