@@ -29,7 +29,7 @@ from .config import Config
 from .events import Done, Event, Grounding, Rewind, Token, Trigger
 from .prompting import PromptLayout, chat_messages
 from .signals import CopyTracker, question_kind, signal_value
-from .surprise import LN2, RollingWindow, aggregates
+from .surprise import RollingWindow, aggregates, surprise_and_entropy
 
 
 # --------------------------------------------------------------------------------------------
@@ -50,13 +50,7 @@ def decode_step(logits: np.ndarray, temperature: float, rng: np.random.Generator
         token = int(rng.choice(p.size, p=p / p.sum()))
     if not scored:
         return token, math.nan, math.nan
-    shifted = logits - logits.max()  # (vocab,) new array: the caller's logits stay untouched
-    e = np.exp(shifted)
-    total = float(e.sum())
-    log_z = math.log(total)
-    surprise = (log_z - float(shifted[token])) / LN2
-    entropy = (log_z - float(e @ shifted) / total) / LN2
-    return token, surprise, entropy
+    return (token, *surprise_and_entropy(logits, token))
 
 
 # --------------------------------------------------------------------------------------------
@@ -84,6 +78,12 @@ def call_with_deadline(fn: Callable[[], Any], deadline: float) -> tuple[str, Any
     if "error" in box:
         return "error", box["error"]
     return "ok", box.get("value")
+
+
+def arm_order(config: Config, span_class: str, arms: Mapping[str, Arm]) -> tuple[str, ...]:
+    """The configured order for the span's class, keeping only the arms this run has."""
+    configured = config.arm_order_computable if span_class == "computable" else config.arm_order_other
+    return tuple(a for a in configured if a in arms)
 
 
 def ground_round(arms: Mapping[str, Arm], order: Sequence[str], query: Query, deadline: float,
@@ -325,6 +325,8 @@ def stream(
         "would_trigger": would_trigger,
         "latency_ms": round((time.monotonic() - started) * 1000, 2),
         "messages": messages,
+        "question_kind": kind,
+        "threshold": threshold,
     }
     yield Done(text=text, finish_reason=finish_reason, n_tokens=len(reply.tokens), rounds=rounds, receipt=result)
 
@@ -344,8 +346,7 @@ def _intervene(backend, layout, config, arms, router, question, reply, trigger, 
     reply_text = prefix_text + reply.text()
     query = Query(span=trigger.span_text.strip(), question=question.strip(), sentence=_current_sentence(reply_text))
     route = router(query.span, query.question, query.sentence, available=tuple(arms))
-    configured = config.arm_order_computable if route.span_class == "computable" else config.arm_order_other
-    order = tuple(a for a in configured if a in arms)
+    order = arm_order(config, route.span_class, arms)
     query = Query(query.span, query.question, query.sentence, span_class=route.span_class)
 
     chosen, arm_reports = ground_round(arms, order, query, deadline, cache)
@@ -455,8 +456,7 @@ def build_receipt_for(backend: SteerableBackend, question: str, config: Config, 
     from .receipts import build_receipt
 
     surprise = result["surprise"]
-    threshold = config.kind_thresholds.get(question_kind(question), config.threshold)
-    canary = groundedness_canary(surprise or {}, result["rounds"], threshold) if surprise else {
+    canary = groundedness_canary(surprise or {}, result["rounds"], result["threshold"]) if surprise else {
         "verdict": "not_scored", "reason": "mode=off: no surprise measured", "uncertainty": None, "anchoring": None}
     return build_receipt(
         reply_id=uuid.uuid4().hex,
@@ -473,6 +473,6 @@ def build_receipt_for(backend: SteerableBackend, question: str, config: Config, 
         mode=config.mode,
         finish_reason=result["finish_reason"],
         extra={k: result[k] for k in ("tokens_decoded", "tokens_injected", "prompt_tokens", "token_surprises",
-                                      "token_entropies", "token_ids",
+                                      "token_entropies", "token_ids", "question_kind", "threshold",
                                       "would_trigger", "latency_ms")},
     )

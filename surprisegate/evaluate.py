@@ -23,11 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-import numpy as np
 
 from .arms import Arm, Query
 from .config import Config
-from .controller import decode_step, generate, ground_round
+from .controller import arm_order, decode_step, generate, ground_round
 from .errors import InputError
 from .grading import grade
 from .labeling import prompt_for, read_items
@@ -97,8 +96,7 @@ def _prompt_tokens(backend, layout: PromptLayout, evidence: str | None, config: 
 def run_always(backend, question: str, config: Config, arms: Mapping[str, CountingArm], prefix: str = "") -> Outcome:
     layout = PromptLayout.from_template(backend.chat_prompt, chat_messages(question, config.system_prompt))
     r = route("", question, prefix, available=tuple(arms))
-    order = config.arm_order_computable if r.span_class == "computable" else config.arm_order_other
-    order = tuple(a for a in order if a in arms)
+    order = arm_order(config, r.span_class, arms)
     q = Query(span="", question=question, sentence=prefix, span_class=r.span_class)
     evidence, _ = ground_round(arms, order, q, time.monotonic() + config.round_deadline_s)
     prompt = _prompt_tokens(backend, layout, evidence.evidence if evidence else None, config, prefix)
@@ -126,9 +124,8 @@ def run_flare(backend, question: str, config: Config, arms: Mapping[str, Countin
             pieces = [backend.token_bytes(t).decode("utf-8", "replace") for t in tokens]
             masked = "".join("" if i in low else piece for i, piece in enumerate(pieces)).strip()
             r = route(masked, question, accepted, available=tuple(arms))
-            order = config.arm_order_computable if r.span_class == "computable" else config.arm_order_other
             q = Query(span=masked, question=question, sentence=masked, span_class=r.span_class)
-            found, _ = ground_round(arms, tuple(a for a in order if a in arms), q,
+            found, _ = ground_round(arms, arm_order(config, r.span_class, arms), q,
                                     time.monotonic() + config.round_deadline_s)
             if found:
                 # Regenerate the sentence from scratch: FLARE re-sends the whole prompt with the evidence.

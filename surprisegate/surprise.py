@@ -21,14 +21,23 @@ def surprise_bits(logprob: float) -> float:
     return -logprob / LN2
 
 
-def token_surprise(logits: np.ndarray, token_id: int) -> float:
-    """Surprise in bits of `token_id` under softmax(logits). Reads `logits`, never writes it.
+def surprise_and_entropy(logits: np.ndarray, token_id: int) -> tuple[float, float]:
+    """Surprise of `token_id` and entropy of softmax(logits), both in bits. Reads `logits`, never writes it.
 
-    Only the log-normaliser is computed (one max, one exp-sum): this runs once per decoded token.
+    Runs once per decoded token: one shifted copy, one exp, one sum and one dot product.
     """
     m = float(logits.max())
-    log_z = m + math.log(float(np.exp(logits - m).sum()))
-    return (log_z - float(logits[token_id])) / LN2
+    shifted = logits - m  # (vocab,) new array: the caller's logits stay untouched
+    e = np.exp(shifted)
+    total = float(e.sum())
+    log_z = math.log(total)  # log-normaliser relative to m
+    # The chosen token's logit in float64: a float32 difference loses ~1e-6 bits on very surprising tokens.
+    return (log_z - (float(logits[token_id]) - m)) / LN2, (log_z - float(e @ shifted) / total) / LN2
+
+
+def token_surprise(logits: np.ndarray, token_id: int) -> float:
+    """Surprise in bits of `token_id` under softmax(logits)."""
+    return surprise_and_entropy(logits, token_id)[0]
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
