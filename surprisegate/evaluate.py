@@ -29,7 +29,7 @@ from .config import Config
 from .controller import arm_order, decode_step, generate, ground_round
 from .errors import InputError
 from .grading import grade
-from .labeling import prompt_for, read_items
+from .labeling import guard_resume, prompt_for, read_items
 from .prompting import PromptLayout, chat_messages
 from .receipts import ReceiptWriter, read_receipts
 from .router import route
@@ -175,6 +175,8 @@ def evaluate(data: str | Path, modes: Sequence[str], backend, config: Config, ar
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
+    guard_resume(out / "eval_config.json", {"data": str(Path(data).resolve()), "config": config.to_dict(),
+                                            "model": backend.model_id, "arms": sorted(arms)})
     done = {(r["id"], r["mode"]) for r in read_receipts(results_path)} if results_path.exists() else set()
     writer = ReceiptWriter(results_path)
     todo = [(it, m) for it in items for m in modes if (it["id"], m) not in done]

@@ -83,17 +83,47 @@ def done_ids(out_dir: Path) -> set[str]:
     return {r["id"] for r in read_receipts(path) if "id" in r}
 
 
+# Settings that change what the model writes; a resumed run must not mix replies made under others.
+REPLY_KEYS = ("backend", "model", "system_prompt", "max_tokens", "temperature", "seed", "n_ctx")
+
+
+def guard_resume(path: Path, meta: dict, compare: tuple[str, ...] | None = None) -> None:
+    """Write `meta` to `path`, refusing when a previous run there used different settings.
+
+    `meta` is {"data", "model", "config": {...}}; `compare` limits the config keys that must agree
+    (None: all but `threads`, which changes speed, not output).
+    """
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, ValueError):
+            old = None
+        if isinstance(old, dict):
+            keys = compare if compare is not None else tuple(k for k in meta["config"] if k != "threads")
+            changed = [k for k in keys if old.get("config", {}).get(k) != meta["config"].get(k)]
+            changed += [k for k in ("data", "model", "arms") if k in meta and old.get(k) != meta.get(k)]
+            if changed:
+                diffs = ", ".join(f"{k}: {_was(old, k)!r} -> {_was(meta, k)!r}" for k in changed)
+                raise InputError(f"--out={str(path.parent)!r} holds a run made with other settings ({diffs}); "
+                                 "pass a new --out, or delete that folder to start over")
+    path.write_text(json.dumps(meta, indent=2))
+
+
+def _was(meta: dict, key: str):
+    return meta.get(key) if key in ("data", "model", "arms") else meta.get("config", {}).get(key)
+
+
 def label(data: str | Path, out_dir: str | Path, backend, config: Config, limit: int | None = None,
           progress: Callable[[int, int, str], None] | None = None) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     items = read_items(data, limit)
+    config = config.replace(mode="detect")
+    guard_resume(out / "label_config.json", {"data": str(Path(data).resolve()), "config": config.to_dict(),
+                                             "model": backend.model_id}, compare=REPLY_KEYS)
     finished = done_ids(out)
     todo = [it for it in items if it["id"] not in finished]
     writer = ReceiptWriter(out / "labels.jsonl")
-    config = config.replace(mode="detect")
-    (out / "label_config.json").write_text(json.dumps({"data": str(data), "config": config.to_dict(),
-                                                       "model": backend.model_id}, indent=2))
     correct = 0
     for i, item in enumerate(todo, 1):
         record = label_item(backend, item, config)

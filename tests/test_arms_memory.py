@@ -297,3 +297,28 @@ def test_floor_works_in_both_lexical_modes(tmp_path, mode):
         arm = MemoryArm(memory)
         assert arm.ground(BURKINA, later())[0].source == "memory:country:BF"
         assert arm.ground(ATLANTIS, later()) == []
+
+
+def test_year_questions_pick_the_sentence_with_a_year():
+    from surprisegate.arms.memory import answer_shape
+
+    passage = ("Iowa is a U.S. state with postal abbreviation IA. The capital of Iowa is Des Moines. "
+               "Iowa became a U.S. state in 1846.")
+    weights = {"iowa": 1.0, "become": 2.0, "u": 0.5, "s": 0.5, "state": 1.0, "year": 2.0}
+    question = "In what year did Iowa become a U.S. state?"
+    assert best_sentences(passage, weights) == "Iowa is a U.S. state with postal abbreviation IA."
+    assert best_sentences(passage, weights, answer_shape=answer_shape(question)) == "Iowa became a U.S. state in 1846."
+    assert answer_shape("When was Curium discovered?") is not None
+    assert answer_shape("What is the capital of Iowa?") is None
+    # a shape no sentence has changes nothing
+    assert best_sentences("No years here. Iowa is a state.", {"iowa": 1.0}, answer_shape=answer_shape(question)) == "Iowa is a state."
+
+
+def test_names_subject_is_whole_words():
+    from surprisegate.arms.memory import names_subject
+
+    assert names_subject("Zinc", "What is the atomic number of Zinc?")
+    assert names_subject("Burkina Faso", "What is the capital of burkina faso?")
+    assert not names_subject("Mercury", "What is the atomic number of Zinc?")
+    assert not names_subject("Iran", "What is the capital of Iraniana?")
+    assert not names_subject(None, "anything") and not names_subject("  ", "anything")

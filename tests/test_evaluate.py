@@ -8,6 +8,7 @@ import pytest
 
 from surprisegate.arms import Evidence
 from surprisegate.config import Config
+from surprisegate.errors import InputError
 from surprisegate.evaluate import evaluate, summarise
 
 from scripted import ScriptedBackend, plan
@@ -68,3 +69,20 @@ def test_unknown_mode_is_a_clear_error(tmp_path):
     data.write_text(json.dumps({"question": "q", "answers": ["a"]}) + "\n")
     with pytest.raises(InputError, match="'loud'"):
         evaluate(data, ["loud"], ScriptedBackend(script), config(), {}, tmp_path / "o")
+
+
+def test_resuming_with_other_settings_is_refused_and_keeps_the_results(tmp_path):
+    data = tmp_path / "items.jsonl"
+    data.write_text(json.dumps({"id": "i0", "question": "What is the capital of Testland?",
+                                "answers": ["Rightburg"], "category": "entity"}) + "\n")
+    out = tmp_path / "out"
+    evaluate(data, ["off", "intervene"], ScriptedBackend(script), config(), {"memory": Memory()}, out)
+    before = (out / "results.jsonl").read_text()
+    with pytest.raises(InputError, match=r"threshold: 3.0 -> 9.0.*pass a new --out"):
+        evaluate(data, ["off", "intervene"], ScriptedBackend(script), config().replace(threshold=9.0),
+                 {"memory": Memory()}, out)
+    with pytest.raises(InputError, match=r"arms: \['memory'\] -> \[\]"):
+        evaluate(data, ["off", "intervene"], ScriptedBackend(script), config(), {}, out)
+    assert (out / "results.jsonl").read_text() == before
+    # threads change speed, not replies: a resume with other threads is fine
+    evaluate(data, ["off", "intervene"], ScriptedBackend(script), config().replace(threads=1), {"memory": Memory()}, out)

@@ -60,3 +60,15 @@ def test_label_grades_keeps_signals_and_resumes(tmp_path):
     assert second["already_done"] == 2 and second["labelled_now"] == 2
     ids = [json.loads(l)["id"] for l in open(out / "labels.jsonl") if l.strip().endswith("}")]
     assert sorted(ids) == ["i0", "i1", "i2", "i3"]
+
+
+def test_label_refuses_to_mix_replies_of_other_settings(tmp_path):
+    data = tmp_path / "items.jsonl"
+    write_items(data, n=2)
+    out = tmp_path / "out"
+    label(data, out, ScriptedBackend(script), Config(system_prompt="", max_tokens=40))
+    with pytest.raises(InputError, match=r"max_tokens: 40 -> 8"):
+        label(data, out, ScriptedBackend(script), Config(system_prompt="", max_tokens=8))
+    # the trigger settings do not change what the model writes: resuming with another threshold is fine
+    again = label(data, out, ScriptedBackend(script), Config(system_prompt="", max_tokens=40, threshold=9.0))
+    assert again["already_done"] == 2

@@ -31,6 +31,10 @@ _INITIALS = re.compile(r"(?:[A-Z]\.){2,}")  # "J.L.", "U.S."
 _WORD = re.compile(r"[^\W_]+")
 # In "the capital of [the U.S. state of] X" the word before the first "of" names the relation asked.
 _RELATION_HEAD = re.compile(r"([^\W_]+)\s+of\b", re.IGNORECASE)
+# "In what year ..." / "When did ..." asks for a year: a sentence holding one answers it ("Iowa became a
+# U.S. state in 1846." over "Iowa is a U.S. state with postal abbreviation IA.", which shares more words).
+_ASKS_YEAR = re.compile(r"\b(?:what|which)\s+year\b|^\s*when\b", re.IGNORECASE)
+_YEAR = re.compile(r"\b(?:1[0-9]{3}|20[0-9]{2})\b")
 
 
 class MemoryStore(Protocol):
@@ -76,18 +80,21 @@ def light_stem(word: str) -> str:
     return word
 
 
-def best_sentences(passage: str, weights: dict[str, float], count: int = 1, relation: str | None = None) -> str:
+def best_sentences(passage: str, weights: dict[str, float], count: int = 1, relation: str | None = None,
+                   answer_shape: re.Pattern | None = None) -> str:
     """The `count` sentences of `passage` that best match the question, in passage order.
 
     `weights` maps stemmed question words to weights. Sentences holding the stemmed `relation` word
-    (e.g. "currency") come first, then by weight; ties go to the earlier sentence.
+    (e.g. "currency") come first, then those holding text of the `answer_shape` the question asks for
+    (a year), then by weight; ties go to the earlier sentence.
     """
     sentences = split_sentences(passage) or [passage]
 
-    def rank_key(index: int) -> tuple[bool, float, int]:
+    def rank_key(index: int) -> tuple[bool, bool, float, int]:
         stems = {light_stem(word) for word in _WORD.findall(sentences[index])}
         weight = sum(weight for stem, weight in weights.items() if stem in stems)
-        return (relation not in stems, -weight, index)
+        shaped = answer_shape is None or bool(answer_shape.search(sentences[index]))
+        return (relation not in stems, not shaped, -weight, index)
 
     best = sorted(range(len(sentences)), key=rank_key)[:count]
     return " ".join(sentences[index] for index in sorted(best))
@@ -124,13 +131,14 @@ class MemoryArm:
             raise ArmError(f"memory search failed for question={search_text!r}: {err}") from err
 
         relation = relation_word(search_text)
+        shape = answer_shape(search_text)
         evidence: list[Evidence] = []
-        for hit in hits:
+        for hit in sorted(hits, key=lambda h: not names_subject(h.title, search_text)):  # stable: score order otherwise
             if time.monotonic() > deadline:
                 break
             if hit.score < self.floor:
                 continue
-            sentence = best_sentences(hit.text, weights, self.max_sentences, relation)
+            sentence = best_sentences(hit.text, weights, self.max_sentences, relation, shape)
             evidence.append(
                 Evidence(
                     claim=sentence,
@@ -157,6 +165,22 @@ class MemoryArm:
             stem = light_stem(term.word)
             weights[stem] = max(weights.get(stem, 0.0), idf(term.word) if idf else 1.0)
         return weights
+
+
+def names_subject(title: str | None, question: str) -> bool:
+    """Whether the passage's title is named in the question, as whole words.
+
+    Among passages that all hold the question's words, the one about the subject comes first:
+    "the atomic number of Zinc" is Zinc's passage, not Mercury's that mentions zinc.
+    """
+    if not title or not title.strip():
+        return False
+    return re.search(r"(?<![^\W_])" + re.escape(title.strip()) + r"(?![^\W_])", question, re.IGNORECASE) is not None
+
+
+def answer_shape(question: str) -> re.Pattern | None:
+    """The shape of text the question asks for, when its wording says so (only years, for now)."""
+    return _YEAR if _ASKS_YEAR.search(question) else None
 
 
 def relation_word(question: str) -> str | None:
