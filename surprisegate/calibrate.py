@@ -29,7 +29,7 @@ from .surprise import RollingWindow
 WINDOWS = (4, 8, 16, 32)
 STATISTICS = ("mean", "p90", "max")
 MIN_RECALL = 0.5
-MIN_PRECISION = 0.85  # "recall" objective: catch the most wrong replies while 85% of triggers are on wrong ones
+MIN_PRECISION = 0.90  # "recall" objective: catch the most wrong replies while 90% of triggers are on wrong ones
 OBJECTIVES = ("recall", "precision")
 
 

@@ -431,7 +431,7 @@ def label(data: str, out_dir: str, limit: int | None, **kwargs) -> None:
 @click.option("--objective", type=click.Choice(["recall", "precision"]), default="recall", show_default=True,
               help="recall: most wrong replies caught at precision >= --min-precision (and recall >= 0.5); "
                    "precision: highest precision at recall >= 0.5.")
-@click.option("--min-precision", default=0.85, show_default=True, type=float)
+@click.option("--min-precision", default=0.90, show_default=True, type=float)
 @click.option("--json", "as_json", is_flag=True)
 def calibrate(label_dirs: tuple[str, ...], out_config: str, bootstrap: int, objective: str, min_precision: float,
               as_json: bool) -> None:
@@ -464,10 +464,12 @@ def calibrate(label_dirs: tuple[str, ...], out_config: str, bootstrap: int, obje
 @click.option("--limit", type=int, default=None, help="Only the first N items.")
 @click.option("--sample", type=int, default=None, help="A seeded random subset of N items (after --limit).")
 @click.option("--out", "out_dir", default="eval-out", show_default=True, type=click.Path(file_okay=False))
+@click.option("--flare-theta", default=0.4, show_default=True, type=float,
+              help="FLARE baseline: a token with probability below this triggers retrieval.")
 @click.option("--json", "as_json", is_flag=True)
 @config_options
 def eval_cmd(data: str, modes: str, memory: str, web_url: str | None, no_tools: bool, limit: int | None,
-             sample: int | None, out_dir: str, as_json: bool, **kwargs) -> None:
+             sample: int | None, out_dir: str, flare_theta: float, as_json: bool, **kwargs) -> None:
     """The A/B: accuracy, regressions, trigger rate, grounding calls, tokens and time per mode."""
     from .evaluate import evaluate
     from .labeling import read_items
@@ -481,7 +483,7 @@ def eval_cmd(data: str, modes: str, memory: str, web_url: str | None, no_tools: 
         arms["web"] = build_web_arm(web_url)
     backend = load_backend_for(config)
     summary = evaluate(data, mode_list, backend, config, arms, out_dir, limit=limit, sample=sample,
-                       progress=_progress_bar("eval"))
+                       progress=_progress_bar("eval"), flare_theta=flare_theta)
     if as_json:
         click.echo(json.dumps(summary))
     else:

@@ -144,7 +144,8 @@ def run_flare(backend, question: str, config: Config, arms: Mapping[str, Countin
 # ------------------------------------------------------------------------------------------------
 # the A/B
 # ------------------------------------------------------------------------------------------------
-def run_mode(mode: str, backend, item: dict, config: Config, arms: Mapping[str, Arm]) -> Outcome:
+def run_mode(mode: str, backend, item: dict, config: Config, arms: Mapping[str, Arm],
+             flare_theta: float = FLARE_THETA) -> Outcome:
     question, prefix = prompt_for(item)
     counted = {name: CountingArm(arm) for name, arm in arms.items()}
     if mode in ("off", "detect", "intervene"):
@@ -158,16 +159,18 @@ def run_mode(mode: str, backend, item: dict, config: Config, arms: Mapping[str, 
     if mode == "always":
         return run_always(backend, question, config, counted, prefix)
     if mode == "flare":
-        return run_flare(backend, question, config, counted, prefix)
+        return run_flare(backend, question, config, counted, prefix, theta=flare_theta)
     raise InputError(f"--modes contains {mode!r}; use any of {', '.join(MODES)}")
 
 
 def evaluate(data: str | Path, modes: Sequence[str], backend, config: Config, arms: Mapping[str, Arm],
              out_dir: str | Path, limit: int | None = None, sample: int | None = None, seed: int = 0,
-             progress: Callable[[int, int, str], None] | None = None) -> dict:
+             progress: Callable[[int, int, str], None] | None = None, flare_theta: float = FLARE_THETA) -> dict:
     for m in modes:
         if m not in MODES:
             raise InputError(f"--modes contains {m!r}; use any of {', '.join(MODES)}")
+    if not 0.0 < flare_theta < 1.0:
+        raise InputError(f"--flare-theta={flare_theta!r} is not a probability in (0, 1); FLARE's paper uses 0.4-0.8")
     items = read_items(data, limit)
     if sample and sample < len(items):
         # A seeded random subset: the files are ordered (by entity, by subtask), so the first N are not typical.
@@ -176,13 +179,13 @@ def evaluate(data: str | Path, modes: Sequence[str], backend, config: Config, ar
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
     guard_resume(out / "eval_config.json", {"data": str(Path(data).resolve()), "config": config.to_dict(),
-                                            "model": backend.model_id, "arms": sorted(arms)})
+                                            "model": backend.model_id, "arms": sorted(arms), "flare_theta": flare_theta})
     done = {(r["id"], r["mode"]) for r in read_receipts(results_path)} if results_path.exists() else set()
     writer = ReceiptWriter(results_path)
     todo = [(it, m) for it in items for m in modes if (it["id"], m) not in done]
     for i, (item, mode) in enumerate(todo, 1):
         started = time.monotonic()
-        outcome = run_mode(mode, backend, item, config, arms)
+        outcome = run_mode(mode, backend, item, config, arms, flare_theta)
         graded = grade(outcome.reply, item)
         writer.append({
             "id": item["id"], "mode": mode, "category": item.get("category"), "relation": item.get("relation"),

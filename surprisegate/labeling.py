@@ -101,7 +101,7 @@ def guard_resume(path: Path, meta: dict, compare: tuple[str, ...] | None = None)
         if isinstance(old, dict):
             keys = compare if compare is not None else tuple(k for k in meta["config"] if k != "threads")
             changed = [k for k in keys if old.get("config", {}).get(k) != meta["config"].get(k)]
-            changed += [k for k in ("data", "model", "arms") if k in meta and old.get(k) != meta.get(k)]
+            changed += [k for k in _RUN_KEYS if k in meta and old.get(k) != meta.get(k)]
             if changed:
                 diffs = ", ".join(f"{k}: {_was(old, k)!r} -> {_was(meta, k)!r}" for k in changed)
                 raise InputError(f"--out={str(path.parent)!r} holds a run made with other settings ({diffs}); "
@@ -109,8 +109,11 @@ def guard_resume(path: Path, meta: dict, compare: tuple[str, ...] | None = None)
     path.write_text(json.dumps(meta, indent=2))
 
 
+_RUN_KEYS = ("data", "model", "arms", "flare_theta")
+
+
 def _was(meta: dict, key: str):
-    return meta.get(key) if key in ("data", "model", "arms") else meta.get("config", {}).get(key)
+    return meta.get(key) if key in _RUN_KEYS else meta.get("config", {}).get(key)
 
 
 def label(data: str | Path, out_dir: str | Path, backend, config: Config, limit: int | None = None,

@@ -21,7 +21,7 @@ RIGHT = "The capital is Rightburg."
 
 
 def script_testland(context: str):
-    if "Rightburg" in context.split("<|im_start|>assistant\n", 1)[-1] or "Fact: The capital of Testland is Rightburg" in context:
+    if "Rightburg" in context.split("<|im_start|>assistant\n", 1)[-1] or "The capital of Testland is Rightburg.\nAnswer the user" in context:
         return plan(RIGHT)
     return plan(WRONG, doubtful="Wrongville")
 
@@ -124,10 +124,10 @@ def test_rewind_drops_the_span_injects_evidence_and_fixes_the_reply(injection):
     text = backend.detokenize(backend.context)
     if injection == "system_turn":  # the evidence turn comes right before the (only) open assistant turn
         assert text.count("<|im_start|>assistant\n") == 1
-        assert text.index("Fact:") < text.index("<|im_start|>assistant\n")
+        assert text.index("using the text above") < text.index("<|im_start|>assistant\n")
     # Injected text is in the model's context but never in the visible reply.
     assert "Rightburg." in backend.detokenize(backend.context)
-    assert "Fact:" in backend.detokenize(backend.context) and "Fact:" not in done.text
+    assert "using the text above" in backend.detokenize(backend.context) and "using the text above" not in done.text
     assert record["chosen"]["source"] == "memory:country:TL"
     assert arm.calls[0].question == QUESTION
 

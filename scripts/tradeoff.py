@@ -1,0 +1,126 @@
+"""Accuracy against cost for several operating points: does the gate buy `always`'s accuracy for fewer calls?
+
+Runs `intervene` once per config (each a calibrated operating point, e.g. from `surprisegate calibrate
+--min-precision P`) and `flare` once per theta, on the same seeded sample as a finished `surprisegate eval`
+folder (--base, which holds `off`, `always` and default `flare`), then writes OUT/tradeoff.json,
+OUT/tradeoff.md and OUT/tradeoff.png (accuracy vs grounding calls, accuracy vs tokens decoded).
+
+    python scripts/tradeoff.py --data ../shared/data/factqa_dev.jsonl --memory factkb.sqlite \\
+        --base results/eval/factqa_dev --sample 100 --out results/tradeoff/factqa_dev \\
+        --point p85=results/calibration/points/p85.toml --point p95=... --flare-theta 0.1 --flare-theta 0.2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from surprisegate.cli import _progress_bar, build_arms, load_backend_for
+from surprisegate.config import load_config
+from surprisegate.evaluate import evaluate, summarise
+from surprisegate.receipts import read_receipts
+
+
+def rows_of(folder: Path, mode: str) -> list[dict]:
+    path = folder / "results.jsonl"
+    return [r for r in read_receipts(path) if r["mode"] == mode] if path.exists() else []
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--memory", default="none")
+    ap.add_argument("--web", default=None)
+    ap.add_argument("--base", required=True, help="a finished `surprisegate eval` folder with off, always, flare")
+    ap.add_argument("--sample", type=int, default=None)
+    ap.add_argument("--point", action="append", default=[], help="NAME=CONFIG.toml (repeatable)")
+    ap.add_argument("--flare-theta", action="append", type=float, default=[])
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+
+    base, out = Path(args.base), Path(args.out)
+    off = rows_of(base, "off")
+    if not off:
+        sys.exit(f"--base={args.base!r} holds no `off` results; run `surprisegate eval --modes off,always,flare` there first")
+    ids = {r["id"] for r in off}
+    points: dict[str, dict] = {}
+    for spec in args.point:
+        name, _, path = spec.partition("=")
+        config = load_config(path or None, {"threads": args.threads})
+        arms = build_arms(config, args.memory)
+        if args.web:
+            from surprisegate.arms.web import build_web_arm
+
+            arms["web"] = build_web_arm(args.web)
+        backend = load_backend_for(config)
+        print(f"intervene at {name} ({path})", file=sys.stderr)
+        evaluate(args.data, ["intervene"], backend, config, arms, out / name, sample=args.sample,
+                 progress=_progress_bar(name))
+        rows = [r for r in rows_of(out / name, "intervene") if r["id"] in ids]
+        points[f"intervene {name}"] = summarise(off + rows, ["off", "intervene"])["modes"]["intervene"]
+    for theta in args.flare_theta:
+        config = load_config(None, {"threads": args.threads})
+        arms = build_arms(config, args.memory)
+        if args.web:
+            from surprisegate.arms.web import build_web_arm
+
+            arms["web"] = build_web_arm(args.web)
+        backend = load_backend_for(config)
+        name = f"flare_theta_{theta}"
+        print(f"flare at theta {theta}", file=sys.stderr)
+        evaluate(args.data, ["flare"], backend, config, arms, out / name, sample=args.sample,
+                 progress=_progress_bar(name), flare_theta=theta)
+        rows = [r for r in rows_of(out / name, "flare") if r["id"] in ids]
+        points[f"flare θ={theta}"] = summarise(off + rows, ["off", "flare"])["modes"]["flare"]
+    baseline = summarise(off + rows_of(base, "always") + rows_of(base, "flare") + rows_of(base, "intervene"),
+                         ["off", "intervene", "always", "flare"])["modes"]
+    for mode in ("off", "always", "intervene", "flare"):
+        if mode in baseline:
+            points[mode if mode != "flare" else "flare θ=0.4"] = points.get(mode) or baseline[mode]
+    write(points, out, Path(args.data).stem)
+    return 0
+
+
+def write(points: dict[str, dict], out: Path, title: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tradeoff.json").write_text(json.dumps(points, indent=2))
+    always = points.get("always")
+    lines = ["| run | accuracy | regressions | trigger rate | grounding calls | tokens decoded | "
+             "share of always's accuracy | share of always's calls |", "|---|---|---|---|---|---|---|---|"]
+    for name, s in sorted(points.items(), key=lambda kv: kv[1]["grounding_calls"]):
+        share_acc = f"{s['accuracy'] / always['accuracy']:.2f}" if always and always["accuracy"] else "–"
+        share_calls = f"{s['grounding_calls'] / always['grounding_calls']:.2f}" if always and always["grounding_calls"] else "–"
+        lines.append(f"| {name} | {s['accuracy']:.2f} | {s['regressions']} | {s['trigger_rate']:.2f} | "
+                     f"{s['grounding_calls']} | {s['tokens_decoded']} | {share_acc} | {share_calls} |")
+    (out / "tradeoff.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, label in ((axes[0], "grounding_calls", "grounding calls"), (axes[1], "tokens_decoded", "tokens decoded")):
+        for name, s in points.items():
+            colour = "#4c72b0" if name.startswith("intervene") else "#dd8452" if name.startswith("flare") else "#555555"
+            ax.scatter(s[key], s["accuracy"], color=colour)
+            ax.annotate(name, (s[key], s["accuracy"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        if always:
+            ax.axhline(0.9 * always["accuracy"], color="#999999", ls="--", lw=0.8)
+            if key == "grounding_calls":
+                ax.axvline(0.5 * always["grounding_calls"], color="#999999", ls=":", lw=0.8)
+        ax.set_xlabel(label)
+        ax.set_ylabel("accuracy")
+    axes[0].set_title(f"{title}: dashed 90% of always's accuracy, dotted 50% of its calls", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "tradeoff.png", dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
