@@ -64,6 +64,11 @@ class Config:
     evidence_template: str = field(
         default="{evidence}\nAnswer the user's question in one short sentence, using the text above.",
         metadata={"help": "text of the injected segment; {evidence}, {claim} and {source} are filled in"})
+    # A verified tool result is a bare value ("The answer is 1."): asked to answer "using the text above",
+    # the model asked for the question instead (arith always 0.62 -> 0.40), so tools keep the plain form.
+    tool_evidence_template: str = field(
+        default="Fact: {evidence}",
+        metadata={"help": "the same, for a verified tool result (observable 1.0)"})
     # --- streaming ---
     stream: str = field(default="holdback", metadata={
         "help": "holdback: show a token once it left the window (can't be rewound) | emit: at once, with rewind events"})
@@ -131,13 +136,14 @@ def _validate(c: Config) -> None:
         order = getattr(c, key)
         if not order or any(a not in ARM_NAMES for a in order) or len(set(order)) != len(order):
             _fail(key, list(order), f"use distinct arm names from {', '.join(ARM_NAMES)}", "argument")
-    if "{evidence}" not in c.evidence_template and "{claim}" not in c.evidence_template:
-        _fail("evidence_template", c.evidence_template, "include the placeholder {evidence} (or {claim})", "argument")
-    try:
-        c.evidence_template.format(evidence="", claim="", source="")
-    except (KeyError, IndexError, ValueError) as err:
-        _fail("evidence_template", c.evidence_template, f"only {{evidence}}, {{claim}} and {{source}} can be filled in ({err})",
-              "argument")
+    for key in ("evidence_template", "tool_evidence_template"):
+        template = getattr(c, key)
+        if "{evidence}" not in template and "{claim}" not in template:
+            _fail(key, template, "include the placeholder {evidence} (or {claim})", "argument")
+        try:
+            template.format(evidence="", claim="", source="")
+        except (KeyError, IndexError, ValueError) as err:
+            _fail(key, template, f"only {{evidence}}, {{claim}} and {{source}} can be filled in ({err})", "argument")
     if not 1 <= c.max_tokens <= 32768:
         _fail("max_tokens", c.max_tokens, "use a whole number between 1 and 32768", "argument")
     if not (math.isfinite(c.temperature) and 0.0 <= c.temperature <= 10.0):
@@ -265,3 +271,9 @@ def to_toml(config: Config) -> str:
 
 def _toml_str(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def evidence_text(config: Config, evidence) -> str:
+    """The injected text for one Evidence: the tool template for verified tool results, else the general one."""
+    template = config.tool_evidence_template if evidence.observable >= 1.0 else config.evidence_template
+    return template.format(evidence=evidence.evidence, claim=evidence.claim, source=evidence.source)

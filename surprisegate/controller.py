@@ -25,7 +25,7 @@ import numpy as np
 
 from .arms import Arm, Evidence, Query
 from .backends import SteerableBackend
-from .config import Config
+from .config import Config, evidence_text
 from .events import Done, Event, Grounding, Rewind, Token, Trigger
 from .prompting import PromptLayout, chat_messages
 from .signals import CopyTracker, question_kind, signal_value
@@ -395,24 +395,24 @@ def _intervene(backend, layout, config, arms, router, question, reply, trigger, 
         trimmed, rewind_method = to_drop, "reprefill"
     del context.tokens[keep:]
     reply.cut(trigger.span_start)
-    evidence_text = config.evidence_template.format(evidence=chosen.evidence, claim=chosen.claim, source=chosen.source)
+    injected = evidence_text(config, chosen)
     if config.injection == "system_turn":
-        system_turn = backend.tokenize(layout.system_turn_prefix + evidence_text + layout.system_turn_suffix)
+        system_turn = backend.tokenize(layout.system_turn_prefix + injected + layout.system_turn_suffix)
         segment = system_turn + backend.tokenize(layout.open_assistant)
         refeed = prefix_tokens + kept_prefix
         context.turn_start = keep + len(system_turn)
     elif config.injection == "close_reopen":
-        segment = backend.tokenize(layout.segment(evidence_text, "close_reopen"))
+        segment = backend.tokenize(layout.segment(injected, "close_reopen"))
         refeed = prefix_tokens + kept_prefix
     else:
-        segment, refeed = backend.tokenize(layout.segment(evidence_text, "inline")), []
+        segment, refeed = backend.tokenize(layout.segment(injected, "inline")), []
     logits = backend.append(segment + refeed)
     context.tokens.extend(segment + refeed)
     shown = max(0, emitted - trigger.span_start)  # visible tokens a consumer must retract (emit streaming)
     record.update(
         action="rewound", reason=f"grounded by {chosen.source}", tokens_dropped=span_len,
         tokens_trimmed=trimmed, rewind_method=rewind_method, tokens_injected=len(segment) + len(refeed), dropped_text=dropped_text,
-        injected_text=evidence_text, latency_ms=round((time.monotonic() - started) * 1000, 2),
+        injected_text=injected, latency_ms=round((time.monotonic() - started) * 1000, 2),
     )
     yield Rewind(trigger.round, 0 if holdback else shown, dropped_text, record["tokens_injected"])
     return record, logits

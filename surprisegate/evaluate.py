@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 
-from .arms import Arm, Query
-from .config import Config
+from .arms import Arm, Evidence, Query
+from .config import Config, evidence_text
 from .controller import arm_order, decode_step, generate, ground_round
 from .errors import InputError
 from .grading import grade
@@ -85,11 +85,10 @@ def _decode(backend, prompt_tokens: list[int], max_tokens: int, stop_at_sentence
     return tokens, probs, b"".join(pieces).decode("utf-8", "replace")
 
 
-def _prompt_tokens(backend, layout: PromptLayout, evidence: str | None, config: Config, prefix: str) -> list[int]:
+def _prompt_tokens(backend, layout: PromptLayout, evidence: Evidence | None, config: Config, prefix: str) -> list[int]:
     text = layout.body
     if evidence:
-        text += layout.system_turn_prefix + config.evidence_template.format(evidence=evidence, claim=evidence, source="") \
-            + layout.system_turn_suffix
+        text += layout.system_turn_prefix + evidence_text(config, evidence) + layout.system_turn_suffix
     return backend.tokenize(text) + backend.tokenize(layout.open_assistant) + (backend.tokenize(prefix) if prefix else [])
 
 
@@ -99,7 +98,7 @@ def run_always(backend, question: str, config: Config, arms: Mapping[str, Counti
     order = arm_order(config, r.span_class, arms)
     q = Query(span="", question=question, sentence=prefix, span_class=r.span_class)
     evidence, _ = ground_round(arms, order, q, time.monotonic() + config.round_deadline_s)
-    prompt = _prompt_tokens(backend, layout, evidence.evidence if evidence else None, config, prefix)
+    prompt = _prompt_tokens(backend, layout, evidence, config, prefix)
     tokens, _, text = _decode(backend, prompt, config.max_tokens)
     return Outcome(text, sum(a.calls for a in arms.values()), True, len(tokens), len(prompt))
 
@@ -108,12 +107,12 @@ def run_flare(backend, question: str, config: Config, arms: Mapping[str, Countin
               theta: float = FLARE_THETA) -> Outcome:
     layout = PromptLayout.from_template(backend.chat_prompt, chat_messages(question, config.system_prompt))
     accepted, accepted_tokens = prefix, 0
-    evidence_text: str | None = None
+    evidence: Evidence | None = None
     decoded = prefilled = retrievals = 0
     triggered = False
     while accepted_tokens < config.max_tokens:
         budget = config.max_tokens - accepted_tokens
-        prompt = _prompt_tokens(backend, layout, evidence_text, config, accepted)
+        prompt = _prompt_tokens(backend, layout, evidence, config, accepted)
         tokens, probs, sentence = _decode(backend, prompt, budget, stop_at_sentence=True)
         decoded += len(tokens)
         prefilled += len(prompt)
@@ -129,8 +128,8 @@ def run_flare(backend, question: str, config: Config, arms: Mapping[str, Countin
                                     time.monotonic() + config.round_deadline_s)
             if found:
                 # Regenerate the sentence from scratch: FLARE re-sends the whole prompt with the evidence.
-                evidence_text = found.evidence
-                prompt = _prompt_tokens(backend, layout, evidence_text, config, accepted)
+                evidence = found
+                prompt = _prompt_tokens(backend, layout, evidence, config, accepted)
                 tokens, probs, sentence = _decode(backend, prompt, budget, stop_at_sentence=True)
                 decoded += len(tokens)
                 prefilled += len(prompt)

@@ -88,3 +88,14 @@ def test_config_is_frozen():
     with pytest.raises(Exception):
         c.mode = "intervene"  # type: ignore[misc]
     assert c.replace(mode="detect").mode == "detect" and c.mode == "off"
+
+
+def test_tool_results_use_their_own_template():
+    from surprisegate.arms import Evidence
+    from surprisegate.config import evidence_text
+
+    c = Config(evidence_template="Use: {evidence} ({source})", tool_evidence_template="Fact: {evidence}")
+    assert evidence_text(c, Evidence("c", "The capital is X.", 0.9, "memory:a")) == "Use: The capital is X. (memory:a)"
+    assert evidence_text(c, Evidence("c", "The answer is 4.", 1.0, "tool:calculator", observable=1.0)) == "Fact: The answer is 4."
+    with pytest.raises(ConfigError, match="tool_evidence_template"):
+        Config(tool_evidence_template="no placeholder")
