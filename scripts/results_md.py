@@ -24,18 +24,20 @@ def calibration_md(cal: dict) -> list[str]:
         f"| plain windowed surprise (baseline): {best_plain['feature']} | {best_plain['auroc']:.3f} "
         f"[{best_plain['ci_low']:.3f}, {best_plain['ci_high']:.3f}] |",
     ]
-    for row in cal.get("auroc_table_top", [])[:5]:
+    table = cal.get("auroc_table") or cal.get("auroc_table_top") or []
+    aggregates = [r for r in table if r["signal"] == "surprise" and r["feature"] in ("mean", "p90", "max", "tail_mass")]
+    for row in aggregates:
+        lines.append(f"| surprise, whole-reply {row['feature']} | {row['auroc']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] |")
+    for row in table[:5]:
         lines.append(f"| {row['signal']} {row['feature']} | {row['auroc']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] |")
     lines.append(f"| **chosen: {rule['signal']} {rule['statistic']} W={rule['window']} + per-kind normalisation "
                  f"(5-fold cross-validated)** | **{pk['auroc_cv']:.3f} [{pk['ci_low']:.3f}, {pk['ci_high']:.3f}]** |")
-    lines += [
-        "",
-        f"Operating points of the chosen signal: highest precision at recall ≥ 0.5 = precision "
-        f"{hp['precision']:.3f} at recall {hp['recall']:.3f} (trigger rate {hp['trigger_rate']:.2f}); shipped "
-        f"(most recall at precision ≥ {cal.get('min_precision', 0.85)}) = precision {ch['precision']:.3f} at recall "
-        f"{ch['recall']:.3f} (trigger rate {ch['trigger_rate']:.2f}).",
-    ]
-    return lines
+    point = (f"Operating point of the chosen signal (cross-validated scores): highest precision at recall ≥ 0.5 = "
+             f"precision {hp['precision']:.3f} at recall {hp['recall']:.3f} (trigger rate {hp['trigger_rate']:.2f})")
+    if cal.get("objective") == "recall":
+        point += (f"; written to the config (most recall at precision ≥ {cal.get('min_precision')}) = precision "
+                  f"{ch['precision']:.3f} at recall {ch['recall']:.3f} (trigger rate {ch['trigger_rate']:.2f})")
+    return lines + ["", point + "."]
 
 
 def eval_md(name: str, summary: dict) -> list[str]:
@@ -63,6 +65,9 @@ def main(root: str) -> None:
         out += ["### A/B", ""]
         for path in evals:
             out += eval_md(path.parent.name, json.loads(path.read_text()))
+    for path in sorted((base / "tradeoff").glob("*/tradeoff.md")):
+        out += [f"### Operating points on {path.parent.name}: accuracy against grounding calls and tokens", "",
+                path.read_text().rstrip(), "", f"![trade-off]({path.parent.relative_to(base.parent)}/tradeoff.png)", ""]
     print("\n".join(out))
 
 

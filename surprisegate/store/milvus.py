@@ -46,6 +46,7 @@ from ..errors import BackendError, InputError, MissingDependency
 from .embed import Embedder, default_embedder, embedder_from_name
 from .sqlite import (
     CANDIDATE_POOL,
+    prepare_query,
     CONTEXT_WEIGHT,
     FORMAT_NAME,
     RRF_K,
@@ -603,13 +604,10 @@ class MilvusMemory:
         `time.monotonic()` value) a search still running then raises TimeoutError.
         """
         mode = _check_mode(mode or self.mode)
-        if k <= 0 or not query.strip():
+        prepared = prepare_query(query, context, k, mode)
+        if prepared is None:
             return []
-        terms = query_terms(query)
-        if not terms and mode != "dense":
-            return []
-        known = {term.word for term in terms}
-        context_terms = [term for term in query_terms(context, CONTEXT_WEIGHT) if term.word not in known]
+        terms, context_terms = prepared
         _check_deadline(deadline, self.uri)
         if mode == "dense" and self.embedder is None:
             raise InputError(

@@ -137,6 +137,20 @@ def _tokens(text: str):
         yield token, token[0].isupper() and not sentence_start, between.strip() in ("", "-")
 
 
+def prepare_query(query: str, context: str, k: int, mode: str) -> tuple[list[QueryTerm], list[QueryTerm]] | None:
+    """The query's terms and the context's new terms (at CONTEXT_WEIGHT); None when nothing can match.
+
+    Shared by every store, so SQLite and Milvus read a question the same way.
+    """
+    if k <= 0 or not query.strip():
+        return None
+    terms = query_terms(query)
+    if not terms and mode != "dense":
+        return None
+    known = {term.word for term in terms}
+    return terms, [term for term in query_terms(context, CONTEXT_WEIGHT) if term.word not in known]
+
+
 def query_terms(text: str, weight: float = 1.0) -> list[QueryTerm]:
     """Content words of `text`, in order, without duplicates; names weigh NAME_WEIGHT times more."""
     terms: dict[str, QueryTerm] = {}
@@ -741,13 +755,10 @@ class SQLiteMemory:
         search still running then raises TimeoutError.
         """
         mode = _check_mode(mode or self.mode)
-        if k <= 0 or not query.strip():
+        prepared = prepare_query(query, context, k, mode)
+        if prepared is None:
             return []
-        terms = query_terms(query)
-        if not terms and mode != "dense":
-            return []
-        known = {term.word for term in terms}
-        context_terms = [term for term in query_terms(context, CONTEXT_WEIGHT) if term.word not in known]
+        terms, context_terms = prepared
         with self._lock:
             self._refresh_caches()
             if deadline is not None:
