@@ -1,6 +1,7 @@
 """Render the README's Results tables from the saved calibration and eval summaries.
 
     python scripts/results_md.py results/   > results/RESULTS.md
+    python scripts/results_md.py results/ --readme README.md   # also replace the README's generated block
 """
 
 from __future__ import annotations
@@ -52,7 +53,19 @@ def eval_md(name: str, summary: dict) -> list[str]:
     return lines + [""]
 
 
-def main(root: str) -> None:
+BEGIN, END = "<!-- results:begin (scripts/results_md.py) -->", "<!-- results:end -->"
+
+
+def splice(readme: Path, block: str) -> None:
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        sys.exit(f"{readme} has no {BEGIN} ... {END} block to replace")
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    readme.write_text(head + BEGIN + "\n" + block.rstrip() + "\n" + END + tail)
+
+
+def main(root: str, readme: str | None = None) -> None:
     base = Path(root)
     out: list[str] = []
     for folder, title in (("calibration_factqa_wikidata", "Detection on factqa_dev + wikidata_cloze_dev pooled"),
@@ -69,7 +82,12 @@ def main(root: str) -> None:
         out += [f"### Operating points on {path.parent.name}: accuracy against grounding calls and tokens", "",
                 path.read_text().rstrip(), "", f"![trade-off]({path.parent.relative_to(base.parent)}/tradeoff.png)", ""]
     print("\n".join(out))
+    if readme:
+        splice(Path(readme), "\n".join(out))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "results")
+    args = sys.argv[1:]
+    readme_path = args[args.index("--readme") + 1] if "--readme" in args else None
+    roots = [a for i, a in enumerate(args) if a != "--readme" and (i == 0 or args[i - 1] != "--readme")]
+    main(roots[0] if roots else "results", readme_path)

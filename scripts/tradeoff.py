@@ -77,9 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         points[f"flare θ={theta}"] = summarise(off + rows, ["off", "flare"])["modes"]["flare"]
     baseline = summarise(off + rows_of(base, "always") + rows_of(base, "flare") + rows_of(base, "intervene"),
                          ["off", "intervene", "always", "flare"])["modes"]
-    for mode in ("off", "always", "intervene", "flare"):
+    names = {"off": "off", "always": "always", "intervene": "intervene (shipped config)", "flare": "flare θ=0.4"}
+    for mode, name in names.items():
         if mode in baseline:
-            points[mode if mode != "flare" else "flare θ=0.4"] = points.get(mode) or baseline[mode]
+            points[name] = baseline[mode]
     write(points, out, Path(args.data).stem)
     return 0
 
