@@ -349,7 +349,7 @@ def plot_curves(items: list[Labelled], chosen: dict, baseline: dict, out_dir: Pa
 
 
 def calibrate(label_dirs: list[str | Path], out_config: str | Path, base: Config | None = None,
-              bootstrap: int = 500, objective: str = "recall", min_precision: float = MIN_PRECISION,
+              bootstrap: int = 500, objective: str = "precision", min_precision: float = MIN_PRECISION,
               progress: Callable[[str], None] = lambda m: None) -> dict:
     """Compute the report, write the chosen operating point into a TOML config, and plots beside it."""
     items = prepare(iter_labels(label_dirs))

@@ -428,9 +428,9 @@ def label(data: str, out_dir: str, limit: int | None, **kwargs) -> None:
               help="Folder(s) written by `surprisegate label` (repeatable: pooled).")
 @click.option("--out", "out_config", required=True, type=click.Path(dir_okay=False), help="Config TOML to write.")
 @click.option("--bootstrap", default=500, show_default=True, type=int, help="Bootstrap resamples for AUROC CIs.")
-@click.option("--objective", type=click.Choice(["recall", "precision"]), default="recall", show_default=True,
-              help="recall: most wrong replies caught at precision >= --min-precision (and recall >= 0.5); "
-                   "precision: highest precision at recall >= 0.5.")
+@click.option("--objective", type=click.Choice(["precision", "recall"]), default="precision", show_default=True,
+              help="precision: highest precision at recall >= 0.5; recall: most wrong replies caught at precision "
+                   ">= --min-precision (and recall >= 0.5), what the shipped defaults use (see README Results).")
 @click.option("--min-precision", default=0.90, show_default=True, type=float)
 @click.option("--json", "as_json", is_flag=True)
 def calibrate(label_dirs: tuple[str, ...], out_config: str, bootstrap: int, objective: str, min_precision: float,

@@ -101,6 +101,9 @@ def test_calibrate_writes_a_loadable_config_report_and_plots(tmp_path):
             assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((tmp_path / "out" / "calibration.json").read_text())
     assert saved["n"] == 240 and saved["best_plain_surprise"]["signal"] == "surprise"
+    # The default rule is the issue's: the highest intervention precision at recall >= 0.5.
+    assert report["objective"] == "precision"
+    assert report["per_kind"]["chosen"] == report["per_kind"]["highest_precision_point"]
 
 
 def test_prepare_skips_copied_tokens_for_novel_signals():
