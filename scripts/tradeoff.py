@@ -110,7 +110,9 @@ def write(points: dict[str, dict], out: Path, title: str) -> None:
         for name, s in points.items():
             colour = "#4c72b0" if name.startswith("intervene") else "#dd8452" if name.startswith("flare") else "#555555"
             ax.scatter(s[key], s["accuracy"], color=colour)
-            ax.annotate(name, (s[key], s["accuracy"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            # FLARE's labels go below their points, the others above: the two curves interleave
+            ax.annotate(name, (s[key], s["accuracy"]), fontsize=7, xytext=(4, -11 if name.startswith("flare") else 5),
+                        textcoords="offset points")
         if always:
             ax.axhline(0.9 * always["accuracy"], color="#999999", ls="--", lw=0.8)
             if key == "grounding_calls":
