@@ -51,6 +51,8 @@ class Config:
     arm_order_other: tuple[str, ...] = field(
         default=("memory", "web", "tool"), metadata={"help": "arm order for entity/other spans"})
     relevance_floor: float = field(default=0.6, metadata={"help": "memory hits scoring below this count as nothing found"})
+    ground_closed_questions: bool = field(default=False, metadata={
+        "help": "ground yes/no and either-or questions too (off: one snippet rarely settles them; README Results)"})
     tool_roots: tuple[str, ...] = field(default=(), metadata={"help": "folders the file tool may read"})
     tool_status_targets: tuple[str, ...] = field(default=(), metadata={
         "help": "host:port or URLs the live-status tool may check"})

@@ -26,6 +26,7 @@ import numpy as np
 from .arms import Arm, Evidence, Query
 from .backends import SteerableBackend
 from .config import Config, evidence_text
+from .router import closed_question
 from .events import Done, Event, Grounding, Rewind, Token, Trigger
 from .prompting import PromptLayout, chat_messages
 from .signals import CopyTracker, question_kind, signal_value
@@ -346,7 +347,10 @@ def _intervene(backend, layout, config, arms, router, question, reply, trigger, 
     reply_text = prefix_text + reply.text()
     query = Query(span=trigger.span_text.strip(), question=question.strip(), sentence=_current_sentence(reply_text))
     route = router(query.span, query.question, query.sentence, available=tuple(arms))
-    order = arm_order(config, route.span_class, arms)
+    # A question that names its answers ("X or Y?", "Were X and Y ...?") is left as the model answered it:
+    # one snippet rarely compares the two, and grounding broke more such answers than it fixed.
+    closed = None if config.ground_closed_questions or route.span_class == "computable" else closed_question(query.question)
+    order = () if closed else arm_order(config, route.span_class, arms)
     query = Query(query.span, query.question, query.sentence, span_class=route.span_class)
 
     chosen, arm_reports = ground_round(arms, order, query, deadline, cache)
@@ -355,6 +359,7 @@ def _intervene(backend, layout, config, arms, router, question, reply, trigger, 
         "trigger": _trigger_dict(trigger),
         "span_class": route.span_class,
         "route_rule": route.rule,
+        "closed_question": closed,
         "arm_order": list(order),
         "arms": arm_reports,
         "chosen": chosen.to_dict() if chosen else None,
@@ -364,7 +369,9 @@ def _intervene(backend, layout, config, arms, router, question, reply, trigger, 
     }
     if chosen is None:
         statuses = ", ".join(f"{r['arm']}: {r['status']}" for r in arm_reports) or "no arms configured"
-        record.update(action="resumed_unmodified", reason=f"no grounding found ({statuses})",
+        reason = (f"closed question ({closed}): its answer is one of the options it names; "
+                  "set ground_closed_questions = true to ground it anyway") if closed else f"no grounding found ({statuses})"
+        record.update(action="resumed_unmodified", reason=reason,
                       latency_ms=round((time.monotonic() - started) * 1000, 2))
         yield Grounding(trigger.round, route.span_class, order, False, None, None, record["reason"])
         return record, None

@@ -279,3 +279,18 @@ def test_a_later_round_reuses_the_arm_answer_instead_of_calling_again():
     assert len(done.rounds) == 2 and len(arm.calls) == 1
     second = done.rounds[1]
     assert second["arms"][0]["cached"] is True and second["action"] == "resumed_unmodified"
+
+
+def test_a_closed_question_is_left_as_answered_unless_configured():
+    question = "Is Rightburg or Wrongville the capital of Testland?"
+    detect_backend = ScriptedBackend(script_testland)
+    detect = list(stream(detect_backend, question, cfg(mode="detect"), {}))[-1]
+    arm = StaticArm("memory", [RIGHT_EVIDENCE])
+    done = list(stream(ScriptedBackend(script_testland), question, cfg(max_rounds=1), {"memory": arm}))[-1]
+    assert done.text == detect.text == WRONG and arm.calls == []  # no grounding call spent on it
+    (record,) = done.rounds
+    assert record["action"] == "resumed_unmodified" and record["closed_question"] == "yes_no"
+    assert "ground_closed_questions" in record["reason"]
+    grounded = list(stream(ScriptedBackend(script_testland), question, cfg(max_rounds=1, ground_closed_questions=True),
+                           {"memory": arm}))[-1]
+    assert grounded.text == RIGHT and len(arm.calls) == 1

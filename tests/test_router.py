@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from surprisegate.arms.dates import DateQuestion
 from surprisegate.arms.files import FileRequest
@@ -397,3 +399,34 @@ def test_arithmetic_questions_are_computable():
 def test_fact_questions_are_entities():
     questions = _load_questions("factqa_dev.jsonl")
     assert [q for q in questions if classify_span("", q)[0] != "entity"] == []
+
+
+@pytest.mark.parametrize("question, kind", [
+    ("Were Eatza Pizza and Your Pie founded in the same state?", "yes_no"),
+    ("Is Paris the capital of France?", "yes_no"),
+    ("Are both The New Pornographers and Kings of Leon American rock bands?", "yes_no"),
+    ("Who was born first, Pablo Trapero or Aleksander Ford?", "choice"),
+    ("Which magazine was started first Arthur's Magazine or First for Women?", "choice"),
+    ("Which publication is published more often: Modern Drummer or Bookmarks?", "choice"),
+    ("What is the capital of Burkina Faso?", None),
+    ("Will had 83 dollars. If he spent 47 bucks on a new game, how many 4 dollar toys could he buy?", None),
+    ("Is", None),
+    ("Which country, France or Spain, borders Andorra and also has a long coastline on two different seas?", None),
+    ("Name one country that shares a land border with Guatemala.", None),
+    ("The official language of Qazvin Province is", None),
+    ("", None),
+])
+def test_closed_question(question, kind):
+    from surprisegate.router import closed_question
+
+    assert closed_question(question) == kind
+
+
+@given(st.text(max_size=200))
+def test_closed_question_is_total_and_needs_a_question_mark(text):
+    from surprisegate.router import closed_question
+
+    kind = closed_question(text)
+    assert kind in (None, "yes_no", "choice")
+    if kind is not None:
+        assert "?" in text
