@@ -12,8 +12,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def sg(*args, home, timeout=300):
-    env = os.environ | {"SURPRISEGATE_HOME": str(home)}
+def sg(*args, home, timeout=300, env_extra=None):
+    env = os.environ | {"SURPRISEGATE_HOME": str(home)} | (env_extra or {})
     env.pop("SURPRISE_CANARY", None)
     env.pop("SURPRISE_INTERVENE", None)
     return subprocess.run([sys.executable, "-m", "surprisegate", *args], capture_output=True, text=True, env=env,
@@ -30,8 +30,8 @@ def factkb_memory(tmp_path_factory, shared_data):
     return home, store
 
 
-def ask_json(home, *args):
-    out = sg("ask", "--json", *args, home=home)
+def ask_json(home, *args, env_extra=None):
+    out = sg("ask", "--json", *args, home=home, env_extra=env_extra)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -108,13 +108,26 @@ def web_server(shared_data):
 
 def test_multi_hop_question_via_the_local_web_server(factkb_memory, web_server):
     home, _ = factkb_memory
-    question = "Which private research university is located in Chestnut Hill, Massachusetts Boston College or Stanford University?"
+    question = "Who directed a 2016 musical filmed in Howth?"  # the musical, then its director
     off = ask_json(home, "--mode", "off", "--memory", "none", question)
-    assert "boston college" not in off["reply"].split(".")[0].lower()
+    assert "john carney" not in off["reply"].split(".")[0].lower()
     on = ask_json(home, "--mode", "intervene", "--memory", "none", "--web", web_server.url, question)
-    assert "Boston College" in on["reply"].split(".")[0]
+    assert "John Carney" in on["reply"].split(".")[0]
     rewound = [r for r in on["rounds"] if r["action"] == "rewound"]
     assert rewound and rewound[0]["chosen"]["source"].startswith("web:searxng:")
     receipt = next(json.loads(l) for l in open(on["receipt"], encoding="utf-8") if on["receipt_id"] in l)
     web_report = next(a for a in receipt["rounds"][0]["arms"] if a["arm"] == "web")
     assert web_report["status"] == "ok" and web_report["latency_ms"] >= 0
+
+
+def test_a_closed_question_is_left_as_answered_unless_asked(factkb_memory, web_server):
+    home, _ = factkb_memory
+    question = "Which private research university is located in Chestnut Hill, Massachusetts Boston College or Stanford University?"
+    detect = ask_json(home, "--mode", "detect", "--memory", "none", question)
+    kept = ask_json(home, "--mode", "intervene", "--memory", "none", "--web", web_server.url, question)
+    assert kept["reply"] == detect["reply"] and "boston college" not in kept["reply"].split(".")[0].lower()
+    assert kept["rounds"] and all(r["action"] == "resumed_unmodified" for r in kept["rounds"])
+    assert "closed question (choice)" in kept["rounds"][0]["reason"]
+    grounded = ask_json(home, "--mode", "intervene", "--memory", "none", "--web", web_server.url, question,
+                        env_extra={"SURPRISEGATE_GROUND_CLOSED_QUESTIONS": "1"})
+    assert "Boston College" in grounded["reply"].split(".")[0]
