@@ -592,3 +592,16 @@ def test_build_web_arm_from_a_url_or_a_name():
     assert arm.max_results == 2
     assert isinstance(web.build_web_arm("wikipedia", env={}).provider, WikipediaSearch)
     assert "BRAVE_API_KEY" in web.build_web_arm("brave", env={}).problem()
+
+
+def test_a_hop_sentence_is_shown_before_the_subject_sentence():
+    from surprisegate.arms.web import _pick_sentences
+
+    stems = [{"album", "record", "new", "paltz"}, {"new", "paltz", "village", "ulster", "county"}, {"weather"}]
+    weights = {"album": 1.0, "record": 1.0, "county": 1.0, "new": 0.5}
+    idf = {k: 1.0 for k in weights}
+    # the album sentence covers most of the question, the county sentence adds the rest: it is shown first
+    assert _pick_sentences(stems, weights, idf, 2) == [1, 0]
+    # a second pick that adds no question word keeps text order
+    assert _pick_sentences([{"album", "record", "county"}, {"weather"}], weights, idf, 2) == [0, 1]
+    assert _pick_sentences(stems, weights, idf, 1) == [0]

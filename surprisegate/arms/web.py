@@ -715,21 +715,29 @@ class _Candidate:
 
 
 def _pick_sentences(sentence_stems: list[set[str]], weights: dict[str, float], idf: dict[str, float], count: int) -> list[int]:
-    """Indices of up to `count` sentences, in text order, picked greedily by the question weight they add.
+    """Indices of up to `count` sentences, picked greedily by the question weight they add, in the order to show them.
 
     Greedy coverage, not the top `count` by score: a multi-hop question ("the network of the show
-    whose finale is X") needs the sentence naming the show and the one naming its network.
+    whose finale is X") needs the sentence naming the show and the one naming its network. When every
+    later pick adds question words the earlier picks lack (a hop), they are shown last-picked first: the
+    first pick usually names the question's subject and the hop answers ("... in New Paltz." / "New Paltz
+    is a village in Ulster County."), and a small model restates the first sentence it is shown
+    (halueval_qa_dev, 100 items: intervene 0.40 -> 0.44, no answer broken). Otherwise text order.
     """
     def gain(index: int, covered: set[str]) -> tuple[float, int]:
         new = (sentence_stems[index] - covered) & weights.keys()
         return (sum(weights[s] * idf[s] for s in new), -index)  # ties: the earlier sentence
 
     chosen: list[int] = []
+    gains: list[float] = []
     covered: set[str] = set()
     for _ in range(min(count, len(sentence_stems))):
         best = max((i for i in range(len(sentence_stems)) if i not in chosen), key=lambda i: gain(i, covered))
+        gains.append(gain(best, covered)[0])
         chosen.append(best)
         covered |= sentence_stems[best]
+    if len(chosen) > 1 and all(g > 0 for g in gains[1:]):
+        return chosen[::-1]
     return sorted(chosen)
 
 
