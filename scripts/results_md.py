@@ -87,7 +87,10 @@ def main(root: str, readme: str | None = None) -> None:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    readme_path = args[args.index("--readme") + 1] if "--readme" in args else None
-    roots = [a for i, a in enumerate(args) if a != "--readme" and (i == 0 or args[i - 1] != "--readme")]
-    main(roots[0] if roots else "results", readme_path)
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Render the README's Results tables from results/.")
+    ap.add_argument("root", nargs="?", default="results")
+    ap.add_argument("--readme", help="also replace this README's generated block")
+    cli = ap.parse_args()
+    main(cli.root, cli.readme)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from surprisegate.cli import _progress_bar, build_arms, load_backend_for
 from surprisegate.config import load_config
-from surprisegate.evaluate import evaluate, summarise
+from surprisegate.evaluate import FLARE_THETA, evaluate, summarise
 from surprisegate.receipts import read_receipts
 
 
@@ -47,34 +47,22 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"--base={args.base!r} holds no `off` results; run `surprisegate eval --modes off,always,flare` there first")
     ids = {r["id"] for r in off}
     points: dict[str, dict] = {}
-    for spec in args.point:
-        name, _, path = spec.partition("=")
-        config = load_config(path or None, {"threads": args.threads})
-        arms = build_arms(config, args.memory)
-        if args.web:
-            from surprisegate.arms.web import build_web_arm
-
-            arms["web"] = build_web_arm(args.web)
-        backend = load_backend_for(config)
-        print(f"intervene at {name} ({path})", file=sys.stderr)
-        evaluate(args.data, ["intervene"], backend, config, arms, out / name, sample=args.sample,
-                 progress=_progress_bar(name))
-        rows = [r for r in rows_of(out / name, "intervene") if r["id"] in ids]
-        points[f"intervene {name}"] = summarise(off + rows, ["off", "intervene"])["modes"]["intervene"]
-    for theta in args.flare_theta:
-        config = load_config(None, {"threads": args.threads})
-        arms = build_arms(config, args.memory)
-        if args.web:
-            from surprisegate.arms.web import build_web_arm
-
-            arms["web"] = build_web_arm(args.web)
-        backend = load_backend_for(config)
-        name = f"flare_theta_{theta}"
-        print(f"flare at theta {theta}", file=sys.stderr)
-        evaluate(args.data, ["flare"], backend, config, arms, out / name, sample=args.sample,
-                 progress=_progress_bar(name), flare_theta=theta)
-        rows = [r for r in rows_of(out / name, "flare") if r["id"] in ids]
-        points[f"flare θ={theta}"] = summarise(off + rows, ["off", "flare"])["modes"]["flare"]
+    # One model for every run: the operating points differ only in trigger settings, not in the model.
+    defaults = load_config(None, {"threads": args.threads})
+    backend = load_backend_for(defaults)
+    runs = [(f"intervene {name}", name, "intervene", path or None, FLARE_THETA)
+            for name, _, path in (spec.partition("=") for spec in args.point)]
+    runs += [(f"flare θ={theta}", f"flare_theta_{theta}", "flare", None, theta) for theta in args.flare_theta]
+    for label, folder, mode, path, theta in runs:
+        config = load_config(path, {"threads": args.threads})
+        if (config.backend, config.model) != (defaults.backend, defaults.model):
+            sys.exit(f"{path} sets backend/model {config.backend}/{config.model!r}; the points share the default model")
+        arms = build_arms(config, args.memory, web=args.web)
+        print(f"{label} ({path or 'defaults'})", file=sys.stderr)
+        evaluate(args.data, [mode], backend, config, arms, out / folder, sample=args.sample,
+                 progress=_progress_bar(folder), flare_theta=theta)
+        rows = [r for r in rows_of(out / folder, mode) if r["id"] in ids]
+        points[label] = summarise(off + rows, ["off", mode])["modes"][mode]
     baseline = summarise(off + rows_of(base, "always") + rows_of(base, "flare") + rows_of(base, "intervene"),
                          ["off", "intervene", "always", "flare"])["modes"]
     names = {"off": "off", "always": "always", "intervene": "intervene (shipped config)", "flare": "flare θ=0.4"}
@@ -126,4 +114,9 @@ def write(points: dict[str, dict], out: Path, title: str) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from surprisegate.errors import SurpriseGateError
+
+    try:
+        raise SystemExit(main())
+    except SurpriseGateError as err:  # a clear message, as the CLI gives, not a traceback
+        raise SystemExit(f"error: {err}") from None

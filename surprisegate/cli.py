@@ -99,7 +99,7 @@ def resolve_config(kwargs: dict) -> Config:
     return load_config(kwargs.pop("config_file", None), overrides)
 
 
-def build_arms(config: Config, memory: str | None, tools: bool = True) -> dict:
+def build_arms(config: Config, memory: str | None, tools: bool = True, web: str | None = None) -> dict:
     arms: dict = {}
     if memory and memory != "none":
         from .arms.memory import MemoryArm
@@ -112,6 +112,8 @@ def build_arms(config: Config, memory: str | None, tools: bool = True) -> dict:
 
         arms["tool"] = ToolArm(roots=config.tool_roots, allowed_status_targets=config.tool_status_targets,
                                python_sandbox=config.tool_python_sandbox, default_timezone=config.tool_timezone)
+    if web:
+        arms["web"] = build_web_arm(web)
     return arms
 
 
@@ -205,9 +207,8 @@ def ask(question: str, memory: str, no_tools: bool, web_url: str | None, receipt
     chat_messages(question)  # validates the question before anything slow happens
     config = resolve_config(kwargs)
     _check_memory(memory)
-    arms = build_arms(config, memory, tools=not no_tools) if config.mode == "intervene" else {}
-    if web_url and config.mode == "intervene":
-        arms["web"] = build_web_arm(web_url)
+    arms = build_arms(config, memory, tools=not no_tools, web=web_url) if config.mode == "intervene" else {}
+    if "web" in arms:
         problem = arms["web"].problem()
         if problem:
             click.echo(f"warning: web arm: {problem}", err=True)
@@ -478,9 +479,7 @@ def eval_cmd(data: str, modes: str, memory: str, web_url: str | None, no_tools: 
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
     config = resolve_config(kwargs)
     _check_memory(memory)
-    arms = build_arms(config, memory, tools=not no_tools)
-    if web_url:
-        arms["web"] = build_web_arm(web_url)
+    arms = build_arms(config, memory, tools=not no_tools, web=web_url)
     backend = load_backend_for(config)
     summary = evaluate(data, mode_list, backend, config, arms, out_dir, limit=limit, sample=sample,
                        progress=_progress_bar("eval"), flare_theta=flare_theta)

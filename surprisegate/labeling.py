@@ -85,6 +85,8 @@ def done_ids(out_dir: Path) -> set[str]:
 
 # Settings that change what the model writes; a resumed run must not mix replies made under others.
 REPLY_KEYS = ("backend", "model", "system_prompt", "max_tokens", "temperature", "seed", "n_ctx")
+# What a run folder records beside the config, compared when present.
+_RUN_KEYS = ("data", "model", "arms", "flare_theta")
 
 
 def guard_resume(path: Path, meta: dict, compare: tuple[str, ...] | None = None) -> None:
@@ -107,9 +109,6 @@ def guard_resume(path: Path, meta: dict, compare: tuple[str, ...] | None = None)
                 raise InputError(f"--out={str(path.parent)!r} holds a run made with other settings ({diffs}); "
                                  "pass a new --out, or delete that folder to start over")
     path.write_text(json.dumps(meta, indent=2))
-
-
-_RUN_KEYS = ("data", "model", "arms", "flare_theta")
 
 
 def _was(meta: dict, key: str):

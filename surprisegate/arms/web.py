@@ -732,8 +732,8 @@ def _pick_sentences(sentence_stems: list[set[str]], weights: dict[str, float], i
     gains: list[float] = []
     covered: set[str] = set()
     for _ in range(min(count, len(sentence_stems))):
-        best = max((i for i in range(len(sentence_stems)) if i not in chosen), key=lambda i: gain(i, covered))
-        gains.append(gain(best, covered)[0])
+        (best_gain, _), best = max((gain(i, covered), i) for i in range(len(sentence_stems)) if i not in chosen)
+        gains.append(best_gain)
         chosen.append(best)
         covered |= sentence_stems[best]
     if len(chosen) > 1 and all(g > 0 for g in gains[1:]):
