@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import random
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .bench_memory import PROGRESS_EVERY, SEED, TARGET_P95_MS, _in_batches, _noop, _time_searches, synthetic_world
+from .bench_memory import SEED, _noop, fill_and_warm, latency_summary, synthetic_world, time_modes
 
 
 def bench_milvus(
@@ -48,38 +47,14 @@ def bench_milvus_on(
             if store.count():
                 raise ValueError(f"uri={store_uri!r} already holds passages; name a new collection to benchmark")
             try:
-                start = time.perf_counter()
-                for batch in _in_batches(passages, PROGRESS_EVERY):
-                    store.add_passages(batch)
-                    progress(f"milvus: {store.count():,}/{len(passages):,} passages stored")
-                build_s = time.perf_counter() - start
-                start = time.perf_counter()
-                store.search(questions[0]["question"], k=5, context=questions[0]["claim"])
-                first_search_s = time.perf_counter() - start
+                build_s, first_search_s = fill_and_warm(store, passages, questions[0], "milvus", progress)
                 stats = store.stats()
-                by_mode = {}
-                for mode in stats["search_modes"]:
-                    progress(f"milvus: {len(questions)} {mode} searches")
-                    by_mode[mode] = _time_searches(store, questions, mode)
+                by_mode = time_modes(store, questions, stats["search_modes"], "milvus", progress)
             finally:
                 if uri is not None:  # a server keeps what it is given: leave it as it was
                     store._client.drop_collection(store.collection)
     mode = "hybrid" if "hybrid" in by_mode else "bm25"
-    chosen = by_mode[mode]
-    return {
-        "p50_ms": chosen["p50_ms"],
-        "p95_ms": chosen["p95_ms"],
-        "p99_ms": chosen["p99_ms"],
-        "mode": mode,
-        "engine": _engine(stats["backend"]),
-        "n_passages": stats["passages"],
-        "build_s": round(build_s, 2),
-        "first_search_s": round(first_search_s, 3),
-        "recall@5": chosen["recall@5"],
-        "meets_target": chosen["p95_ms"] <= TARGET_P95_MS,
-        "embedder": stats["embedder"],
-        "by_mode": by_mode,
-    }
+    return latency_summary(by_mode, mode, build_s, first_search_s, stats) | {"engine": _engine(stats["backend"])}
 
 
 def _engine(backend: str) -> str:

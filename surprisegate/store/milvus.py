@@ -59,7 +59,6 @@ from .sqlite import (
     _content_hash,
     embedding_text,
     query_bigrams,
-    query_terms,
 )
 
 SCHEMA_VERSION = 1  # of the Milvus collection layout below
