@@ -7,6 +7,9 @@ setup:
 demo: setup
 	.venv/bin/surprisegate demo
 
+# The whole suite needs every optional part installed (both backends, Milvus, the plots), so `make test`
+# asks for all of them; the same command runs in CI (.ci/run).
+test: export EXTRAS ?= llamacpp,test,transformers,eval,milvus,minilm
 test: setup
 	.venv/bin/python -m pytest -q
 
