@@ -16,6 +16,7 @@ from fractions import Fraction
 from typing import Mapping
 
 _ARTICLES = ("the ", "a ", "an ")
+_LEADING_ARTICLES = re.compile("^(?:" + "|".join(_ARTICLES) + ")+")
 # A sentence ends at . ! ? followed by whitespace, unless the dot ends a single capital ("U.S.", "J. Smith")
 # or a known abbreviation.
 _SENTENCE_END = re.compile(r"(?<![A-Z])(?<!\b(?:St|Mt|Dr|Mr|Ms|Jr|Sr|vs))(?<!\bMrs)[.!?](?=\s|$)")
@@ -37,16 +38,15 @@ def first_sentence(text: str) -> str:
 
 
 def normalise(text: str) -> str:
-    """Lower-case, strip accents and punctuation, collapse whitespace, drop a leading article."""
+    """Lower-case, strip accents and punctuation, collapse whitespace, drop leading articles.
+
+    All of them ("A: a 0" -> "0"), so that normalising twice changes nothing.
+    """
     text = unicodedata.normalize("NFKD", text)
     text = "".join(c for c in text if not unicodedata.combining(c)).lower()
     text = re.sub(r"[^\w\s]|_", " ", text)
     text = " ".join(text.split())
-    for article in _ARTICLES:
-        if text.startswith(article):
-            text = text[len(article):]
-            break
-    return text
+    return _LEADING_ARTICLES.sub("", text)
 
 
 def contains_alias(sentence: str, alias: str) -> bool:
