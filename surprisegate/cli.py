@@ -179,8 +179,12 @@ class TerminalView:
         elif isinstance(event, Rewind):
             if event.n_tokens:  # emit streaming: those tokens were shown; retract them
                 del self.pieces[len(self.pieces) - event.n_tokens:]
-            click.echo(self.paint(f"  ⟲ dropped {event.dropped_text.strip()!r}, injected {event.injected_tokens} "
-                                  "tokens of evidence; rewriting", "35"))
+            if event.reverted:
+                click.echo(self.paint(f"  ⟲ the rewrite {event.dropped_text.strip()!r} used none of the evidence; "
+                                      "keeping the reply written without it", "35"))
+            else:
+                click.echo(self.paint(f"  ⟲ dropped {event.dropped_text.strip()!r}, injected {event.injected_tokens} "
+                                      "tokens of evidence; rewriting", "35"))
             click.echo(self.shown, nl=False)
         elif isinstance(event, Done):
             click.echo()

@@ -53,6 +53,9 @@ class Config:
     relevance_floor: float = field(default=0.6, metadata={"help": "memory hits scoring below this count as nothing found"})
     ground_closed_questions: bool = field(default=False, metadata={
         "help": "ground yes/no and either-or questions too (off: one snippet rarely settles them; README Results)"})
+    revert_unused_evidence: bool = field(default=True, metadata={
+        "help": "when the rewritten sentence repeats none of the evidence's own words or numbers, keep the "
+                "reply written without it (the rewrite ignored the evidence; README Results)"})
     tool_roots: tuple[str, ...] = field(default=(), metadata={"help": "folders the file tool may read"})
     tool_status_targets: tuple[str, ...] = field(default=(), metadata={
         "help": "host:port or URLs the live-status tool may check"})

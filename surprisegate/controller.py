@@ -30,6 +30,7 @@ from .router import closed_question
 from .events import Done, Event, Grounding, Rewind, Token, Trigger
 from .prompting import PromptLayout, chat_messages
 from .signals import CopyTracker, question_kind, signal_value
+from .support import sentence_end, sentence_start, uses_evidence
 from .surprise import RollingWindow, aggregates, surprise_and_entropy
 
 
@@ -167,6 +168,62 @@ class _Reply:
     def cut(self, n: int) -> None:
         del self.tokens[n:], self.surprises[n:], self.entropies[n:], self.window_stats[n:], self.pieces[n:]
 
+    def copy(self, n: int) -> "_Reply":
+        return _Reply(self.tokens[:n], self.surprises[:n], self.entropies[:n], self.window_stats[:n], self.pieces[:n])
+
+
+@dataclass
+class _Unchecked:
+    """The state before a rewrite that has not yet shown it used its evidence: where to go back to."""
+
+    reply: _Reply  # the reply up to (not including) the triggering token
+    context_tokens: list[int]  # what the backend held at the trigger (the triggering token was never fed)
+    turn_start: int
+    span_start: int  # reply index where the first unchecked rewrite begins; nothing from here is shown
+    first_round: int  # index in `rounds` of the first round it covers
+    prompt_len: int  # context tokens fed as the prompt; the reply's tokens were fed one at a time
+    check_from: int = 0  # reply index of the latest rewind: its sentence is the one checked
+    evidence: list[str] = field(default_factory=list)
+
+
+def _rewrite_verdict(reply: _Reply, unchecked: _Unchecked, question: str, final: bool) -> bool | None:
+    """Does the sentence holding the latest rewrite use its evidence? None while that sentence is open."""
+    text = reply.text()
+    at = len(reply.text(unchecked.check_from))
+    end = sentence_end(text, at)
+    if end is None and not final:
+        return None
+    sentence = text[sentence_start(text, at): end]
+    return uses_evidence(sentence, unchecked.evidence, question)
+
+
+def _restore(backend: SteerableBackend, context: _Context, reply: _Reply, unchecked: _Unchecked) -> np.ndarray:
+    """Put the backend, context and reply back as they were before the unchecked rewrite; the logits to go on."""
+    target = unchecked.context_tokens
+    common = 0
+    for have, want in zip(context.tokens, target):
+        if have != want:
+            break
+        common += 1
+    common = min(common, len(target) - 1)  # re-feed at least one token: its logits pick the next one
+    if backend.can_trim():
+        backend.trim(len(context.tokens) - common)
+    else:
+        backend.reset()
+        common = 0
+    # The same schedule as the first time (prompt in one batch, reply one token at a time): batched and
+    # one-token kernels round differently, and the reply must come back exactly as written without evidence.
+    logits = backend.append(target[common:unchecked.prompt_len]) if common < unchecked.prompt_len else None
+    for token in target[max(common, unchecked.prompt_len):]:
+        logits = backend.append([token])
+    assert logits is not None
+    context.tokens[:] = target
+    context.turn_start = unchecked.turn_start
+    saved = unchecked.reply
+    reply.tokens[:], reply.surprises[:], reply.entropies[:] = saved.tokens, saved.surprises, saved.entropies
+    reply.window_stats[:], reply.pieces[:] = saved.window_stats, saved.pieces
+    return logits
+
 
 def stream(
     backend: SteerableBackend,
@@ -211,6 +268,8 @@ def stream(
     copies = CopyTracker(question + " " + assistant_prefix) if config.signal.startswith("novel") else None
     reply = _Reply()
     rounds: list[dict] = []
+    unchecked: _Unchecked | None = None  # a rewrite whose sentence is not finished: held back until checked
+    reverted = False  # a rewrite ignored its evidence and was dropped: no further rounds in this reply
     arm_cache: dict = {}  # per reply: (arm, question, class) -> evidence list
     would_trigger: list[dict] = []  # detect mode: crossings recorded, never acted on
     decoded = 0  # every token sampled, including dropped ones
@@ -222,7 +281,7 @@ def stream(
     emitted_texts: list[str] = []
     holdback = config.stream == "holdback"
     eos = backend.eos_token_ids
-    max_decoded = config.max_tokens * (config.max_rounds + 1) + 8
+    max_decoded = config.max_tokens * (config.max_rounds + 2) + 8  # every round may rewrite, a revert redo
 
     def emit_upto(n: int, final: bool = False) -> Iterator[Token]:
         nonlocal emitted
@@ -233,10 +292,39 @@ def stream(
             emitted += 1
             yield Token(i, reply.tokens[i], text, reply.surprises[i], reply.window_stats[i])
 
+    def revert() -> Iterator[Event]:
+        """The rewrite used none of its evidence: back to the reply written without it; no more rounds."""
+        nonlocal unchecked, reverted, emitted, decoder
+        assert unchecked is not None
+        start = unchecked.span_start
+        rewritten = reply.text()[len(reply.text(start)):]
+        new_logits = _restore(backend, context, reply, unchecked)
+        for record in rounds[unchecked.first_round:]:
+            if record["action"] == "rewound":
+                record.update(action="reverted", rewritten_text=rewritten, reason=(
+                    f"{record['reason']}, but the rewrite {rewritten.strip()[:80]!r} used none of the evidence's "
+                    "own words or numbers: kept the reply written without it"))
+        shown = max(0, emitted - start)
+        unchecked, reverted = None, True
+        window.reset()
+        pushed_at.clear()
+        if copies:
+            copies.reset_word()
+        if not holdback:
+            emitted = min(emitted, start)
+            del emitted_texts[emitted:]
+            decoder = codecs.getincrementaldecoder("utf-8")("replace")
+            decoder.decode(b"".join(reply.pieces[:emitted]), final=False)
+        yield Rewind(rounds[-1]["round"], 0 if holdback else shown, rewritten, 0, reverted=True)
+        return new_logits
+
     while len(reply.tokens) < config.max_tokens and decoded < max_decoded:
         token, s, entropy = decode_step(logits, config.temperature, rng, scored)
         decoded += 1
         if token in eos:
+            if unchecked is not None and not _rewrite_verdict(reply, unchecked, question, final=True):
+                logits = yield from revert()
+                continue
             finish_reason = "stop"
             break
         reply.tokens.append(token)
@@ -262,6 +350,7 @@ def stream(
                 eligible
                 and value > threshold
                 and len(rounds) + len(would_trigger) < config.max_rounds
+                and not reverted
             )
         if triggered:
             span_start = pushed_at[window.start]
@@ -275,6 +364,11 @@ def stream(
                 would_trigger.append(_trigger_dict(trigger))
             else:
                 yield trigger
+                before = None
+                if config.revert_unused_evidence and unchecked is None:
+                    before = _Unchecked(reply.copy(len(reply.tokens) - 1), list(context.tokens), context.turn_start,
+                                        span_start=trigger.span_start, first_round=len(rounds),
+                                        prompt_len=len(prompt_tokens))
                 record, new_logits = yield from _intervene(
                     backend, layout, config, arms, router, question, reply, trigger, emitted, holdback, rounds, context,
                     prefix_tokens, arm_cache,
@@ -282,6 +376,10 @@ def stream(
                 rounds.append(record)
                 if new_logits is not None:
                     logits = new_logits
+                    unchecked = unchecked or before
+                    if unchecked is not None:
+                        unchecked.check_from = trigger.span_start
+                        unchecked.evidence.append(record["chosen"]["evidence"])
                     injected_total += record["tokens_injected"]
                     if not holdback:
                         emitted = min(emitted, len(reply.tokens))
@@ -295,13 +393,22 @@ def stream(
                     continue
             window.reset()  # after a round (acted on or not) the window starts afresh
             pushed_at.clear()
+        if unchecked is not None:
+            verdict = _rewrite_verdict(reply, unchecked, question, final=len(reply.tokens) >= config.max_tokens)
+            if verdict is False:
+                logits = yield from revert()
+                continue
+            if verdict:
+                unchecked = None  # the rewrite drew on its evidence: it stands, and may be shown
 
         logits = backend.append([token])
         context.tokens.append(token)
         # Tokens before the window start can no longer be rewound: safe to show in holdback streaming.
-        can_rewind = intervening and len(rounds) < config.max_rounds
+        can_rewind = intervening and len(rounds) < config.max_rounds and not reverted
         first_rewindable = pushed_at[window.start] if len(window) else len(reply.tokens)
         final_upto = first_rewindable if (holdback and can_rewind) else len(reply.tokens)
+        if holdback and unchecked is not None:
+            final_upto = min(final_upto, unchecked.span_start)
         yield from emit_upto(final_upto)
 
     yield from emit_upto(len(reply.tokens), final=True)

@@ -47,6 +47,7 @@ class Rewind:
     n_tokens: int  # visible tokens retracted (0 in holdback streaming when none were shown)
     dropped_text: str
     injected_tokens: int
+    reverted: bool = False  # the rewrite ignored its evidence: the reply written without it comes back
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from surprisegate.errors import InputError
 SCHEMA = "surprisegate.receipt/1"
 MODES = ("off", "detect", "intervene")
 ARM_STATUSES = ("ok", "empty", "below_floor", "timeout", "error", "skipped")
-ACTIONS = ("rewound", "resumed_unmodified")
+ACTIONS = ("rewound", "resumed_unmodified", "reverted")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -270,7 +270,7 @@ class ConvergenceRecord:
     arm_order: list[str] = field(default_factory=list)
     arms: list[ArmAttempt | dict[str, Any]] = field(default_factory=list)
     chosen: Any = None  # Evidence (or its dict) whose snippet was injected; None when nothing passed
-    action: str = "resumed_unmodified"  # "rewound" | "resumed_unmodified"
+    action: str = "resumed_unmodified"  # "rewound" | "resumed_unmodified" | "reverted" (rewrite dropped)
     reason: str = ""  # why grounding was accepted or not, one sentence
     tokens_dropped: int = 0  # reply tokens rewound
     tokens_injected: int = 0  # context tokens of the evidence segment

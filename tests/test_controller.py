@@ -108,7 +108,8 @@ def test_min_tokens_delays_the_first_possible_trigger():
 @pytest.mark.parametrize("injection", ["system_turn", "close_reopen", "inline"])
 def test_rewind_drops_the_span_injects_evidence_and_fixes_the_reply(injection):
     arm = StaticArm("memory", [RIGHT_EVIDENCE])
-    backend, events, done = run(cfg(injection=injection), {"memory": arm})
+    # This pins the rewind's bookkeeping, so the rewrite stands even where it ignores the evidence.
+    backend, events, done = run(cfg(injection=injection, revert_unused_evidence=False), {"memory": arm})
     # (The scripted model reads its position from the turn text, which inline evidence shifts.)
     assert done.text == RIGHT if injection != "inline" else "evidence" not in done.text
     (record,) = done.rounds
@@ -294,3 +295,63 @@ def test_a_closed_question_is_left_as_answered_unless_configured():
     grounded = list(stream(ScriptedBackend(script_testland), question, cfg(max_rounds=1, ground_closed_questions=True),
                            {"memory": arm}))[-1]
     assert grounded.text == RIGHT and len(arm.calls) == 1
+
+
+# A model that, shown the evidence, stops answering: the rewrite uses none of the evidence's words.
+IGNORED = "The capital is a fine topic. What is your question?"
+
+
+def script_ignores_evidence(context: str, ignored: str = IGNORED):
+    if "The capital of Testland is Rightburg.\nAnswer the user" in context:
+        return plan(ignored)
+    return plan(WRONG, doubtful="Wrongville")
+
+
+@pytest.mark.parametrize("trimmable", [True, False])
+def test_a_rewrite_that_ignores_the_evidence_is_reverted_to_the_unintervened_reply(trimmable):
+    off_backend, _, off = run(cfg(mode="off"), script=script_ignores_evidence)
+    backend = ScriptedBackend(script_ignores_evidence, trimmable=trimmable)
+    _, events, done = run(cfg(), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, backend=backend)
+    assert off.text == WRONG
+    assert done.text == WRONG  # never worse than the reply written without the evidence
+    (record,) = done.rounds
+    assert record["action"] == "reverted"
+    assert record["rewritten_text"].strip().endswith("a fine topic.")
+    assert "used none of the evidence" in record["reason"]
+    assert backend.context == off_backend.context  # the cache holds exactly what the plain run held
+    # Holdback streaming never showed the ignored rewrite, and showed each index once, in order.
+    shown = [e for e in events if isinstance(e, Token)]
+    assert "".join(e.text for e in shown) == WRONG and "topic" not in "".join(e.text for e in shown)
+    assert [e.index for e in shown] == list(range(len(shown)))
+    rewinds = [e for e in events if isinstance(e, Rewind)]
+    assert [e.reverted for e in rewinds] == [False, True] and all(e.n_tokens == 0 for e in rewinds)
+    # The canary does not count a reverted round as anchoring.
+    assert generate(ScriptedBackend(script_ignores_evidence), QUESTION, cfg(),
+                    {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}).receipt["canary"]["anchoring"] == 0
+
+
+def test_revert_is_also_judged_at_the_end_of_a_reply_without_a_full_stop():
+    script = lambda context: script_ignores_evidence(context, ignored="The capital is a fine topic")  # noqa: E731
+    _, _, done = run(cfg(), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, script=script)
+    assert done.text == WRONG and done.rounds[0]["action"] == "reverted"
+
+
+def test_revert_in_emit_streaming_retracts_the_shown_rewrite():
+    _, events, done = run(cfg(stream="emit"), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])},
+                          script=script_ignores_evidence)
+    screen: list[str] = []
+    for e in events:
+        if isinstance(e, Token):
+            screen.append(e.text)
+        elif isinstance(e, Rewind):
+            del screen[len(screen) - e.n_tokens:]
+    assert "".join(screen) == done.text == WRONG
+    assert next(e for e in events if isinstance(e, Rewind) and e.reverted).n_tokens > 0
+
+
+def test_revert_can_be_turned_off_and_a_used_evidence_rewrite_stands():
+    arms = {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}
+    _, _, kept = run(cfg(revert_unused_evidence=False), arms, script=script_ignores_evidence)
+    assert kept.text == IGNORED and kept.rounds[0]["action"] == "rewound"
+    _, _, fixed = run(cfg(), arms)  # the rewrite names Rightburg, the evidence's own word
+    assert fixed.text == RIGHT and fixed.rounds[0]["action"] == "rewound"

@@ -64,6 +64,24 @@ def test_multiplication_via_the_calculator(factkb_memory):
     assert chosen and chosen[0]["source"] == "tool:calculator" and chosen[0]["observable"] == 1.0
 
 
+def test_a_rewrite_that_ignores_the_evidence_gives_back_the_plain_reply(factkb_memory):
+    # Shown the (right) evidence, the model answers "I'm ready to help. What's your question?": the
+    # rewrite repeats nothing of the evidence, so the reply written without it comes back, as `off` wrote it.
+    home, store = factkb_memory
+    question = "What is the capital of the U.S. state of Virginia?"
+    off = ask_json(home, "--mode", "off", question)
+    on = ask_json(home, "--mode", "intervene", "--memory", str(store), question)
+    assert "Richmond" in off["reply"]
+    assert on["reply"] == off["reply"]
+    (reverted,) = [r for r in on["rounds"] if r["action"] == "reverted"]
+    assert reverted["chosen"]["source"] == "memory:us_state:VA"
+    assert "ready to help" in reverted["rewritten_text"] and "used none of the evidence" in reverted["reason"]
+    assert on["canary"]["anchoring"] == 0  # the reply is not anchored in evidence it did not use
+    plain = ask_json(home, "--mode", "intervene", "--memory", str(store), question,
+                     env_extra={"SURPRISEGATE_REVERT_UNUSED_EVIDENCE": "0"})
+    assert "Richmond" not in plain["reply"]  # without the check, the intervention broke a right answer
+
+
 def test_demo_command_wrong_then_right(tmp_path):
     pytest.importorskip("llama_cpp")
     out = sg("demo", home=tmp_path, timeout=600)
