@@ -101,6 +101,11 @@ def write(points: dict[str, dict], out: Path, title: str) -> None:
             # FLARE's labels go below their points, the others above: the two curves interleave
             ax.annotate(name, (s[key], s["accuracy"]), fontsize=7, xytext=(4, -11 if name.startswith("flare") else 5),
                         textcoords="offset points")
+        # Each family as a curve from its fewest to its most grounding calls, so the frontiers compare at a glance.
+        for prefix, colour in (("intervene", "#4c72b0"), ("flare", "#dd8452")):
+            family = sorted((s["grounding_calls"], s[key], s["accuracy"]) for name, s in points.items()
+                            if name.startswith(prefix))
+            ax.plot([x for _, x, _ in family], [y for _, _, y in family], color=colour, lw=0.8, alpha=0.6)
         if always:
             ax.axhline(0.9 * always["accuracy"], color="#999999", ls="--", lw=0.8)
             if key == "grounding_calls":
