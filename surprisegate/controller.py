@@ -297,7 +297,9 @@ def stream(
         nonlocal unchecked, reverted, emitted, decoder
         assert unchecked is not None
         start = unchecked.span_start
-        rewritten = reply.text()[len(reply.text(start)):]
+        text = reply.text()
+        # The rewrite up to the end of the sentence that was checked, not the word that showed it had ended.
+        rewritten = text[len(reply.text(start)): sentence_end(text, len(reply.text(unchecked.check_from)))]
         new_logits = _restore(backend, context, reply, unchecked)
         for record in rounds[unchecked.first_round:]:
             if record["action"] == "rewound":

@@ -75,7 +75,8 @@ def test_a_rewrite_that_ignores_the_evidence_gives_back_the_plain_reply(factkb_m
     assert on["reply"] == off["reply"]
     (reverted,) = [r for r in on["rounds"] if r["action"] == "reverted"]
     assert reverted["chosen"]["source"] == "memory:us_state:VA"
-    assert "ready to help" in reverted["rewritten_text"] and "used none of the evidence" in reverted["reason"]
+    assert reverted["rewritten_text"].strip() == "I'm ready to help."
+    assert "used none of the evidence" in reverted["reason"]
     assert on["canary"]["anchoring"] == 0  # the reply is not anchored in evidence it did not use
     plain = ask_json(home, "--mode", "intervene", "--memory", str(store), question,
                      env_extra={"SURPRISEGATE_REVERT_UNUSED_EVIDENCE": "0"})
