@@ -24,8 +24,9 @@ STOPWORDS = frozenset(
 # numbers (years, codes, sums) must match exactly.
 ROUNDED_FROM = 100_000
 ROUNDING_TOLERANCE = Fraction(25, 100)
-# A sentence ends at . ! ? once the next character is whitespace: "3." may still become "3.14".
 _DIGITS = re.compile(r"\d[\d,.]*\d")
+# A sentence ends at . ! ? once the next character is whitespace ("3." may still become "3.14"), or at a
+# line break; as in grading, not after a single capital ("U.S.") or a known abbreviation.
 _SENTENCE_END = re.compile(r"(?<![A-Z])(?<!\b(?:St|Mt|Dr|Mr|Ms|Jr|Sr|vs))(?<!\bMrs)[.!?](?=\s)|\n")
 
 
@@ -38,6 +39,16 @@ def sentence_end(text: str, start: int = 0) -> int | None:
     """Index just past the first sentence end at or after `start`, or None while the sentence is open."""
     m = _SENTENCE_END.search(text, start)
     return m.end() if m else None
+
+
+def sentence_start(text: str, index: int) -> int:
+    """Index where the sentence holding `text[index]` begins (just past the previous sentence end)."""
+    start = 0
+    for m in _SENTENCE_END.finditer(text):
+        if m.end() > index:
+            break
+        start = m.end()
+    return start + (len(text[start:]) - len(text[start:].lstrip()))
 
 
 def _same_number(a: Fraction, b: Fraction) -> bool:
@@ -69,14 +80,5 @@ def uses_evidence(sentence: str, evidence: Iterable[str], question: str = "") ->
     # Digits copied with other separators ("40.000,000" for "40,000,000") still repeat the evidence.
     said, asked = f" {normalise(sentence)} ", f" {normalise(question)} "
     grouped = {f" {normalise(raw)} " for text in evidence for raw in _DIGITS.findall(text)}
-    return any(g in said and g not in asked for g in grouped if g.count(" ") > 2)
+    return any(g in said and g not in asked for g in grouped if len(g.split()) > 1)
 
-
-def sentence_start(text: str, index: int) -> int:
-    """Index where the sentence holding `text[index]` begins (just past the previous sentence end)."""
-    start = 0
-    for m in _SENTENCE_END.finditer(text):
-        if m.end() > index:
-            break
-        start = m.end()
-    return start + (len(text[start:]) - len(text[start:].lstrip()))
