@@ -292,9 +292,22 @@ def stream(
             emitted += 1
             yield Token(i, reply.tokens[i], text, reply.surprises[i], reply.window_stats[i])
 
+    def start_over_from(n: int) -> None:
+        """The reply was cut back to `n` tokens: the window starts afresh and emit streaming resumes there."""
+        nonlocal emitted, decoder
+        window.reset()
+        pushed_at.clear()
+        if copies:
+            copies.reset_word()  # the word in progress was dropped with the span
+        if not holdback:
+            emitted = min(emitted, n)
+            del emitted_texts[emitted:]
+            decoder = codecs.getincrementaldecoder("utf-8")("replace")
+            decoder.decode(b"".join(reply.pieces[:emitted]), final=False)
+
     def revert() -> Iterator[Event]:
         """The rewrite used none of its evidence: back to the reply written without it; no more rounds."""
-        nonlocal unchecked, reverted, emitted, decoder
+        nonlocal unchecked, reverted
         assert unchecked is not None
         start = unchecked.span_start
         text = reply.text()
@@ -308,15 +321,7 @@ def stream(
                     "own words or numbers: kept the reply written without it"))
         shown = max(0, emitted - start)
         unchecked, reverted = None, True
-        window.reset()
-        pushed_at.clear()
-        if copies:
-            copies.reset_word()
-        if not holdback:
-            emitted = min(emitted, start)
-            del emitted_texts[emitted:]
-            decoder = codecs.getincrementaldecoder("utf-8")("replace")
-            decoder.decode(b"".join(reply.pieces[:emitted]), final=False)
+        start_over_from(start)
         yield Rewind(rounds[-1]["round"], 0 if holdback else shown, rewritten, 0, reverted=True)
         return new_logits
 
@@ -383,15 +388,7 @@ def stream(
                         unchecked.check_from = trigger.span_start
                         unchecked.evidence.append(record["chosen"]["evidence"])
                     injected_total += record["tokens_injected"]
-                    if not holdback:
-                        emitted = min(emitted, len(reply.tokens))
-                        del emitted_texts[emitted:]
-                        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-                        decoder.decode(b"".join(reply.pieces), final=False)
-                    window.reset()
-                    pushed_at.clear()
-                    if copies:
-                        copies.reset_word()  # the word in progress was dropped with the span
+                    start_over_from(len(reply.tokens))
                     continue
             window.reset()  # after a round (acted on or not) the window starts afresh
             pushed_at.clear()

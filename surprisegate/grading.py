@@ -19,7 +19,8 @@ _ARTICLES = ("the ", "a ", "an ")
 _LEADING_ARTICLES = re.compile("^(?:" + "|".join(_ARTICLES) + ")+")
 # A sentence ends at . ! ? followed by whitespace, unless the dot ends a single capital ("U.S.", "J. Smith")
 # or a known abbreviation.
-_SENTENCE_END = re.compile(r"(?<![A-Z])(?<!\b(?:St|Mt|Dr|Mr|Ms|Jr|Sr|vs))(?<!\bMrs)[.!?](?=\s|$)")
+SENTENCE_STOP = r"(?<![A-Z])(?<!\b(?:St|Mt|Dr|Mr|Ms|Jr|Sr|vs))(?<!\bMrs)[.!?]"  # also read by support.py
+_SENTENCE_END = re.compile(SENTENCE_STOP + r"(?=\s|$)")
 _NUMBER = re.compile(r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?(?![\w])"
                      r"(?:\s+(hundred|thousand|million|billion)\b)?", re.IGNORECASE)
 

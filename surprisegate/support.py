@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable
 from fractions import Fraction
 
-from surprisegate.grading import normalise, parse_numbers
+from surprisegate.grading import SENTENCE_STOP, normalise, parse_numbers
 
 # Function words, and words every templated evidence sentence uses: sharing them shows nothing.
 STOPWORDS = frozenset(
@@ -25,9 +25,9 @@ STOPWORDS = frozenset(
 ROUNDED_FROM = 100_000
 ROUNDING_TOLERANCE = Fraction(25, 100)
 _DIGITS = re.compile(r"\d[\d,.]*\d")
-# A sentence ends at . ! ? once the next character is whitespace ("3." may still become "3.14"), or at a
-# line break; as in grading, not after a single capital ("U.S.") or a known abbreviation.
-_SENTENCE_END = re.compile(r"(?<![A-Z])(?<!\b(?:St|Mt|Dr|Mr|Ms|Jr|Sr|vs))(?<!\bMrs)[.!?](?=\s)|\n")
+# A sentence ends at grading's full stop once the next character is whitespace ("3." may still become
+# "3.14"), or at a line break.
+_SENTENCE_END = re.compile(SENTENCE_STOP + r"(?=\s)|\n")
 
 
 def content_words(text: str) -> set[str]:
