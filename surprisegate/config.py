@@ -56,6 +56,10 @@ class Config:
     revert_unused_evidence: bool = field(default=True, metadata={
         "help": "when the rewritten sentence repeats none of the evidence's own words or numbers, keep the "
                 "reply written without it (the rewrite ignored the evidence; README Results)"})
+    retry_failed_rewrite: bool = field(default=True, metadata={
+        "help": "before dropping a rewrite that failed its check, try once more with the evidence still in "
+                "context: past a premature end of turn, or from the rewind point with the failed first token "
+                "banned"})
     tool_roots: tuple[str, ...] = field(default=(), metadata={"help": "folders the file tool may read"})
     tool_status_targets: tuple[str, ...] = field(default=(), metadata={
         "help": "host:port or URLs the live-status tool may check"})

@@ -30,7 +30,7 @@ from .router import closed_question
 from .events import Done, Event, Grounding, Rewind, Token, Trigger
 from .prompting import PromptLayout, chat_messages
 from .signals import CopyTracker, question_kind, signal_value
-from .support import sentence_end, sentence_start, uses_evidence
+from .support import rewrite_problem, sentence_end, sentence_start
 from .surprise import RollingWindow, aggregates, surprise_and_entropy
 
 
@@ -38,16 +38,20 @@ from .surprise import RollingWindow, aggregates, surprise_and_entropy
 # step
 # --------------------------------------------------------------------------------------------
 def decode_step(logits: np.ndarray, temperature: float, rng: np.random.Generator | None,
-                scored: bool) -> tuple[int, float, float]:
-    """Pick the next token; return it with its surprise and the distribution's entropy (bits).
+                scored: bool, banned: frozenset[int] = frozenset()) -> tuple[int, float, float]:
+    """Pick the next token (never one of `banned`); return it with its surprise and the entropy (bits).
 
     Both come from the raw distribution (temperature 1) whatever the sampling temperature. Never writes
     `logits`. The entropy costs one dot product on top of the normaliser the surprise needs.
     """
+    choose_from = logits
+    if banned:  # a masked copy, only for the one step of a retry
+        choose_from = logits.copy()
+        choose_from[list(banned)] = -np.inf
     if temperature <= 0.0:
-        token = int(logits.argmax())
+        token = int(choose_from.argmax())
     else:
-        z = logits.astype(np.float64) / temperature
+        z = choose_from.astype(np.float64) / temperature
         p = np.exp(z - z.max())
         token = int(rng.choice(p.size, p=p / p.sum()))
     if not scored:
@@ -184,17 +188,20 @@ class _Unchecked:
     prompt_len: int  # context tokens fed as the prompt; the reply's tokens were fed one at a time
     check_from: int = 0  # reply index of the latest rewind: its sentence is the one checked
     evidence: list[str] = field(default_factory=list)
+    after_injection: "_Unchecked | None" = None  # the state right after the latest injection: a retry starts here
+    tried_again: bool = False  # one more try per rewrite, then it is dropped
 
 
-def _rewrite_verdict(reply: _Reply, unchecked: _Unchecked, question: str, final: bool) -> bool | None:
-    """Does the sentence holding the latest rewrite use its evidence? None while that sentence is open."""
+def _rewrite_verdict(reply: _Reply, unchecked: _Unchecked, question: str, final: bool) -> tuple[bool, str | None]:
+    """(checked, problem) for the sentence holding the latest rewrite: (False, None) while it is open;
+    once finished, the reason it must be dropped (`support.rewrite_problem`) or None when it stands."""
     text = reply.text()
     at = len(reply.text(unchecked.check_from))
     end = sentence_end(text, at)
     if end is None and not final:
-        return None
+        return False, None
     sentence = text[sentence_start(text, at): end]
-    return uses_evidence(sentence, unchecked.evidence, question)
+    return True, rewrite_problem(sentence, unchecked.evidence, question)
 
 
 def _restore(backend: SteerableBackend, context: _Context, reply: _Reply, unchecked: _Unchecked) -> np.ndarray:
@@ -270,6 +277,7 @@ def stream(
     rounds: list[dict] = []
     unchecked: _Unchecked | None = None  # a rewrite whose sentence is not finished: held back until checked
     reverted = False  # a rewrite ignored its evidence and was dropped: no further rounds in this reply
+    banned: frozenset[int] = frozenset()  # tokens the next step may not pick (a retry of a failed rewrite)
     arm_cache: dict = {}  # per reply: (arm, question, class) -> evidence list
     would_trigger: list[dict] = []  # detect mode: crossings recorded, never acted on
     decoded = 0  # every token sampled, including dropped ones
@@ -305,8 +313,8 @@ def stream(
             decoder = codecs.getincrementaldecoder("utf-8")("replace")
             decoder.decode(b"".join(reply.pieces[:emitted]), final=False)
 
-    def revert() -> Iterator[Event]:
-        """The rewrite used none of its evidence: back to the reply written without it; no more rounds."""
+    def revert(problem: str) -> Iterator[Event]:
+        """The rewrite failed its check: back to the reply written without it; no more rounds."""
         nonlocal unchecked, reverted
         assert unchecked is not None
         start = unchecked.span_start
@@ -317,20 +325,50 @@ def stream(
         for record in rounds[unchecked.first_round:]:
             if record["action"] == "rewound":
                 record.update(action="reverted", rewritten_text=rewritten, reason=(
-                    f"{record['reason']}, but the rewrite {rewritten.strip()[:80]!r} used none of the evidence's "
-                    "own words or numbers: kept the reply written without it"))
+                    f"{record['reason']}, but the rewrite {rewritten.strip()[:80]!r} {problem}: "
+                    "kept the reply written without it"))
         shown = max(0, emitted - start)
         unchecked, reverted = None, True
         start_over_from(start)
         yield Rewind(rounds[-1]["round"], 0 if holdback else shown, rewritten, 0, reverted=True)
         return new_logits
 
+    def try_again(problem: str, at_end_of_turn: bool, current: np.ndarray) -> Iterator[Event]:
+        """One more try before a failed rewrite is dropped, the evidence still in context: a rewrite that
+        ended its turn early goes on past the end ("… is vpn." + end of turn); one that finished a sentence
+        is written again from the rewind point with its first token banned."""
+        nonlocal banned
+        assert unchecked is not None and unchecked.after_injection is not None
+        unchecked.tried_again = True
+        start = unchecked.check_from
+        failed = reply.text()[len(reply.text(start)):]
+        if at_end_of_turn:
+            banned, how, new_logits = frozenset(eos), "continued past the end of turn", current
+        else:
+            banned = frozenset({reply.tokens[start]}) if len(reply.tokens) > start else frozenset()
+            how = "rewritten from the rewind point with its first token banned"
+            shown = max(0, emitted - start)
+            new_logits = _restore(backend, context, reply, unchecked.after_injection)
+            start_over_from(start)
+            yield Rewind(rounds[-1]["round"], 0 if holdback else shown, failed, 0)
+        rounds[-1].setdefault("retries", []).append({"problem": problem, "rewrite": failed, "how": how})
+        return new_logits
+
+    def failed_check(problem: str, at_end_of_turn: bool, current: np.ndarray) -> Iterator[Event]:
+        """A rewrite failed its check: one more try if allowed, else back to the reply written without it."""
+        assert unchecked is not None
+        if config.retry_failed_rewrite and not unchecked.tried_again and unchecked.after_injection is not None:
+            return (yield from try_again(problem, at_end_of_turn, current))
+        return (yield from revert(problem))
+
     while len(reply.tokens) < config.max_tokens and decoded < max_decoded:
-        token, s, entropy = decode_step(logits, config.temperature, rng, scored)
+        token, s, entropy = decode_step(logits, config.temperature, rng, scored, banned)
+        banned = frozenset()
         decoded += 1
         if token in eos:
-            if unchecked is not None and not _rewrite_verdict(reply, unchecked, question, final=True):
-                logits = yield from revert()
+            problem = _rewrite_verdict(reply, unchecked, question, final=True)[1] if unchecked is not None else None
+            if problem is not None:
+                logits = yield from failed_check(problem, True, logits)
                 continue
             finish_reason = "stop"
             break
@@ -387,18 +425,21 @@ def stream(
                     if unchecked is not None:
                         unchecked.check_from = trigger.span_start
                         unchecked.evidence.append(record["chosen"]["evidence"])
+                        unchecked.after_injection = _Unchecked(
+                            reply.copy(len(reply.tokens)), list(context.tokens), context.turn_start,
+                            span_start=trigger.span_start, first_round=len(rounds) - 1, prompt_len=len(prompt_tokens))
                     injected_total += record["tokens_injected"]
                     start_over_from(len(reply.tokens))
                     continue
             window.reset()  # after a round (acted on or not) the window starts afresh
             pushed_at.clear()
         if unchecked is not None:
-            verdict = _rewrite_verdict(reply, unchecked, question, final=len(reply.tokens) >= config.max_tokens)
-            if verdict is False:
-                logits = yield from revert()
+            checked, problem = _rewrite_verdict(reply, unchecked, question, final=len(reply.tokens) >= config.max_tokens)
+            if problem is not None:
+                logits = yield from failed_check(problem, False, logits)
                 continue
-            if verdict:
-                unchecked = None  # the rewrite drew on its evidence: it stands, and may be shown
+            if checked:
+                unchecked = None  # the rewrite drew on its evidence and answers the question: it stands
 
         logits = backend.append([token])
         context.tokens.append(token)

@@ -290,16 +290,39 @@ def arm_order(span_class: str, available: Sequence[str] = DEFAULT_ARMS) -> tuple
 
 
 # Closed questions name their possible answers: "Were X and Y founded in the same state?" (yes or no),
-# "Who is older, X or Y?" (one of the two).
+# "Who is older, X or Y?" (one of the two), "Between X and Y, who is older?" (one of the two, without "or").
 _YES_NO_START = re.compile(r"^\s*(?:is|are|was|were|do|does|did|can|could|has|have|had|will|would|should|shall)\s",
                            re.IGNORECASE)
 _WH_WORD = re.compile(r"\b(?:how|what|which|who|whom|whose|when|where|why)\b", re.IGNORECASE)
 _WH_START = re.compile(r"^\s*(?:which|who|whose|whom|what|where|when)\b", re.IGNORECASE)
 _CHOICE_TAIL = re.compile(r"\sor\s(?P<tail>[^?]{1,80})\?\s*$", re.IGNORECASE)
+# "Kurt Cobain or Dave Grohl, who was born first?": the options come before the question word.
+_CHOICE_HEAD = re.compile(r"^\s*[^,?]{1,80}\sor\s[^,?]{1,80},\s*(?:which|who|whom|whose)\b", re.IGNORECASE)
+# "Which country, France or Spain, borders ...?": the options stand in apposition to the question word.
+_CHOICE_APPOSITION = re.compile(r"^\s*(?:which|who|what)\b[^,?]{0,40},\s*[^,?]{1,60}\sor\s[^,?]{1,60},",
+                                re.IGNORECASE)
+# Comparisons that join their two options with "and": a pair, a question word asking for one of them,
+# and a word that compares. "What is the connection between X and Y?" has no comparing word: it stays open.
+_PAIR_WITH_AND = re.compile(
+    r"\bbetween\s+[^,?]{1,80}?\s+and\s"  # "Between X and Y, who is older?", "Which is older between X and Y?"
+    r"|^\s*of\s+[^,?]{1,80}?\s+and\s+[^,?]{1,80},"  # "Of X and Y, which ...?"
+    r"|^\s*[^,?]{1,80}?\s+and\s+[^,?]{1,80},\s*(?:which|who)\b"  # "X and Y, which one is older?"
+    r"|\b(?:which|who)\b[^?]{0,60}:\s*[^,?]{1,80}?\s+and\s+[^,?]{1,80}\?\s*$",  # "Who is older: X and Y?"
+    re.IGNORECASE,
+)
+_ASKS_FOR_ONE = re.compile(r"\b(?:which|who|whom|whose)\b", re.IGNORECASE)
+_COMPARING_WORD = re.compile(
+    r"\b(?:older|oldest|younger|youngest|elder|taller|tallest|shorter|shortest|longer|longest|larger|largest|"
+    r"smaller|smallest|bigger|biggest|higher|highest|lower|lowest|earlier|earliest|later|latest|first|last|"
+    r"second|more|most|less|least|fewer|fewest|greater|greatest|heavier|heaviest|lighter|faster|fastest|slower|"
+    r"newer|newest|closer|closest|farther|further|deeper|deepest|wider|widest|richer|richest|better|best|worse|"
+    r"worst|bigger|both|same|either)\b",
+    re.IGNORECASE,
+)
 
 
 def closed_question(question: str) -> str | None:
-    """"yes_no" or "choice" when the question itself names the possible answers, else None.
+    """"yes_no", "choice" or "comparison" when the question itself names its possible answers, else None.
 
     Grounding such a question with one snippet rarely settles it (a snippet about one of the two things
     compared), while the model's pick among the named answers is often right: on halueval_qa_dev
@@ -307,9 +330,15 @@ def closed_question(question: str) -> str | None:
     """
     if _YES_NO_START.match(question) and question.rstrip().endswith("?") and not _WH_WORD.search(question):
         return "yes_no"
+    if "?" not in question:
+        return None
     choice = _CHOICE_TAIL.search(question)
     if choice and _WH_START.match(question) and len(choice.group("tail").split()) <= 8:
         return "choice"
+    if _CHOICE_HEAD.search(question) or _CHOICE_APPOSITION.search(question):
+        return "choice"
+    if _PAIR_WITH_AND.search(question) and _ASKS_FOR_ONE.search(question) and _COMPARING_WORD.search(question):
+        return "comparison"
     return None
 
 

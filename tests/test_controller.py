@@ -311,7 +311,9 @@ def script_ignores_evidence(context: str, ignored: str = IGNORED):
 def test_a_rewrite_that_ignores_the_evidence_is_reverted_to_the_unintervened_reply(trimmable):
     off_backend, _, off = run(cfg(mode="off"), script=script_ignores_evidence)
     backend = ScriptedBackend(script_ignores_evidence, trimmable=trimmable)
-    _, events, done = run(cfg(), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, backend=backend)
+    # The retry is pinned by its own tests below; here the revert alone.
+    _, events, done = run(cfg(retry_failed_rewrite=False), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])},
+                          backend=backend)
     assert off.text == WRONG
     assert done.text == WRONG  # never worse than the reply written without the evidence
     (record,) = done.rounds
@@ -326,7 +328,7 @@ def test_a_rewrite_that_ignores_the_evidence_is_reverted_to_the_unintervened_rep
     rewinds = [e for e in events if isinstance(e, Rewind)]
     assert [e.reverted for e in rewinds] == [False, True] and all(e.n_tokens == 0 for e in rewinds)
     # The canary does not count a reverted round as anchoring.
-    assert generate(ScriptedBackend(script_ignores_evidence), QUESTION, cfg(),
+    assert generate(ScriptedBackend(script_ignores_evidence), QUESTION, cfg(retry_failed_rewrite=False),
                     {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}).receipt["canary"]["anchoring"] == 0
 
 
@@ -355,3 +357,89 @@ def test_revert_can_be_turned_off_and_a_used_evidence_rewrite_stands():
     assert kept.text == IGNORED and kept.rounds[0]["action"] == "rewound"
     _, _, fixed = run(cfg(), arms)  # the rewrite names Rightburg, the evidence's own word
     assert fixed.text == RIGHT and fixed.rounds[0]["action"] == "rewound"
+
+
+# --- one more try before a failed rewrite is dropped ----------------------------------------------------
+GATEWAY_QUESTION = "What port does the gateway listen on?"
+GATEWAY_EVIDENCE = Evidence(claim="gateway port", evidence="The gateway is gw.example.org on port 8443.",
+                            confidence=0.9, source="memory:notes")
+
+
+def script_cut_short(context: str):
+    """Shown the evidence, the model would end its turn right after "gw." (end of turn outranks the next byte)."""
+    if "The gateway is gw.example.org" not in context:
+        return plan("443 is its port.", doubtful="443")
+    reply = "It is gw.example.org on port 8443."
+    steps = [(c, 0.95) for c in reply]
+    steps[reply.index("example")] = ("e", 0.3, {"<eos>": 0.6})  # the end of turn outranks the rest of the host
+    return steps
+
+
+def test_a_rewrite_cut_short_by_an_end_of_turn_gets_one_more_try_past_it():
+    backend = ScriptedBackend(script_cut_short)
+    events = list(stream(backend, GATEWAY_QUESTION, cfg(), {"memory": StaticArm("memory", [GATEWAY_EVIDENCE])}))
+    done = events[-1]
+    assert done.text == "It is gw.example.org on port 8443."
+    (record,) = done.rounds
+    assert record["action"] == "rewound"
+    (retry,) = record["retries"]
+    assert retry["how"] == "continued past the end of turn" and retry["rewrite"] == "It is gw."
+    assert "does not answer what was asked" in retry["problem"]  # "gw." holds no port number
+    # Without the retry the cut rewrite is dropped and the reply written without evidence comes back.
+    plain = list(stream(ScriptedBackend(script_cut_short), GATEWAY_QUESTION, cfg(retry_failed_rewrite=False),
+                        {"memory": StaticArm("memory", [GATEWAY_EVIDENCE])}))[-1]
+    assert plain.text == "443 is its port." and plain.rounds[0]["action"] == "reverted"
+
+
+def script_wrong_start(context: str):
+    """Shown the evidence, the model's first choice chats; its runner-up start answers from the evidence."""
+    turn = context.rsplit("<|im_start|>assistant\n", 1)[-1]
+    if "The capital of Testland is Rightburg.\nAnswer the user" not in context:
+        return plan("Wrongville is the capital.", doubtful="Wrongville")
+    if turn.startswith("R"):
+        return plan("Rightburg is the capital.")
+    chat = [(c, 0.95) for c in IGNORED]
+    chat[0] = ("T", 0.6, {"R": 0.3})
+    return chat
+
+
+def test_a_rewrite_that_failed_its_check_is_written_again_with_its_first_token_banned():
+    _, events, done = run(cfg(), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, script=script_wrong_start)
+    assert done.text == "Rightburg is the capital."
+    (record,) = done.rounds
+    assert record["action"] == "rewound"
+    assert record["retries"][0]["how"].startswith("rewritten from the rewind point")
+    assert record["retries"][0]["rewrite"].startswith("The capital is a fine topic.")
+    shown = "".join(e.text for e in events if isinstance(e, Token))
+    assert shown == done.text  # holdback never showed the failed rewrite
+
+
+def test_a_retry_that_fails_again_is_reverted_to_the_plain_reply():
+    off_backend, _, off = run(cfg(mode="off"), script=script_ignores_evidence)
+    backend, events, done = run(cfg(), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])},
+                                script=script_ignores_evidence)
+    assert done.text == off.text == WRONG
+    record = done.rounds[0]
+    assert record["action"] == "reverted" and len(record["retries"]) == 1
+    assert backend.context == off_backend.context
+    assert all(r["action"] != "rewound" for r in done.rounds)
+
+
+NATIONALITY_QUESTION = "What nationality is the singer Tom Example?"
+PERSON_EVIDENCE = Evidence(claim="Tom Example", evidence="Tom Example is the son of Harold Example.",
+                           confidence=0.9, source="web:test")
+
+
+def script_nationality(context: str):
+    if "Harold Example" in context:
+        return plan("Tom Example is the son of Harold Example.")
+    return plan("Tom Example is Zorbish.", doubtful="Zorbish")
+
+
+def test_a_rewrite_that_answers_another_kind_of_question_is_reverted():
+    _, _, off = run(cfg(mode="off"), script=script_nationality)
+    backend = ScriptedBackend(script_nationality)
+    done = list(stream(backend, NATIONALITY_QUESTION, cfg(), {"web": StaticArm("web", [PERSON_EVIDENCE])}))[-1]
+    assert done.rounds[0]["action"] == "reverted"
+    assert "does not answer what was asked" in done.rounds[0]["reason"]
+    assert "nationality" in done.rounds[0]["reason"]

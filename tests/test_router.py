@@ -411,7 +411,18 @@ def test_fact_questions_are_entities():
     ("What is the capital of Burkina Faso?", None),
     ("Will had 83 dollars. If he spent 47 bucks on a new game, how many 4 dollar toys could he buy?", None),
     ("Is", None),
-    ("Which country, France or Spain, borders Andorra and also has a long coastline on two different seas?", None),
+    ("Which country, France or Spain, borders Andorra and also has a long coastline on two different seas?", "choice"),
+    ("Kurt Cobain or Dave Grohl, who was born first?", "choice"),
+    ("Which is taller, the Eiffel Tower or the Empire State Building?", "choice"),
+    ("Between Pablo Trapero and Aleksander Ford, who is older?", "comparison"),
+    ("Which one is older between Glenn Hughes and Ross Lynch?", "comparison"),
+    ("Of Glenn Hughes and Ross Lynch, who is older?", "comparison"),
+    ("Who was born first: Glenn Hughes and Ross Lynch?", "comparison"),
+    ("Glenn Hughes and Ross Lynch, which one is older?", "comparison"),
+    ("What is the connection between Peter O'Meara and Norman Dike?", None),
+    ("Ian Hunter and Stuart Murdoch, have which musical occupation in common?", None),
+    ("Which stadium hosts the rivalry game between the all-male College located in Atlanta and Tuskegee?", None),
+    ("Which river flows between France and Spain?", None),
     ("Name one country that shares a land border with Guatemala.", None),
     ("The official language of Qazvin Province is", None),
     ("", None),
@@ -427,6 +438,23 @@ def test_closed_question_is_total_and_needs_a_question_mark(text):
     from surprisegate.router import closed_question
 
     kind = closed_question(text)
-    assert kind in (None, "yes_no", "choice")
+    assert kind in (None, "yes_no", "choice", "comparison")
     if kind is not None:
         assert "?" in text
+
+
+def test_closed_question_finds_exactly_the_hand_labelled_dev_comparisons():
+    """The committed list (results/closed_questions) was read and labelled by hand: the rule must find those
+    questions and no other halueval_qa_dev question."""
+    from surprisegate.router import closed_question
+
+    root = Path(__file__).resolve().parents[1]
+    labelled = {}
+    for line in (root / "results/closed_questions/halueval_qa_dev.tsv").read_text().splitlines():
+        if line.startswith("#") or line.startswith("id\t"):
+            continue
+        item_id, kind, _ = line.split("\t", 2)
+        labelled[item_id] = kind
+    items = [json.loads(line) for line in (DATA_DIR / "halueval_qa_dev.jsonl").read_text().splitlines() if line.strip()]
+    found = {it["id"]: closed_question(it["question"]) for it in items if closed_question(it["question"])}
+    assert found == labelled

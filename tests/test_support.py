@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from surprisegate.support import content_words, sentence_end, sentence_start, uses_evidence
+from surprisegate.support import (
+    content_words, expected_answer, fits_answer, rewrite_problem, sentence_end, sentence_start, uses_evidence,
+)
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 VIRGINIA = "What is the capital of the U.S. state of Virginia?"
 
@@ -96,3 +103,57 @@ def test_any_text_is_judged_without_error(sentence, evidence, question):
     end = sentence_end(sentence)
     assert end is None or 0 < end <= len(sentence)
     assert 0 <= sentence_start(sentence, len(sentence)) <= len(sentence)
+
+
+# --- does the rewrite answer what was asked ------------------------------------------------------------
+@pytest.mark.parametrize("question, sentence, fits", [
+    ("What nationality was the composer of Dixit Dominus?", "He was German.", True),
+    ("What nationality was the composer of Dixit Dominus?", "He was born in Germany.", True),
+    ("What nationality was the composer of Dixit Dominus?", "The composer was George Frideric Handel.", False),
+    ("When did Marilyn Monroe die?", "She died on August 5, 1962.", True),
+    ("When did Marilyn Monroe die?", "She died in Los Angeles.", False),
+    ("In what year was the BlackBerry maker founded?", "It was founded in 1984.", True),
+    ("How many passengers did the airline carry in 2012?", "It carried 294,000 passengers.", True),
+    ("How many passengers did the airline carry in 2012?", "It carried six thousand passengers.", True),
+    ("How many passengers did the airline carry in 2012?", "It is Air North.", False),
+    ("What port does the Acme VPN gateway listen on?", "The Acme VPN gateway is vpn.", False),
+    ("What port does the Acme VPN gateway listen on?", "It listens on port 8443.", True),
+    ("Who released the album with a single which reached number 60 on the chart?", "Wiiija released it.", True),
+    ("Do Robert Fleischman and Jimmy Barnes have the same nationality?", "No.", True),
+    ("What is the capital of Chad?", "N'Djamena is the capital of Chad.", True),
+    ("What is the capital of Chad?", "I'm ready to help.", True),  # no kind of answer is told: nothing to judge
+])
+def test_fits_answer(question, sentence, fits):
+    assert fits_answer(sentence, question) is fits
+
+
+@pytest.mark.parametrize("name", ["factqa_dev", "arith_dev", "halueval_qa_dev"])
+def test_right_answers_of_the_dev_sets_fit_their_questions(name):
+    """How many right rewrites the answer-kind check would wrongly drop: a right answer in a sentence."""
+    items = [json.loads(line) for line in (DATA_DIR / f"{name}.jsonl").read_text().splitlines() if line.strip()]
+    typed = [it for it in items if expected_answer(it["question"])]
+    misfits = [it["id"] for it in typed if not fits_answer(f"It is {it['answers'][0]}.", it["question"])]
+    assert len(typed) > 30
+    # halueval-qa-456 asks "how many years" and its gold answer is the roman numeral "II".
+    assert misfits in ([], ["halueval-qa-456"])
+
+
+@given(st.text(max_size=120), st.text(max_size=120))
+def test_fits_answer_is_total_and_untyped_questions_accept_anything(sentence, question):
+    result = fits_answer(sentence, question)
+    assert isinstance(result, bool)
+    if expected_answer(question) is None:
+        assert result
+
+
+def test_rewrite_problem_names_the_first_failed_check():
+    assert "used none" in rewrite_problem("Hello there.", ["The port is 8443."], "What port?")
+    assert "asks for a number" in rewrite_problem("The gateway is vpn.", ["The gateway vpn.acme.example uses port 8443."],
+                                                   "What port does the gateway listen on?")
+    assert rewrite_problem("It uses port 8443.", ["The gateway uses port 8443."], "What port does it use?") is None
+
+
+def test_a_nationality_before_a_name_still_counts():
+    question = "What nationality was the composer of Dixit Dominus?"
+    assert fits_answer("The German composer George Frideric Handel wrote it.", question)
+    assert fits_answer("He was a German-born British composer.", question)
