@@ -1,6 +1,7 @@
 """Grading rule of the evaluation sets (shared/data/README.md), as pure functions.
 
-- Grade the first sentence of the reply only.
+- Grade the first sentence of the reply only: it ends at . ! ? before whitespace or the end, but not at a
+  dot after a single capital letter ("U.S.", "J. Smith") or a common abbreviation (St, Inc, Jan, ...).
 - Normalise both sides: lower-case, strip accents and punctuation, collapse whitespace, drop leading articles.
 - Correct when a normalised gold alias appears in the normalised first sentence as whole words.
 - Numbers: compare parsed numbers (commas and number words allowed); `numeric_tolerance` (population:
@@ -17,9 +18,22 @@ from typing import Mapping
 
 _ARTICLES = ("the ", "a ", "an ")
 _LEADING_ARTICLES = re.compile("^(?:" + "|".join(_ARTICLES) + ")+")
-# A sentence ends at . ! ? followed by whitespace, unless the dot ends a single capital ("U.S.", "J. Smith")
-# or a known abbreviation.
-SENTENCE_STOP = r"(?<![A-Z])(?<!\b(?:St|Mt|Dr|Mr|Ms|Jr|Sr|vs))(?<!\bMrs)[.!?]"  # also read by support.py
+# A sentence ends at . ! ? followed by whitespace or the end, except a dot after a single capital letter
+# ("U.S.", "J. Smith") or after a common abbreviation ("St.", "Inc.", "Jan.").
+# - A single capital is a capital letter that starts a word: "U.S." and "J." do not end a sentence, "USA."
+#   and "DNA." do. Capitals: ASCII and Latin-1 ("É. Macron").
+# - Abbreviations are whole words, case-sensitive as listed: "No. 5" goes on, "The answer is no." ends;
+#   "vs." is lowercase already. "May" is a full month name, not an abbreviation: "born in May." ends.
+# - Only the dot has exceptions: "!" and "?" do not abbreviate, so "Is it H? No." ends at "?".
+ABBREVIATIONS = ("St", "Mt", "Dr", "Mr", "Mrs", "Ms", "Jr", "Sr", "vs", "Inc", "Ltd", "Co", "Corp", "No",
+                 "Jan", "Feb", "Mar", "Apr", "Jun", "Jul", "Aug", "Sep", "Sept", "Oct", "Nov", "Dec")
+# Python's look-behinds are fixed width: one per abbreviation length.
+_NOT_AFTER_ABBREVIATION = "".join(
+    r"(?<!\b(?:" + "|".join(w for w in ABBREVIATIONS if len(w) == n) + "))"
+    for n in sorted({len(w) for w in ABBREVIATIONS}))
+_NOT_AFTER_SINGLE_CAPITAL = r"(?<!\b[A-ZÀ-ÖØ-Þ])"  # \b before a letter: no letter or digit precedes it
+# A pattern fragment that matches the stop character itself (look-behinds only before it); support.py reads it.
+SENTENCE_STOP = r"(?:[!?]|" + _NOT_AFTER_ABBREVIATION + _NOT_AFTER_SINGLE_CAPITAL + r"\.)"
 _SENTENCE_END = re.compile(SENTENCE_STOP + r"(?=\s|$)")
 _NUMBER = re.compile(r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?(?![\w])"
                      r"(?:\s+(hundred|thousand|million|billion)\b)?", re.IGNORECASE)

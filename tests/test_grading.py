@@ -73,9 +73,81 @@ def test_arithmetic_takes_the_last_number(reply, gold, expected):
     ("Pi is 3.14 exactly. Yes.", "Pi is 3.14 exactly."),
     ("Mr. Smith went home. Then.", "Mr. Smith went home."),
     ("Is it? Yes.", "Is it?"),
+    ("  Padded. Then.  ", "Padded."),
+    # A single capital letter before the dot does not end the sentence; a longer capitalised word does.
+    ("He moved to the USA. Then he left.", "He moved to the USA."),
+    ("It is made of DNA. Yes.", "It is made of DNA."),
+    ("It is in the U.S. state of Ohio. Yes.", "It is in the U.S. state of Ohio."),
+    ("J. Smith wrote it. Yes.", "J. Smith wrote it."),
+    ("Written by J. R. R. Tolkien. Yes.", "Written by J. R. R. Tolkien."),
+    ("É. Macron won. Yes.", "É. Macron won."),
+    ("The symbol is H. It is a gas.", "The symbol is H. It is a gas."),
+    ("It is 4A. Yes.", "It is 4A."),  # "4A" is no single letter
+    # Common abbreviations, as whole words and case-sensitive.
+    ("Canadian North Inc. are based in Iqaluit, Nunavut, Canada. Yes.",
+     "Canadian North Inc. are based in Iqaluit, Nunavut, Canada."),
+    ("Acme Ltd. is British. Yes.", "Acme Ltd. is British."),
+    ("Ford Motor Co. is in Michigan. Yes.", "Ford Motor Co. is in Michigan."),
+    ("Apple Corp. is big. Yes.", "Apple Corp. is big."),
+    ("It is No. 5 on the list. Yes.", "It is No. 5 on the list."),
+    ("The answer is no. It is yes.", "The answer is no."),  # lower-case "no" is a word
+    ("It began on Jan. 5 in Paris. Yes.", "It began on Jan. 5 in Paris."),
+    ("It began on Sept. 5 in Paris. Yes.", "It began on Sept. 5 in Paris."),
+    ("It began on Dec. 5 in Paris. Yes.", "It began on Dec. 5 in Paris."),
+    ("It began in May. Then it ended.", "It began in May."),  # "May" is the full name
+    ("It is in St. Louis. Yes.", "It is in St. Louis."),
+    ("Mrs. Jones and Mt. Fuji. Yes.", "Mrs. Jones and Mt. Fuji."),
+    ("Texas vs. Ohio was close. Yes.", "Texas vs. Ohio was close."),
+    ("Dr.No is a film. Yes.", "Dr.No is a film."),  # no space after the dot
+    ("It is the first. Yes.", "It is the first."),  # "st" inside a word is no abbreviation
+    ("Visit Inca. Then Peru.", "Visit Inca."),
+    ("That was the end. Then more.", "That was the end."),
+    ("the end.", "the end."),
+    # Only the dot abbreviates: "!" and "?" end the sentence after any word.
+    ("Is it H? No, it is He.", "Is it H?"),
+    ("Go USA! Then more.", "Go USA!"),
+    # Whitespace of any kind follows the stop.
+    ("One.\nTwo.", "One."),
 ])
 def test_first_sentence(text, first):
     assert first_sentence(text) == first
+
+
+@pytest.mark.parametrize("reply,answers,expected", [
+    # Graded on "... Inc." alone before: the city came after the abbreviation.
+    ("Canadian North Inc. are based in Iqaluit, Nunavut, Canada.", ["Iqaluit"], True),
+    ("He moved to the USA. He lives in Ohio.", ["Ohio"], False),
+    ("It opened on Jan. 5 in Paris.", ["Paris"], True),
+])
+def test_alias_rule_over_sentence_ends(reply, answers, expected):
+    assert grade(reply, {**ENTITY, "answers": answers}).correct is expected
+
+
+_SENTENCE_TEXT = st.text(alphabet=st.sampled_from(list("aZ. !?\n\tSUNoc.")), max_size=40)
+
+
+@given(_SENTENCE_TEXT | st.text(max_size=40))
+@example("U.S. A. B! c")
+@example("No. 5.\x1c")
+def test_first_sentence_is_an_idempotent_prefix(text):
+    first = first_sentence(text)
+    assert text.strip().startswith(first)
+    assert first == first.strip()
+    assert first_sentence(first) == first
+    assert bool(first) == bool(text.strip())
+
+
+_WORDS = st.sampled_from(["the", "city", "is", "Paris", "USA", "big", "1990", "no"])
+_NO_STOP = st.sampled_from(["U.S.", "J.", "St.", "Mt.", "Dr.", "Mr.", "Mrs.", "Ms.", "Jr.", "Sr.", "vs.", "Inc.",
+                            "Ltd.", "Co.", "Corp.", "No.", "Jan.", "Feb.", "Mar.", "Apr.", "Jun.", "Jul.", "Aug.",
+                            "Sep.", "Sept.", "Oct.", "Nov.", "Dec.", "3.14"])
+
+
+@given(st.lists(_WORDS | _NO_STOP, min_size=1, max_size=8), st.sampled_from(".!?"),
+       st.lists(_WORDS | _NO_STOP, min_size=1, max_size=5))
+def test_a_sentence_ends_at_its_stop_and_not_at_an_abbreviation(words, stop, rest):
+    first = " ".join(words) + stop  # "Inc.." ends at its second dot
+    assert first_sentence(first + " " + " ".join(rest) + ".") == first
 
 
 @given(st.text(max_size=60))
