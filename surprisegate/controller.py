@@ -93,48 +93,62 @@ def arm_order(config: Config, span_class: str, arms: Mapping[str, Arm]) -> tuple
 
 
 def ground_round(arms: Mapping[str, Arm], order: Sequence[str], query: Query, deadline: float,
-                 cache: dict | None = None) -> tuple[Evidence | None, list[dict]]:
-    """Try arms in order until one returns evidence; all of it under one hard deadline.
+                 cache: dict | None = None, margin: float = 0.0) -> tuple[Evidence | None, list[dict]]:
+    """Try arms in order until one returns evidence that covers the question by at least `margin`; keep
+    the best evidence of those asked. All of it under one hard deadline.
 
+    With `margin` 0 the first arm with evidence wins. Above it, weak evidence (a passage about a
+    neighbouring entity) lets the next arm be asked too, and the higher confidence wins (ties: the first).
     `cache` (per reply) remembers each arm's answer to a question: a later round of the same reply asks
     the same question, and paying for the same lookup twice buys nothing.
     """
     reports: list[dict] = []
+    best: Evidence | None = None
     for name in order:
-        key = (name, query.question, query.span_class)
-        if cache is not None and key in cache:
-            results = cache[key]
-            reports.append({"arm": name, "status": "ok" if results else "empty", "cached": True, "latency_ms": 0.0,
-                            "results": [e.to_dict() for e in results]})
-            if results:
-                return results[0], reports
-            continue
-        arm = arms.get(name)
-        if arm is None:
-            reports.append({"arm": name, "status": "skipped", "reason": "arm not configured", "latency_ms": 0.0, "results": []})
-            continue
-        if time.monotonic() >= deadline:
-            reports.append({"arm": name, "status": "timeout", "reason": "round deadline passed before this arm", "latency_ms": 0.0, "results": []})
-            continue
-        started = time.monotonic()
-        status, value = call_with_deadline(lambda arm=arm: arm.ground(query, deadline), deadline)
-        report = {"arm": name, "query": {"span": query.span, "question": query.question, "sentence": query.sentence},
-                  "status": status, "latency_ms": round((time.monotonic() - started) * 1000, 2), "results": []}
-        if status == "error":
-            report["error"] = f"{type(value).__name__}: {value}"
-            if isinstance(value, TimeoutError):  # the arm gave up at the deadline itself
-                report["status"] = "timeout"
-        elif status == "ok":
-            results = list(value or [])
-            if cache is not None:
-                cache[key] = results
-            report["results"] = [e.to_dict() for e in results]
-            if results:
-                reports.append(report)
-                return results[0], reports
-            report["status"] = "empty"
+        results, report = _ask_arm(arms, name, query, deadline, cache)
         reports.append(report)
-    return None, reports
+        if results and (best is None or results[0].confidence > best.confidence):
+            if best is not None:
+                report["arbitration"] = f"kept over the weaker {best.source} ({best.confidence:.3f} < margin {margin})"
+            best = results[0]
+        if best is not None and best.confidence >= margin:
+            break
+        if best is not None:
+            report.setdefault("arbitration", f"{best.source} covers the question by {best.confidence:.3f} < "
+                                              f"margin {margin}: asking the next arm too")
+    return best, reports
+
+
+def _ask_arm(arms: Mapping[str, Arm], name: str, query: Query, deadline: float,
+             cache: dict | None) -> tuple[list[Evidence], dict]:
+    """One arm's evidence for the query, and its report for the receipt."""
+    key = (name, query.question, query.span_class)
+    if cache is not None and key in cache:
+        results = cache[key]
+        return results, {"arm": name, "status": "ok" if results else "empty", "cached": True, "latency_ms": 0.0,
+                         "results": [e.to_dict() for e in results]}
+    arm = arms.get(name)
+    if arm is None:
+        return [], {"arm": name, "status": "skipped", "reason": "arm not configured", "latency_ms": 0.0, "results": []}
+    if time.monotonic() >= deadline:
+        return [], {"arm": name, "status": "timeout", "reason": "round deadline passed before this arm",
+                    "latency_ms": 0.0, "results": []}
+    started = time.monotonic()
+    status, value = call_with_deadline(lambda: arm.ground(query, deadline), deadline)
+    report = {"arm": name, "query": {"span": query.span, "question": query.question, "sentence": query.sentence},
+              "status": status, "latency_ms": round((time.monotonic() - started) * 1000, 2), "results": []}
+    results: list[Evidence] = []
+    if status == "error":
+        report["error"] = f"{type(value).__name__}: {value}"
+        if isinstance(value, TimeoutError):  # the arm gave up at the deadline itself
+            report["status"] = "timeout"
+    elif status == "ok":
+        results = list(value or [])
+        if cache is not None:
+            cache[key] = results
+        report["results"] = [e.to_dict() for e in results]
+        report["status"] = "ok" if results else "empty"
+    return results, report
 
 
 # --------------------------------------------------------------------------------------------
@@ -500,7 +514,7 @@ def _intervene(backend, layout, config, arms, router, question, reply, trigger, 
     order = () if closed else arm_order(config, route.span_class, arms)
     query = Query(query.span, query.question, query.sentence, span_class=route.span_class)
 
-    chosen, arm_reports = ground_round(arms, order, query, deadline, cache)
+    chosen, arm_reports = ground_round(arms, order, query, deadline, cache, config.arbitration_margin)
     record: dict[str, Any] = {
         "round": trigger.round,
         "trigger": _trigger_dict(trigger),
