@@ -50,7 +50,18 @@ def eval_md(name: str, summary: dict) -> list[str]:
                      f"{s['intervention_precision'] if s['intervention_precision'] is not None else '–'} | "
                      f"{s['intervention_recall'] if s['intervention_recall'] is not None else '–'} | "
                      f"{s['grounding_calls']} | {s['tokens_decoded']} | {s['tokens_prefilled']} | {s['seconds']:.0f} |")
+    if "oracle" in summary:
+        lines += ["", oracle_md(summary["oracle"])]
     return lines + [""]
+
+
+def oracle_md(oracle: dict) -> str:
+    """Below the A/B table: how much of the oracle's gain the gate's trigger got with as many grounded replies."""
+    efficiency = "–" if oracle["efficiency"] is None else f"{oracle['efficiency']:.2f}"
+    budget = (f"as many replies as intervene grounded ({oracle['budget']})" if oracle["calls_source"] == "intervene"
+              else f"{oracle['budget']} replies (--oracle-calls)")
+    return (f"Oracle: grounds only replies `off` got wrong, {budget}. Trigger efficiency (intervene's accuracy gain "
+            f"÷ the oracle's): **{efficiency}**.")
 
 
 BEGIN, END = "<!-- results:begin (scripts/results_md.py) -->", "<!-- results:end -->"

@@ -5,9 +5,13 @@ Runs `intervene` once per config (each a calibrated operating point, e.g. from `
 folder (--base, which holds `off`, `always` and default `flare`), then writes OUT/tradeoff.json,
 OUT/tradeoff.md and OUT/tradeoff.png (accuracy vs grounding calls, accuracy vs tokens decoded).
 
+With --oracle, each point also gets the oracle at its own budget (the replies it grounded: the same number of
+items `off` got wrong, grounded at their first window) and the trigger efficiency, the point's accuracy gain
+over `off` ÷ the oracle's. That costs one plain pass and about as many grounded replies again per point.
+
     python scripts/tradeoff.py --data ../shared/data/factqa_dev.jsonl --memory factkb.sqlite \\
         --base results/eval/factqa_dev --sample 100 --out results/tradeoff/factqa_dev \\
-        --point p85=results/calibration/points/p85.toml --point p95=... --flare-theta 0.1 --flare-theta 0.2
+        --point p85=results/calibration/points/p85.toml --point p95=... --flare-theta 0.1 --flare-theta 0.2 [--oracle]
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from pathlib import Path
 
 from surprisegate.cli import _progress_bar, build_arms, load_backend_for
 from surprisegate.config import load_config
-from surprisegate.evaluate import FLARE_THETA, evaluate, summarise
+from surprisegate.evaluate import FLARE_THETA, evaluate, summarise, trigger_efficiency
 from surprisegate.receipts import read_receipts
 
 
@@ -38,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--point", action="append", default=[], help="NAME=CONFIG.toml (repeatable)")
     ap.add_argument("--flare-theta", action="append", type=float, default=[])
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--oracle", action="store_true",
+                    help="also run the oracle at each point's budget (replies grounded) for a trigger-efficiency column")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
@@ -63,27 +69,54 @@ def main(argv: list[str] | None = None) -> int:
                  progress=_progress_bar(folder), flare_theta=theta)
         rows = [r for r in rows_of(out / folder, mode) if r["id"] in ids]
         points[label] = summarise(off + rows, ["off", mode])["modes"][mode]
-    baseline = summarise(off + rows_of(base, "always") + rows_of(base, "flare") + rows_of(base, "intervene"),
-                         ["off", "intervene", "always", "flare"])["modes"]
-    names = {"off": "off", "always": "always", "intervene": "intervene (shipped config)", "flare": "flare θ=0.4"}
+        if args.oracle:
+            # Same folder: its own `off` pass, then the oracle given exactly the replies this point grounded.
+            budget = sum(1 for r in rows if r["grounding_calls"] > 0)
+            summary = evaluate(args.data, ["off", mode, "oracle"], backend, config, arms, out / folder,
+                               sample=args.sample, progress=_progress_bar(f"{folder} oracle"), flare_theta=theta,
+                               oracle_calls=budget)
+            points[label] |= oracle_fields(summary["modes"], mode, budget)
+    baseline = summarise(off + rows_of(base, "always") + rows_of(base, "flare") + rows_of(base, "intervene")
+                         + rows_of(base, "oracle"), ["off", "intervene", "always", "flare", "oracle"])["modes"]
+    names = {"off": "off", "always": "always", "intervene": "intervene (shipped config)", "flare": "flare θ=0.4",
+             "oracle": "oracle (base run's budget)"}
     for mode, name in names.items():
         if mode in baseline:
             points[name] = baseline[mode]
+    if "intervene" in baseline and "oracle" in baseline:
+        points[names["intervene"]] = points[names["intervene"]] | oracle_fields(baseline, "intervene", base_budget(base))
     write(points, out, Path(args.data).stem)
     return 0
+
+
+def base_budget(base: Path) -> int | None:
+    """The oracle budget the base eval recorded in its summary.json (None when it has none)."""
+    path = base / "summary.json"
+    return json.loads(path.read_text()).get("oracle", {}).get("budget") if path.exists() else None
+
+
+def oracle_fields(modes: dict[str, dict], gate: str, budget: int | None) -> dict:
+    """A point's oracle columns: the oracle's accuracy at that point's budget and the point's share of its gain."""
+    off, point, oracle = (modes[m]["accuracy"] for m in ("off", gate, "oracle"))
+    return {"oracle_budget": budget, "oracle_accuracy": oracle, "trigger_efficiency": trigger_efficiency(off, point, oracle)}
 
 
 def write(points: dict[str, dict], out: Path, title: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "tradeoff.json").write_text(json.dumps(points, indent=2))
     always = points.get("always")
+    # The oracle columns only when some point has an oracle run: older tables stay as they were.
+    with_oracle = any("oracle_accuracy" in s for s in points.values())
     lines = ["| run | accuracy | regressions | trigger rate | grounding calls | tokens decoded | "
-             "share of always's accuracy | share of always's calls |", "|---|---|---|---|---|---|---|---|"]
+             "share of always's accuracy | share of always's calls |"
+             + (" oracle at the same replies grounded | trigger efficiency |" if with_oracle else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|---|" if with_oracle else "")]
     for name, s in sorted(points.items(), key=lambda kv: kv[1]["grounding_calls"]):
         share_acc = f"{s['accuracy'] / always['accuracy']:.2f}" if always and always["accuracy"] else "–"
         share_calls = f"{s['grounding_calls'] / always['grounding_calls']:.2f}" if always and always["grounding_calls"] else "–"
         lines.append(f"| {name} | {s['accuracy']:.2f} | {s['regressions']} | {s['trigger_rate']:.2f} | "
-                     f"{s['grounding_calls']} | {s['tokens_decoded']} | {share_acc} | {share_calls} |")
+                     f"{s['grounding_calls']} | {s['tokens_decoded']} | {share_acc} | {share_calls} |"
+                     + (oracle_cells(s) if with_oracle else ""))
     (out / "tradeoff.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     try:
@@ -116,6 +149,12 @@ def write(points: dict[str, dict], out: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(out / "tradeoff.png", dpi=110)
     plt.close(fig)
+
+
+def oracle_cells(s: dict) -> str:
+    oracle = f"{s['oracle_accuracy']:.2f}" if s.get("oracle_accuracy") is not None else "–"
+    efficiency = f"{s['trigger_efficiency']:.2f}" if s.get("trigger_efficiency") is not None else "–"
+    return f" {oracle} | {efficiency} |"
 
 
 if __name__ == "__main__":

@@ -462,7 +462,9 @@ def calibrate(label_dirs: tuple[str, ...], out_config: str, bootstrap: int, obje
 
 @main.command("eval")
 @click.option("--data", required=True, type=click.Path(dir_okay=False))
-@click.option("--modes", default="off,detect,intervene", show_default=True, help="Comma list of off,detect,intervene,always,flare.")
+@click.option("--modes", default="off,detect,intervene", show_default=True,
+              help="Comma list of off,detect,intervene,always,flare,oracle (oracle: ground exactly the items off got "
+                   "wrong, as many as intervene grounded or --oracle-calls; needs off).")
 @click.option("--memory", default="none", show_default=True, help="Memory store for the memory arm ('none' = no memory).")
 @click.option("--web", "web_url", default=None, help="SearxNG-compatible search URL for the web arm.")
 @click.option("--no-tools", is_flag=True)
@@ -471,22 +473,26 @@ def calibrate(label_dirs: tuple[str, ...], out_config: str, bootstrap: int, obje
 @click.option("--out", "out_dir", default="eval-out", show_default=True, type=click.Path(file_okay=False))
 @click.option("--flare-theta", default=0.4, show_default=True, type=float,
               help="FLARE baseline: a token with probability below this triggers retrieval.")
+@click.option("--oracle-calls", type=int, default=None,
+              help="Replies the oracle may ground (default: as many as intervene grounded in this run).")
 @click.option("--json", "as_json", is_flag=True)
 @config_options
 def eval_cmd(data: str, modes: str, memory: str, web_url: str | None, no_tools: bool, limit: int | None,
-             sample: int | None, out_dir: str, flare_theta: float, as_json: bool, **kwargs) -> None:
+             sample: int | None, out_dir: str, flare_theta: float, oracle_calls: int | None, as_json: bool,
+             **kwargs) -> None:
     """The A/B: accuracy, regressions, trigger rate, grounding calls, tokens and time per mode."""
-    from .evaluate import evaluate
+    from .evaluate import check_modes, evaluate
     from .labeling import read_items
 
     read_items(data, 1)
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+    check_modes(mode_list, flare_theta, oracle_calls)  # before the model loads
     config = resolve_config(kwargs)
     _check_memory(memory)
     arms = build_arms(config, memory, tools=not no_tools, web=web_url)
     backend = load_backend_for(config)
     summary = evaluate(data, mode_list, backend, config, arms, out_dir, limit=limit, sample=sample,
-                       progress=_progress_bar("eval"), flare_theta=flare_theta)
+                       progress=_progress_bar("eval"), flare_theta=flare_theta, oracle_calls=oracle_calls)
     if as_json:
         click.echo(json.dumps(summary))
     else:

@@ -8,6 +8,10 @@ Modes
   flare      FLARE's trigger (Jiang et al. 2023): decode a look-ahead sentence; if any token has
              p < theta, retrieve with the low-probability tokens masked and regenerate the sentence by
              re-prefilling the whole prompt (no KV reuse)
+  oracle     the gate's intervene path forced to ground at its first eligible window on exactly the items
+             `off` got wrong (a seeded choice among them when the budget is smaller), never on others; the
+             budget is the number of replies `intervene` grounded, or --oracle-calls. Runs after the other
+             modes. summary["oracle"]["efficiency"] = (intervene - off) / (oracle - off) accuracy
 
 Results go to OUT/results.jsonl (one line per item × mode, resumable) and OUT/report.md (+ PNG).
 """
@@ -34,9 +38,11 @@ from .prompting import PromptLayout, chat_messages
 from .receipts import ReceiptWriter, read_receipts
 from .router import route
 
-MODES = ("off", "detect", "intervene", "always", "flare")
+MODES = ("off", "detect", "intervene", "always", "flare", "oracle")
 FLARE_THETA = 0.4  # FLARE's probability threshold for a "low-confidence" token (paper default range 0.4-0.8)
 _SENTENCE_END = re.compile(r"[.!?\n]\s*$")
+# Below every window statistic (bits are never negative): the oracle's trigger fires at the first eligible window.
+ORACLE_THRESHOLD = -1.0
 
 
 class CountingArm:
@@ -141,15 +147,110 @@ def run_flare(backend, question: str, config: Config, arms: Mapping[str, Countin
 
 
 # ------------------------------------------------------------------------------------------------
+# the oracle: where the gate should have grounded, at the gate's cost
+# ------------------------------------------------------------------------------------------------
+def oracle_config(config: Config) -> Config:
+    """intervene with a trigger that fires at the first eligible window, whatever the question kind."""
+    # One round: at this threshold every later window would fire too, grounding the rewrite itself again.
+    return config.replace(mode="intervene", threshold=ORACLE_THRESHOLD, kind_thresholds={},
+                          max_rounds=min(config.max_rounds, 1))
+
+
+def check_modes(modes: Sequence[str], flare_theta: float = FLARE_THETA, oracle_calls: int | None = None) -> None:
+    """Refuse unknown modes and an oracle without `off` or without a budget, before anything is decoded."""
+    for m in modes:
+        if m not in MODES:
+            raise InputError(f"--modes contains {m!r}; use any of {', '.join(MODES)}")
+    if not 0.0 < flare_theta < 1.0:
+        raise InputError(f"--flare-theta={flare_theta!r} is not a probability in (0, 1); FLARE's paper uses 0.4-0.8")
+    if oracle_calls is not None and oracle_calls < 0:
+        raise InputError(f"--oracle-calls={oracle_calls!r} is negative; pass how many replies the oracle may ground, "
+                         "e.g. --oracle-calls 20")
+    if "oracle" not in modes:
+        return
+    listed = ",".join(modes)
+    if "off" not in modes:
+        raise InputError(f"--modes={listed!r} asks for oracle, which grounds the items `off` got wrong; "
+                         f"add off, e.g. --modes off,{listed}")
+    if oracle_calls is None and "intervene" not in modes:
+        raise InputError(f"--modes={listed!r} asks for oracle but gives it no budget; add intervene to --modes "
+                         "(the oracle grounds as many replies as the gate did) or pass --oracle-calls N")
+
+
+def oracle_budget(intervene_rows: Mapping[str, dict], oracle_calls: int | None) -> tuple[int, str]:
+    """(replies the oracle may ground, where that number came from): --oracle-calls wins over the gate's count."""
+    if oracle_calls is not None:
+        return oracle_calls, "--oracle-calls"
+    return sum(1 for r in intervene_rows.values() if r["grounding_calls"] > 0), "intervene"
+
+
+def choose_oracle_items(off_rows: Mapping[str, dict], budget: int, seed: int) -> set[str]:
+    """The ids `off` got wrong, or a seeded choice of `budget` of them when there are more."""
+    wrong = sorted(i for i, r in off_rows.items() if not r["correct"])  # sorted: the choice ignores file order
+    if budget >= len(wrong):
+        return set(wrong)
+    return set(random.Random(seed).sample(wrong, budget))
+
+
+def oracle_row_fits(row: dict, chosen: bool) -> bool:
+    """Whether a saved oracle row matches this run's choice (a resume with another budget redoes the rest)."""
+    if chosen:
+        return bool(row["triggered"])  # decoded with the forced trigger (a reply too short to trigger is redone)
+    return not row["triggered"] and row["grounding_calls"] == 0
+
+
+def trigger_efficiency(off_accuracy: float, gate_accuracy: float, oracle_accuracy: float) -> float | None:
+    """The gate's accuracy gain over `off` as a share of the oracle's gain with as many grounded replies."""
+    oracle_gain = oracle_accuracy - off_accuracy
+    if oracle_gain == 0:
+        return None
+    return round((gate_accuracy - off_accuracy) / oracle_gain, 4)
+
+
+def _latest(rows: Sequence[dict], mode: str) -> dict[str, dict]:
+    """id -> the last row of `mode` (a redone row is appended after the one it replaces)."""
+    return {r["id"]: r for r in rows if r["mode"] == mode}
+
+
+def _accuracy(rows: Mapping[str, dict]) -> float:
+    return sum(r["correct"] for r in rows.values()) / len(rows) if rows else math.nan
+
+
+def _oracle_pass(items: list[dict], rows: list[dict], budget: int, seed: int, run: Callable[[dict], dict],
+                 writer: ReceiptWriter, tick: Callable[[str], None]) -> set[str]:
+    """Write an oracle row per item: a forced-trigger decode for the chosen ones, the `off` row for the rest."""
+    off, saved = _latest(rows, "off"), _latest(rows, "oracle")
+    chosen = choose_oracle_items(off, budget, seed)
+    for item in items:
+        pick = item["id"] in chosen
+        if item["id"] in saved and oracle_row_fits(saved[item["id"]], pick):
+            continue
+        # Not chosen: the oracle leaves the reply alone, so it is the `off` reply; no need to decode it again.
+        writer.append(run(item) if pick else off[item["id"]] | {"mode": "oracle", "triggered": False,
+                                                               "grounding_calls": 0, "rounds": []})
+        tick(f"oracle {item['id']}")
+    return chosen
+
+
+def oracle_summary(rows: list[dict], budget: int, source: str, chosen: set[str]) -> dict:
+    """summary["oracle"]: the budget, its source, and intervene's share of the oracle's gain (None without one)."""
+    off, gate, oracle = _latest(rows, "off"), _latest(rows, "intervene"), _latest(rows, "oracle")
+    efficiency = (trigger_efficiency(_accuracy(off), _accuracy(gate), _accuracy(oracle)) if gate else None)
+    return {"budget": budget, "calls_source": source, "chosen": len(chosen),
+            "off_wrong": sum(1 for r in off.values() if not r["correct"]), "efficiency": efficiency}
+
+
+# ------------------------------------------------------------------------------------------------
 # the A/B
 # ------------------------------------------------------------------------------------------------
 def run_mode(mode: str, backend, item: dict, config: Config, arms: Mapping[str, Arm],
              flare_theta: float = FLARE_THETA) -> Outcome:
     question, prefix = prompt_for(item)
     counted = {name: CountingArm(arm) for name, arm in arms.items()}
-    if mode in ("off", "detect", "intervene"):
-        result = generate(backend, question, config.replace(mode=mode), counted if mode == "intervene" else {},
-                          assistant_prefix=prefix)
+    if mode in ("off", "detect", "intervene", "oracle"):
+        grounds = mode in ("intervene", "oracle")
+        run_config = oracle_config(config) if mode == "oracle" else config.replace(mode=mode)
+        result = generate(backend, question, run_config, counted if grounds else {}, assistant_prefix=prefix)
         extra = result.receipt.get("extra", {})
         triggered = bool(result.rounds) or bool(extra.get("would_trigger"))
         return Outcome(result.text, sum(a.calls for a in counted.values()), triggered,
@@ -164,12 +265,9 @@ def run_mode(mode: str, backend, item: dict, config: Config, arms: Mapping[str, 
 
 def evaluate(data: str | Path, modes: Sequence[str], backend, config: Config, arms: Mapping[str, Arm],
              out_dir: str | Path, limit: int | None = None, sample: int | None = None, seed: int = 0,
-             progress: Callable[[int, int, str], None] | None = None, flare_theta: float = FLARE_THETA) -> dict:
-    for m in modes:
-        if m not in MODES:
-            raise InputError(f"--modes contains {m!r}; use any of {', '.join(MODES)}")
-    if not 0.0 < flare_theta < 1.0:
-        raise InputError(f"--flare-theta={flare_theta!r} is not a probability in (0, 1); FLARE's paper uses 0.4-0.8")
+             progress: Callable[[int, int, str], None] | None = None, flare_theta: float = FLARE_THETA,
+             oracle_calls: int | None = None) -> dict:
+    check_modes(modes, flare_theta, oracle_calls)
     items = read_items(data, limit)
     if sample and sample < len(items):
         # A seeded random subset: the files are ordered (by entity, by subtask), so the first N are not typical.
@@ -177,32 +275,59 @@ def evaluate(data: str | Path, modes: Sequence[str], backend, config: Config, ar
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
-    guard_resume(out / "eval_config.json", {"data": str(Path(data).resolve()), "config": config.to_dict(),
-                                            "model": backend.model_id, "arms": sorted(arms), "flare_theta": flare_theta})
+    meta = {"data": str(Path(data).resolve()), "config": config.to_dict(), "model": backend.model_id,
+            "arms": sorted(arms), "flare_theta": flare_theta}
+    if "oracle" in modes:
+        # Recorded, not compared: older folders lack it, and oracle rows that no longer fit the budget are redone.
+        meta["oracle_calls"] = oracle_calls
+    guard_resume(out / "eval_config.json", meta)
     done = {(r["id"], r["mode"]) for r in read_receipts(results_path)} if results_path.exists() else set()
     writer = ReceiptWriter(results_path)
-    todo = [(it, m) for it in items for m in modes if (it["id"], m) not in done]
-    for i, (item, mode) in enumerate(todo, 1):
-        started = time.monotonic()
-        outcome = run_mode(mode, backend, item, config, arms, flare_theta)
-        graded = grade(outcome.reply, item)
-        writer.append({
-            "id": item["id"], "mode": mode, "category": item.get("category"), "relation": item.get("relation"),
-            "question": item["question"], "answers": item["answers"], "reply": outcome.reply,
-            "correct": graded.correct, "grounding_calls": outcome.grounding_calls, "triggered": outcome.triggered,
-            "tokens_decoded": outcome.tokens_decoded, "tokens_prefilled": outcome.tokens_prefilled,
-            "rounds": [{k: r.get(k) for k in ("action", "reason", "tokens_dropped", "span_class")}
-                       | {"source": (r.get("chosen") or {}).get("source")} for r in outcome.rounds],
-            "seconds": round(time.monotonic() - started, 3),
-        })
+    # Two passes: the oracle needs every item's `off` reply and the gate's count of grounded replies first.
+    todo = [(it, m) for it in items for m in modes if m != "oracle" and (it["id"], m) not in done]
+    oracle_left = sum(1 for it in items if (it["id"], "oracle") not in done) if "oracle" in modes else 0
+    count = {"i": 0}
+
+    def tick(note: str) -> None:
+        count["i"] += 1
         if progress:
-            progress(i, len(todo), f"{mode} {item['id']}")
+            progress(count["i"], len(todo) + oracle_left, note)
+
+    def run(item: dict, mode: str) -> dict:
+        started = time.monotonic()
+        return _row(item, mode, run_mode(mode, backend, item, config, arms, flare_theta), started)
+
+    for item, mode in todo:
+        writer.append(run(item, mode))
+        tick(f"{mode} {item['id']}")
     ids = {it["id"] for it in items}
     rows = [r for r in read_receipts(results_path) if r["id"] in ids and r["mode"] in modes]
+    oracle = None
+    if "oracle" in modes:
+        budget, source = oracle_budget(_latest(rows, "intervene"), oracle_calls)
+        chosen = _oracle_pass(items, rows, budget, seed, lambda it: run(it, "oracle"), writer, tick)
+        rows = [r for r in read_receipts(results_path) if r["id"] in ids and r["mode"] in modes]
+        oracle = oracle_summary(rows, budget, source, chosen)
     summary = summarise(rows, modes)
+    if oracle is not None:
+        summary["oracle"] = oracle
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     write_report(summary, rows, out, data, config)
     return summary
+
+
+def _row(item: dict, mode: str, outcome: Outcome, started: float) -> dict:
+    """One line of results.jsonl: the same fields for every mode."""
+    graded = grade(outcome.reply, item)
+    return {
+        "id": item["id"], "mode": mode, "category": item.get("category"), "relation": item.get("relation"),
+        "question": item["question"], "answers": item["answers"], "reply": outcome.reply,
+        "correct": graded.correct, "grounding_calls": outcome.grounding_calls, "triggered": outcome.triggered,
+        "tokens_decoded": outcome.tokens_decoded, "tokens_prefilled": outcome.tokens_prefilled,
+        "rounds": [{k: r.get(k) for k in ("action", "reason", "tokens_dropped", "span_class")}
+                   | {"source": (r.get("chosen") or {}).get("source")} for r in outcome.rounds],
+        "seconds": round(time.monotonic() - started, 3),
+    }
 
 
 def summarise(rows: list[dict], modes: Sequence[str]) -> dict:
@@ -241,6 +366,14 @@ def summarise(rows: list[dict], modes: Sequence[str]) -> dict:
     return out
 
 
+def oracle_line(oracle: dict) -> str:
+    """The report's sentence on the oracle: what it grounded, on which budget, and the gate's efficiency."""
+    efficiency = "–" if oracle["efficiency"] is None else f"{oracle['efficiency']:.2f}"
+    return (f"oracle: forced to ground {oracle['chosen']} of the {oracle['off_wrong']} replies `off` got wrong "
+            f"(budget {oracle['budget']} replies, from {oracle['calls_source']}); trigger efficiency "
+            f"(intervene − off) ÷ (oracle − off) accuracy = {efficiency}")
+
+
 def write_report(summary: dict, rows: list[dict], out: Path, data, config: Config) -> None:
     lines = [f"# surprisegate eval: {Path(str(data)).name}", "",
              f"model: SmolLM2-135M-Instruct (embedded) unless the config says otherwise · "
@@ -252,6 +385,8 @@ def write_report(summary: dict, rows: list[dict], out: Path, data, config: Confi
         lines.append(f"| {m} | {s['n']} | {s['accuracy']:.3f} | {s['regressions']} | {s['fixes']} | "
                      f"{s['trigger_rate']:.2f} | {s['intervention_precision']} | {s['intervention_recall']} | "
                      f"{s['grounding_calls']} | {s['tokens_decoded']} | {s['tokens_prefilled']} | {s['seconds']} |")
+    if "oracle" in summary:
+        lines += ["", oracle_line(summary["oracle"])]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     try:
         import matplotlib

@@ -99,3 +99,16 @@ def test_memory_add_and_search_json(runner, tmp_path):
     hits = json.loads(result.output)
     assert hits[0]["source"] == "country:BF" and "Ouagadougou" in hits[0]["text"]
     assert_clean_error(runner.invoke(main, ["memory", "search", "--memory", str(tmp_path / "x.sqlite"), "q"]), "does not exist")
+
+
+def test_eval_oracle_without_budget_or_off_fails_before_the_model_loads(runner, tmp_path):
+    data = tmp_path / "items.jsonl"
+    data.write_text(json.dumps({"id": "a", "question": "What is the capital of Chad?", "answers": ["N'Djamena"]}) + "\n")
+    base = ["eval", "--data", str(data), "--out", str(tmp_path / "o"), "--backend", "transformers",
+            "--model", str(tmp_path / "missing")]  # a model that cannot load: the error must come first
+    assert_clean_error(runner.invoke(main, base + ["--modes", "off,oracle"]), "--modes='off,oracle'",
+                       "add intervene to --modes", "--oracle-calls N")
+    assert_clean_error(runner.invoke(main, base + ["--modes", "intervene,oracle"]), "add off")
+    assert_clean_error(runner.invoke(main, base + ["--modes", "off,oracle", "--oracle-calls", "-2"]),
+                       "--oracle-calls=-2")
+    assert "oracle" in runner.invoke(main, ["eval", "--help"]).output

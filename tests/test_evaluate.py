@@ -86,3 +86,132 @@ def test_resuming_with_other_settings_is_refused_and_keeps_the_results(tmp_path)
     assert (out / "results.jsonl").read_text() == before
     # threads change speed, not replies: a resume with other threads is fine
     evaluate(data, ["off", "intervene"], ScriptedBackend(script), config().replace(threads=1), {"memory": Memory()}, out)
+
+
+# ------------------------------------------------------------------------------------------------
+# oracle: the gate's path forced to ground on exactly the items `off` got wrong, at the gate's budget
+# ------------------------------------------------------------------------------------------------
+from surprisegate.evaluate import choose_oracle_items, trigger_efficiency  # noqa: E402
+
+
+def mixed_script(context):
+    """Easy: right, calm. Edgy: right, but the gate fires. Hard: wrong, the gate fires. Shy: wrong and calm."""
+    if "Rightburg" in context or "Easy" in context:
+        return plan(RIGHT)
+    if "Edgy" in context:
+        return plan(RIGHT, doubtful="Rightburg")
+    if "Shy" in context:
+        return plan(WRONG)  # confidently wrong: only a forced trigger grounds it
+    return plan(WRONG, doubtful="Wrongville")
+
+
+KINDS = {"Easy": 2, "Edgy": 1, "Hard": 2, "Shy": 2}  # off right: Easy, Edgy; off wrong: Hard, Shy
+WRONG_IDS = {"Hard0", "Hard1", "Shy0", "Shy1"}
+
+
+def mixed_items(tmp_path):
+    data = tmp_path / "mixed.jsonl"
+    data.write_text("".join(json.dumps({"id": f"{kind}{i}", "question": f"What is the capital of {kind}land{i}?",
+                                        "answers": ["Rightburg"], "category": "entity"}) + "\n"
+                            for kind, n in KINDS.items() for i in range(n)))
+    return data
+
+
+def rows_of(out, mode):
+    rows = {}
+    for line in (out / "results.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["mode"] == mode:
+            rows[r["id"]] = r  # the last row of an id is the one that counts
+    return rows
+
+
+def grounded(out):
+    return {i for i, r in rows_of(out, "oracle").items() if r["grounding_calls"] > 0}
+
+
+def run_mixed(tmp_path, name, modes=("off", "intervene", "oracle"), **kwargs):
+    out = tmp_path / name
+    summary = evaluate(mixed_items(tmp_path), list(modes), ScriptedBackend(mixed_script), config(),
+                       {"memory": Memory()}, out, **kwargs)
+    return summary, out
+
+
+def test_oracle_grounds_only_off_wrong_items_at_the_gates_budget(tmp_path):
+    summary, out = run_mixed(tmp_path, "out")
+    m = summary["modes"]
+    gate = rows_of(out, "intervene")
+    assert {i for i, r in gate.items() if r["grounding_calls"] > 0} == {"Edgy0", "Hard0", "Hard1"}
+    assert summary["oracle"]["budget"] == 3 and summary["oracle"]["calls_source"] == "intervene"
+    assert summary["oracle"]["chosen"] == 3 and summary["oracle"]["off_wrong"] == 4
+    picked = grounded(out)
+    assert len(picked) == 3 and picked <= WRONG_IDS
+    assert picked == choose_oracle_items(rows_of(out, "off"), 3, 0)
+    off, oracle = rows_of(out, "off"), rows_of(out, "oracle")
+    for i, r in oracle.items():
+        if i not in picked:  # untouched: the off reply, no trigger, no call
+            assert (r["reply"], r["correct"], r["triggered"], r["grounding_calls"]) == (off[i]["reply"], off[i]["correct"], False, 0)
+        else:
+            assert r["correct"] and r["triggered"] and r["rounds"][0]["action"] == "rewound"
+    # off 3/7, intervene 5/7 (Hard fixed), oracle 6/7 (3 of the 4 wrong fixed): efficiency 2/3
+    assert (m["off"]["accuracy"], m["intervene"]["accuracy"], m["oracle"]["accuracy"]) == (0.4286, 0.7143, 0.8571)
+    assert summary["oracle"]["efficiency"] == 0.6667
+    assert m["oracle"]["regressions"] == 0 and m["oracle"]["intervention_precision"] == 1.0
+    assert "trigger efficiency (intervene − off) ÷ (oracle − off) accuracy = 0.67" in (out / "report.md").read_text()
+    assert json.loads((out / "summary.json").read_text())["oracle"] == summary["oracle"]
+    # Resume: nothing is decoded again, same summary.
+    before = (out / "results.jsonl").read_text()
+    assert run_mixed(tmp_path, "out")[0] == summary
+    assert (out / "results.jsonl").read_text() == before
+
+
+def test_oracle_budget_from_oracle_calls_is_a_seeded_choice_among_the_wrong_items(tmp_path):
+    first, out_a = run_mixed(tmp_path, "a", modes=("off", "oracle"), oracle_calls=2, seed=0)
+    _, out_b = run_mixed(tmp_path, "b", modes=("off", "oracle"), oracle_calls=2, seed=0)
+    assert first["oracle"]["calls_source"] == "--oracle-calls" and first["oracle"]["budget"] == 2
+    assert first["oracle"]["efficiency"] is None  # no intervene run to compare
+    assert grounded(out_a) == grounded(out_b) == choose_oracle_items(rows_of(out_a, "off"), 2, 0)
+    assert len(grounded(out_a)) == 2 and grounded(out_a) <= WRONG_IDS
+    off = rows_of(out_a, "off")
+    choices = {frozenset(choose_oracle_items(off, 2, seed)) for seed in range(10)}
+    assert len(choices) > 1 and all(c <= WRONG_IDS and len(c) == 2 for c in choices)
+    # A budget above the wrong count grounds every wrong item and nothing else.
+    assert choose_oracle_items(off, 10, 0) == WRONG_IDS
+
+
+def test_oracle_rows_are_redone_when_the_budget_changes_and_added_to_older_folders(tmp_path):
+    out = tmp_path / "old"
+    data = mixed_items(tmp_path)
+    evaluate(data, ["off", "intervene"], ScriptedBackend(mixed_script), config(), {"memory": Memory()}, out)
+    kept = rows_of(out, "intervene")
+    # A folder made before the oracle existed resumes with it: only oracle rows are added.
+    summary = evaluate(data, ["off", "intervene", "oracle"], ScriptedBackend(mixed_script), config(),
+                       {"memory": Memory()}, out)
+    assert rows_of(out, "intervene") == kept and len(grounded(out)) == 3
+    smaller = evaluate(data, ["off", "intervene", "oracle"], ScriptedBackend(mixed_script), config(),
+                       {"memory": Memory()}, out, oracle_calls=1)
+    assert len(grounded(out)) == 1 and grounded(out) <= WRONG_IDS
+    assert smaller["modes"]["oracle"]["grounding_calls"] == 1 < summary["modes"]["oracle"]["grounding_calls"]
+    # A larger budget decodes the newly chosen items instead of keeping their copied `off` rows.
+    larger = evaluate(data, ["off", "intervene", "oracle"], ScriptedBackend(mixed_script), config(),
+                      {"memory": Memory()}, out, oracle_calls=4)
+    assert grounded(out) == WRONG_IDS and larger["modes"]["oracle"]["accuracy"] == 1.0
+
+
+def test_trigger_efficiency_arithmetic():
+    assert trigger_efficiency(0.3, 0.7, 0.9) == 0.6667
+    assert trigger_efficiency(0.3, 0.3, 0.8) == 0.0
+    assert trigger_efficiency(0.4, 0.2, 0.8) == -0.5  # the gate broke more than it fixed
+    assert trigger_efficiency(0.5, 0.6, 0.5) is None  # the oracle gained nothing: no share to give
+
+
+@pytest.mark.parametrize("modes, calls, needle", [
+    (["off", "oracle"], None, "add intervene to --modes .* or pass --oracle-calls N"),
+    (["intervene", "oracle"], None, r"--modes='intervene,oracle' .* add off, e.g. --modes off,intervene,oracle"),
+    (["off", "oracle"], -1, r"--oracle-calls=-1 is negative"),
+])
+def test_oracle_without_off_or_budget_is_refused_before_decoding(tmp_path, modes, calls, needle):
+    with pytest.raises(InputError, match=needle):
+        evaluate(mixed_items(tmp_path), modes, ScriptedBackend(mixed_script), config(), {"memory": Memory()},
+                 tmp_path / "o", oracle_calls=calls)
+    assert not (tmp_path / "o" / "results.jsonl").exists()
