@@ -103,7 +103,8 @@ def run_always(backend, question: str, config: Config, arms: Mapping[str, Counti
     r = route("", question, prefix, available=tuple(arms))
     order = arm_order(config, r.span_class, arms)
     q = Query(span="", question=question, sentence=prefix, span_class=r.span_class)
-    evidence, _ = ground_round(arms, order, q, time.monotonic() + config.round_deadline_s)
+    evidence, _ = ground_round(arms, order, q, time.monotonic() + config.round_deadline_s,
+                               margin=config.arbitration_margin)
     prompt = _prompt_tokens(backend, layout, evidence, config, prefix)
     tokens, _, text = _decode(backend, prompt, config.max_tokens)
     return Outcome(text, sum(a.calls for a in arms.values()), True, len(tokens), len(prompt))
@@ -131,7 +132,7 @@ def run_flare(backend, question: str, config: Config, arms: Mapping[str, Countin
             r = route(masked, question, accepted, available=tuple(arms))
             q = Query(span=masked, question=question, sentence=masked, span_class=r.span_class)
             found, _ = ground_round(arms, arm_order(config, r.span_class, arms), q,
-                                    time.monotonic() + config.round_deadline_s)
+                                    time.monotonic() + config.round_deadline_s, margin=config.arbitration_margin)
             if found:
                 # Regenerate the sentence from scratch: FLARE re-sends the whole prompt with the evidence.
                 evidence = found
@@ -325,7 +326,7 @@ def _row(item: dict, mode: str, outcome: Outcome, started: float) -> dict:
         "correct": graded.correct, "grounding_calls": outcome.grounding_calls, "triggered": outcome.triggered,
         "tokens_decoded": outcome.tokens_decoded, "tokens_prefilled": outcome.tokens_prefilled,
         "rounds": [{k: r.get(k) for k in ("action", "reason", "tokens_dropped", "span_class")}
-                   | {"source": (r.get("chosen") or {}).get("source")} for r in outcome.rounds],
+                   | {"source": (r.get("chosen") or {}).get("source"), "retries": [t["how"] for t in r.get("retries", [])]} for r in outcome.rounds],
         "seconds": round(time.monotonic() - started, 3),
     }
 
