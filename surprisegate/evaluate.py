@@ -325,10 +325,21 @@ def _row(item: dict, mode: str, outcome: Outcome, started: float) -> dict:
         "question": item["question"], "answers": item["answers"], "reply": outcome.reply,
         "correct": graded.correct, "grounding_calls": outcome.grounding_calls, "triggered": outcome.triggered,
         "tokens_decoded": outcome.tokens_decoded, "tokens_prefilled": outcome.tokens_prefilled,
-        "rounds": [{k: r.get(k) for k in ("action", "reason", "tokens_dropped", "span_class")}
-                   | {"source": (r.get("chosen") or {}).get("source"), "retries": [t["how"] for t in r.get("retries", [])]} for r in outcome.rounds],
+        "rounds": [_round_summary(r, item) for r in outcome.rounds],
         "seconds": round(time.monotonic() - started, 3),
     }
+
+
+def _round_summary(record: dict, item: dict) -> dict:
+    """A round in a results row; a dropped rewrite keeps its text and grade (what the check cost, if anything)."""
+    out = {k: record.get(k) for k in ("action", "reason", "tokens_dropped", "span_class")}
+    out["source"] = (record.get("chosen") or {}).get("source")
+    out["retries"] = [{"how": t["how"], "rewrite": t["rewrite"], "rewrite_correct": grade(t["rewrite"], item).correct}
+                      for t in record.get("retries", [])]
+    if record.get("action") == "reverted":
+        out["rewritten_text"] = record.get("rewritten_text")
+        out["rewrite_correct"] = grade(record.get("rewritten_text") or "", item).correct
+    return out
 
 
 def summarise(rows: list[dict], modes: Sequence[str]) -> dict:
