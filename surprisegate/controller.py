@@ -30,7 +30,7 @@ from .router import closed_question
 from .events import Done, Event, Grounding, Rewind, Token, Trigger
 from .prompting import PromptLayout, chat_messages
 from .signals import CopyTracker, question_kind, signal_value
-from .support import rewrite_problem, sentence_end, sentence_start
+from .support import cut_short, rewrite_problem, sentence_end, sentence_start
 from .surprise import RollingWindow, aggregates, surprise_and_entropy
 
 
@@ -348,15 +348,16 @@ def stream(
         return new_logits
 
     def try_again(problem: str, at_end_of_turn: bool, current: np.ndarray) -> Iterator[Event]:
-        """One more try before a failed rewrite is dropped, the evidence still in context: a rewrite that
-        ended its turn early goes on past the end ("… is vpn." + end of turn); one that finished a sentence
-        is written again from the rewind point with its first token banned."""
+        """One more try before a failed rewrite is dropped, the evidence still in context: a rewrite cut
+        short by its end of turn goes on past it ("… is vpn." inside "vpn.acme.example"); any other is
+        written again from the rewind point with its first token banned ("I'm ready to help.")."""
         nonlocal banned
         assert unchecked is not None and unchecked.after_injection is not None
         unchecked.tried_again = True
         start = unchecked.check_from
         failed = reply.text()[len(reply.text(start)):]
-        if at_end_of_turn:
+        rewound = next(r for r in reversed(rounds) if r["action"] == "rewound")  # the round whose rewrite failed
+        if at_end_of_turn and cut_short(failed, unchecked.evidence):
             banned, how, new_logits = frozenset(eos), "continued past the end of turn", current
         else:
             banned = frozenset({reply.tokens[start]}) if len(reply.tokens) > start else frozenset()
@@ -364,8 +365,8 @@ def stream(
             shown = max(0, emitted - start)
             new_logits = _restore(backend, context, reply, unchecked.after_injection)
             start_over_from(start)
-            yield Rewind(rounds[-1]["round"], 0 if holdback else shown, failed, 0)
-        rounds[-1].setdefault("retries", []).append({"problem": problem, "rewrite": failed, "how": how})
+            yield Rewind(rewound["round"], 0 if holdback else shown, failed, 0)
+        rewound.setdefault("retries", []).append({"problem": problem, "rewrite": failed, "how": how})
         return new_logits
 
     def failed_check(problem: str, at_end_of_turn: bool, current: np.ndarray) -> Iterator[Event]:

@@ -176,3 +176,15 @@ def rewrite_problem(sentence: str, evidence: Iterable[str], question: str = "") 
     if not fits_answer(sentence, question):
         return f"does not answer what was asked (the question asks for a {expected_answer(question)})"
     return None
+
+
+def cut_short(rewrite: str, evidence: Iterable[str]) -> bool:
+    """Whether a rewrite that ended its turn stopped mid-sentence or inside a word it was copying from the
+    evidence ("… is vpn." of "vpn.acme.example"): then going on past the end of turn may finish it."""
+    text = rewrite.rstrip()
+    if not text:
+        return False
+    if sentence_end(text + " ") is None:
+        return True  # no full stop yet: the sentence was left open
+    last = text.split()[-1]
+    return any(word != last and word.startswith(last) for passage in evidence for word in passage.split())

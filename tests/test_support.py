@@ -10,7 +10,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from surprisegate.support import (
-    content_words, expected_answer, fits_answer, rewrite_problem, sentence_end, sentence_start, uses_evidence,
+    content_words, cut_short, expected_answer, fits_answer, rewrite_problem, sentence_end, sentence_start,
+    uses_evidence,
 )
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -157,3 +158,14 @@ def test_a_nationality_before_a_name_still_counts():
     question = "What nationality was the composer of Dixit Dominus?"
     assert fits_answer("The German composer George Frideric Handel wrote it.", question)
     assert fits_answer("He was a German-born British composer.", question)
+
+
+@pytest.mark.parametrize("rewrite, cut", [
+    (" is vpn.", True),  # stopped inside the host name it was copying
+    ("The gateway listens on", True),  # no full stop: the sentence was left open
+    ("I'm ready to help.", False),
+    ("It listens on port 8443.", False),
+    ("", False),
+])
+def test_cut_short(rewrite, cut):
+    assert cut_short(rewrite, ["The Acme VPN gateway is vpn.acme.example and it listens on port 8443."]) is cut
