@@ -64,22 +64,32 @@ def test_multiplication_via_the_calculator(factkb_memory):
     assert chosen and chosen[0]["source"] == "tool:calculator" and chosen[0]["observable"] == 1.0
 
 
-def test_a_rewrite_that_ignores_the_evidence_gives_back_the_plain_reply(factkb_memory):
+def test_a_rewrite_that_ignores_the_evidence_gets_one_more_try_then_gives_back_the_plain_reply(factkb_memory):
     # Shown the (right) evidence, the model answers "I'm ready to help. What's your question?": the
-    # rewrite repeats nothing of the evidence, so the reply written without it comes back, as `off` wrote it.
+    # rewrite repeats nothing of the evidence. One more try with that first token banned answers from the
+    # evidence; without the retry, the reply written without evidence comes back, as `off` wrote it.
     home, store = factkb_memory
     question = "What is the capital of the U.S. state of Virginia?"
     off = ask_json(home, "--mode", "off", question)
-    on = ask_json(home, "--mode", "intervene", "--memory", str(store), question)
     assert "Richmond" in off["reply"]
-    assert on["reply"] == off["reply"]
-    (reverted,) = [r for r in on["rounds"] if r["action"] == "reverted"]
-    assert reverted["chosen"]["source"] == "memory:us_state:VA"
+    on = ask_json(home, "--mode", "intervene", "--memory", str(store), question)
+    from surprisegate.grading import first_sentence
+
+    assert "Richmond" in first_sentence(on["reply"])
+    first = on["rounds"][0]
+    assert first["action"] == "rewound" and first["chosen"]["source"] == "memory:us_state:VA"
+    assert first["retries"][0]["rewrite"].strip().startswith("I'm ready to help.")
+    assert "used none of the evidence" in first["retries"][0]["problem"]
+
+    no_retry = {"SURPRISEGATE_RETRY_FAILED_REWRITE": "0"}
+    reverted_run = ask_json(home, "--mode", "intervene", "--memory", str(store), question, env_extra=no_retry)
+    assert reverted_run["reply"] == off["reply"]
+    (reverted,) = [r for r in reverted_run["rounds"] if r["action"] == "reverted"]
     assert reverted["rewritten_text"].strip() == "I'm ready to help."
     assert "used none of the evidence" in reverted["reason"]
-    assert on["canary"]["anchoring"] == 0  # the reply is not anchored in evidence it did not use
+    assert reverted_run["canary"]["anchoring"] == 0  # the reply is not anchored in evidence it did not use
     plain = ask_json(home, "--mode", "intervene", "--memory", str(store), question,
-                     env_extra={"SURPRISEGATE_REVERT_UNUSED_EVIDENCE": "0"})
+                     env_extra=no_retry | {"SURPRISEGATE_REVERT_UNUSED_EVIDENCE": "0"})
     assert "Richmond" not in plain["reply"]  # without the check, the intervention broke a right answer
 
 
