@@ -23,6 +23,7 @@ from typing import Any
 from surprisegate.arms import dates, files, sandbox, status, units
 from surprisegate.arms.tools import extract_computation
 from surprisegate.errors import InputError
+from surprisegate.signals import YES_NO_START
 
 logger = logging.getLogger(__name__)
 
@@ -291,8 +292,6 @@ def arm_order(span_class: str, available: Sequence[str] = DEFAULT_ARMS) -> tuple
 
 # Closed questions name their possible answers: "Were X and Y founded in the same state?" (yes or no),
 # "Who is older, X or Y?" (one of the two), "Between X and Y, who is older?" (one of the two, without "or").
-_YES_NO_START = re.compile(r"^\s*(?:is|are|was|were|do|does|did|can|could|has|have|had|will|would|should|shall)\s",
-                           re.IGNORECASE)
 _WH_WORD = re.compile(r"\b(?:how|what|which|who|whom|whose|when|where|why)\b", re.IGNORECASE)
 _WH_START = re.compile(r"^\s*(?:which|who|whose|whom|what|where|when)\b", re.IGNORECASE)
 _CHOICE_TAIL = re.compile(r"\sor\s(?P<tail>[^?]{1,80})\?\s*$", re.IGNORECASE)
@@ -316,7 +315,7 @@ _COMPARING_WORD = re.compile(
     r"smaller|smallest|bigger|biggest|higher|highest|lower|lowest|earlier|earliest|later|latest|first|last|"
     r"second|more|most|less|least|fewer|fewest|greater|greatest|heavier|heaviest|lighter|faster|fastest|slower|"
     r"newer|newest|closer|closest|farther|further|deeper|deepest|wider|widest|richer|richest|better|best|worse|"
-    r"worst|bigger|both|same|either)\b",
+    r"worst|both|same|either)\b",
     re.IGNORECASE,
 )
 
@@ -328,7 +327,7 @@ def closed_question(question: str) -> str | None:
     compared), while the model's pick among the named answers is often right: on halueval_qa_dev
     (100 seeded items, three configurations) grounding them fixed 0-1 of 15 and broke 2-9.
     """
-    if _YES_NO_START.match(question) and question.rstrip().endswith("?") and not _WH_WORD.search(question):
+    if YES_NO_START.match(question) and question.rstrip().endswith("?") and not _WH_WORD.search(question):
         return "yes_no"
     if "?" not in question:
         return None

@@ -72,6 +72,11 @@ def signal_value(signal: str, surprise: float, entropy: float, copied: bool) -> 
     raise ValueError(f"signal={signal!r} is not one of {', '.join(SIGNALS)}")
 
 
+# A question that opens with an auxiliary verb asks yes or no ("Were X and Y founded in the same state?"):
+# the router leaves it as answered, and the rewrite check expects no kind of answer from it.
+YES_NO_START = re.compile(r"^\s*(?:is|are|was|were|do|does|did|can|could|has|have|had|will|would|should|shall)\s",
+                          re.IGNORECASE)
+
 _KIND_STOPWORDS = frozenset(
     "what which who whom whose where when why how is are was were the a an of in on at to did does do for from "
     "by with as and or its it this that there be become became complete sentence".split())

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from fractions import Fraction
 
 from surprisegate.grading import SENTENCE_STOP, normalise, parse_numbers
+from surprisegate.signals import YES_NO_START
 
 # Function words, and words every templated evidence sentence uses: sharing them shows nothing.
 STOPWORDS = frozenset(
@@ -83,7 +84,6 @@ def uses_evidence(sentence: str, evidence: Iterable[str], question: str = "") ->
     return any(g in said and g not in asked for g in grouped if len(g.split()) > 1)
 
 
-
 # --------------------------------------------------------------------------------------------
 # Does a rewrite answer what was asked? A sentence that repeats its evidence can still answer another
 # question (asked a nationality, it names a person). Only clear mismatches count: a question whose kind
@@ -99,8 +99,6 @@ _EXPECTS = (
         r"|\b(?:what|which)\s(?:[\w'-]+\s){0,4}?(?:population|calling\s+code|atomic\s+number|number|percentage|"
         r"port|version)\b(?!\s*\d)", re.IGNORECASE)),  # "reached number 60" names a number, asks none
 )
-# "Do X and Y have the same nationality?" asks yes or no, whatever its words.
-_YES_NO = re.compile(r"^\s*(?:is|are|was|were|do|does|did|can|could|has|have|had|will|would|should)\s", re.IGNORECASE)
 _MONTH_OR_ERA = re.compile(
     r"\b(?:january|february|march|april|may|june|july|august|september|october|november|december|jan|feb|mar|"
     r"apr|jun|jul|aug|sep|sept|oct|nov|dec|century|centuries|decade|decades|bc|bce|ad|ce|today|yesterday|"
@@ -115,7 +113,7 @@ _DEMONYM = re.compile(
 
 def expected_answer(question: str) -> str | None:
     """"nationality", "time" or "number" when the question clearly asks for that kind of answer, else None."""
-    if _YES_NO.match(question):
+    if YES_NO_START.match(question):  # "Do X and Y have the same nationality?" asks yes or no
         return None
     for kind, pattern in _EXPECTS:
         if pattern.search(question):
@@ -163,10 +161,8 @@ def fits_answer(sentence: str, question: str) -> bool:
         return True
     if kind == "nationality":
         return _names_a_demonym(sentence) or _names_a_country(sentence)
-    has_number = bool(parse_numbers(sentence))
-    if kind == "time":
-        return has_number or bool(_MONTH_OR_ERA.search(sentence))
-    return has_number or bool(_MONTH_OR_ERA.search(sentence))  # "how long": "for a decade"
+    # A time or a number: digits or number words, or a month or era ("how long": "for a decade").
+    return bool(parse_numbers(sentence)) or bool(_MONTH_OR_ERA.search(sentence))
 
 
 def rewrite_problem(sentence: str, evidence: Iterable[str], question: str = "") -> str | None:
