@@ -191,18 +191,28 @@ class _Reply:
 
 
 @dataclass
-class _Unchecked:
-    """The state before a rewrite that has not yet shown it used its evidence: where to go back to."""
+class _Snapshot:
+    """The reply and the backend's context at one moment: where a dropped rewrite goes back to."""
 
-    reply: _Reply  # the reply up to (not including) the triggering token
-    context_tokens: list[int]  # what the backend held at the trigger (the triggering token was never fed)
+    reply: _Reply
+    context_tokens: list[int]  # what the backend held then
     turn_start: int
+
+    @classmethod
+    def take(cls, reply: _Reply, n_reply: int, context: _Context) -> "_Snapshot":
+        return cls(reply.copy(n_reply), list(context.tokens), context.turn_start)
+
+
+@dataclass
+class _Unchecked:
+    """A rewrite that has not yet shown it used its evidence: where to go back to, and where to retry from."""
+
+    before: _Snapshot  # at the trigger: the reply without its triggering token, which was never fed
     span_start: int  # reply index where the first unchecked rewrite begins; nothing from here is shown
     first_round: int  # index in `rounds` of the first round it covers
-    prompt_len: int  # context tokens fed as the prompt; the reply's tokens were fed one at a time
     check_from: int = 0  # reply index of the latest rewind: its sentence is the one checked
     evidence: list[str] = field(default_factory=list)
-    after_injection: "_Unchecked | None" = None  # the state right after the latest injection: a retry starts here
+    after_injection: _Snapshot | None = None  # right after the latest injection: a retry starts here
     tried_again: bool = False  # one more try per rewrite, then it is dropped
 
 
@@ -218,9 +228,12 @@ def _rewrite_verdict(reply: _Reply, unchecked: _Unchecked, question: str, final:
     return True, rewrite_problem(sentence, unchecked.evidence, question)
 
 
-def _restore(backend: SteerableBackend, context: _Context, reply: _Reply, unchecked: _Unchecked) -> np.ndarray:
-    """Put the backend, context and reply back as they were before the unchecked rewrite; the logits to go on."""
-    target = unchecked.context_tokens
+def _restore(backend: SteerableBackend, context: _Context, reply: _Reply, saved: _Snapshot,
+             prompt_len: int) -> np.ndarray:
+    """Put the backend, context and reply back as they were at `saved`; the logits to go on.
+
+    `prompt_len`: context tokens fed as the prompt; the reply's tokens were fed one at a time."""
+    target = saved.context_tokens
     common = 0
     for have, want in zip(context.tokens, target):
         if have != want:
@@ -234,15 +247,15 @@ def _restore(backend: SteerableBackend, context: _Context, reply: _Reply, unchec
         common = 0
     # The same schedule as the first time (prompt in one batch, reply one token at a time): batched and
     # one-token kernels round differently, and the reply must come back exactly as written without evidence.
-    logits = backend.append(target[common:unchecked.prompt_len]) if common < unchecked.prompt_len else None
-    for token in target[max(common, unchecked.prompt_len):]:
+    logits = backend.append(target[common:prompt_len]) if common < prompt_len else None
+    for token in target[max(common, prompt_len):]:
         logits = backend.append([token])
     assert logits is not None
     context.tokens[:] = target
-    context.turn_start = unchecked.turn_start
-    saved = unchecked.reply
-    reply.tokens[:], reply.surprises[:], reply.entropies[:] = saved.tokens, saved.surprises, saved.entropies
-    reply.window_stats[:], reply.pieces[:] = saved.window_stats, saved.pieces
+    context.turn_start = saved.turn_start
+    kept = saved.reply
+    reply.tokens[:], reply.surprises[:], reply.entropies[:] = kept.tokens, kept.surprises, kept.entropies
+    reply.window_stats[:], reply.pieces[:] = kept.window_stats, kept.pieces
     return logits
 
 
@@ -335,7 +348,7 @@ def stream(
         text = reply.text()
         # The rewrite up to the end of the sentence that was checked, not the word that showed it had ended.
         rewritten = text[len(reply.text(start)): sentence_end(text, len(reply.text(unchecked.check_from)))]
-        new_logits = _restore(backend, context, reply, unchecked)
+        new_logits = _restore(backend, context, reply, unchecked.before, len(prompt_tokens))
         for record in rounds[unchecked.first_round:]:
             if record["action"] == "rewound":
                 record.update(action="reverted", rewritten_text=rewritten, reason=(
@@ -363,7 +376,7 @@ def stream(
             banned = frozenset({reply.tokens[start]}) if len(reply.tokens) > start else frozenset()
             how = "rewritten from the rewind point with its first token banned"
             shown = max(0, emitted - start)
-            new_logits = _restore(backend, context, reply, unchecked.after_injection)
+            new_logits = _restore(backend, context, reply, unchecked.after_injection, len(prompt_tokens))
             start_over_from(start)
             yield Rewind(rewound["round"], 0 if holdback else shown, failed, 0)
         rewound.setdefault("retries", []).append({"problem": problem, "rewrite": failed, "how": how})
@@ -426,9 +439,8 @@ def stream(
                 yield trigger
                 before = None
                 if config.revert_unused_evidence and unchecked is None:
-                    before = _Unchecked(reply.copy(len(reply.tokens) - 1), list(context.tokens), context.turn_start,
-                                        span_start=trigger.span_start, first_round=len(rounds),
-                                        prompt_len=len(prompt_tokens))
+                    before = _Unchecked(_Snapshot.take(reply, len(reply.tokens) - 1, context),
+                                        span_start=trigger.span_start, first_round=len(rounds))
                 record, new_logits = yield from _intervene(
                     backend, layout, config, arms, router, question, reply, trigger, emitted, holdback, rounds, context,
                     prefix_tokens, arm_cache,
@@ -440,9 +452,7 @@ def stream(
                     if unchecked is not None:
                         unchecked.check_from = trigger.span_start
                         unchecked.evidence.append(record["chosen"]["evidence"])
-                        unchecked.after_injection = _Unchecked(
-                            reply.copy(len(reply.tokens)), list(context.tokens), context.turn_start,
-                            span_start=trigger.span_start, first_round=len(rounds) - 1, prompt_len=len(prompt_tokens))
+                        unchecked.after_injection = _Snapshot.take(reply, len(reply.tokens), context)
                     injected_total += record["tokens_injected"]
                     start_over_from(len(reply.tokens))
                     continue
