@@ -18,6 +18,7 @@ Results go to OUT/results.jsonl (one line per item × mode, resumable) and OUT/r
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -287,12 +288,12 @@ def evaluate(data: str | Path, modes: Sequence[str], backend, config: Config, ar
     # Two passes: the oracle needs every item's `off` reply and the gate's count of grounded replies first.
     todo = [(it, m) for it in items for m in modes if m != "oracle" and (it["id"], m) not in done]
     oracle_left = sum(1 for it in items if (it["id"], "oracle") not in done) if "oracle" in modes else 0
-    count = {"i": 0}
+    steps = itertools.count(1)
 
     def tick(note: str) -> None:
-        count["i"] += 1
+        step = next(steps)
         if progress:
-            progress(count["i"], len(todo) + oracle_left, note)
+            progress(step, len(todo) + oracle_left, note)
 
     def run(item: dict, mode: str) -> dict:
         started = time.monotonic()
@@ -302,12 +303,16 @@ def evaluate(data: str | Path, modes: Sequence[str], backend, config: Config, ar
         writer.append(run(item, mode))
         tick(f"{mode} {item['id']}")
     ids = {it["id"] for it in items}
-    rows = [r for r in read_receipts(results_path) if r["id"] in ids and r["mode"] in modes]
+
+    def saved_rows() -> list[dict]:
+        return [r for r in read_receipts(results_path) if r["id"] in ids and r["mode"] in modes]
+
+    rows = saved_rows()
     oracle = None
     if "oracle" in modes:
         budget, source = oracle_budget(_latest(rows, "intervene"), oracle_calls)
         chosen = _oracle_pass(items, rows, budget, seed, lambda it: run(it, "oracle"), writer, tick)
-        rows = [r for r in read_receipts(results_path) if r["id"] in ids and r["mode"] in modes]
+        rows = saved_rows()
         oracle = oracle_summary(rows, budget, source, chosen)
     summary = summarise(rows, modes)
     if oracle is not None:
