@@ -42,6 +42,9 @@ class Config:
         "help": "tokens in the window before it may trigger (capped at window)"})
     kind_thresholds: dict = field(default_factory=lambda: dict(calibrated.KIND_THRESHOLDS), metadata={
         "help": "per-kind-of-question thresholds (bits) learned by calibrate; other kinds use threshold"})
+    top_logprobs: int = field(default=0, metadata={
+        "help": "keep the k most likely tokens' logprobs (natural log) of every reply token in the receipt, "
+                "0..20 (`label` keeps 20: what a server can send)"})
     tail_cut: float = field(default=4.0, metadata={"help": "bits above which a token counts toward tail mass"})
     # --- intervention ---
     max_rounds: int = field(default=2, metadata={"help": "most grounding rounds per reply"})
@@ -129,6 +132,9 @@ def _validate(c: Config) -> None:
     choice("stream", STREAM_POLICIES)
     choice("injection", INJECTIONS)
     choice("tool_python_sandbox", ("auto", "bwrap", "rlimits"))
+    if not 0 <= c.top_logprobs <= 20:
+        _fail("top_logprobs", c.top_logprobs, "use a whole number from 0 (none) to 20, the most a server sends",
+              "argument")
     if not 1 <= c.window <= 512:
         _fail("window", c.window, "use a whole number of tokens between 1 and 512, e.g. 16", "argument")
     if not isinstance(c.kind_thresholds, dict) or not all(

@@ -31,7 +31,7 @@ from .events import Done, Event, Grounding, Rewind, Token, Trigger
 from .prompting import PromptLayout, chat_messages
 from .signals import CopyTracker, question_kind, signal_value
 from .support import cut_short, rewrite_problem, sentence_end, sentence_start
-from .surprise import RollingWindow, aggregates, surprise_and_entropy
+from .surprise import RollingWindow, aggregates, surprise_and_entropy, top_logprobs
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,15 +179,18 @@ class _Reply:
     entropies: list[float] = field(default_factory=list)
     window_stats: list[float] = field(default_factory=list)  # rolling statistic right after each token
     pieces: list[bytes] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)  # top-k logprobs (config.top_logprobs)
 
     def text(self, upto: int | None = None) -> str:
         return b"".join(self.pieces[:upto]).decode("utf-8", "replace")
 
     def cut(self, n: int) -> None:
         del self.tokens[n:], self.surprises[n:], self.entropies[n:], self.window_stats[n:], self.pieces[n:]
+        del self.top[n:]
 
     def copy(self, n: int) -> "_Reply":
-        return _Reply(self.tokens[:n], self.surprises[:n], self.entropies[:n], self.window_stats[:n], self.pieces[:n])
+        return _Reply(self.tokens[:n], self.surprises[:n], self.entropies[:n], self.window_stats[:n], self.pieces[:n],
+                      self.top[:n])
 
 
 @dataclass
@@ -255,7 +258,7 @@ def _restore(backend: SteerableBackend, context: _Context, reply: _Reply, saved:
     context.turn_start = saved.turn_start
     kept = saved.reply
     reply.tokens[:], reply.surprises[:], reply.entropies[:] = kept.tokens, kept.surprises, kept.entropies
-    reply.window_stats[:], reply.pieces[:] = kept.window_stats, kept.pieces
+    reply.window_stats[:], reply.pieces[:], reply.top[:] = kept.window_stats, kept.pieces, kept.top
     return logits
 
 
@@ -404,6 +407,8 @@ def stream(
         reply.surprises.append(s)
         reply.entropies.append(entropy)
         reply.pieces.append(backend.token_bytes(token))
+        if config.top_logprobs:
+            reply.top.append([(t, round(lp, 4)) for t, lp in top_logprobs(logits, config.top_logprobs)])
 
         triggered = False
         pushed = None
@@ -494,6 +499,7 @@ def stream(
         "token_surprises": [round(x, 4) for x in reply.surprises] if scored else [],
         "token_entropies": [round(x, 4) for x in reply.entropies] if scored else [],
         "token_ids": list(reply.tokens),
+        "token_top_logprobs": [[list(pair) for pair in top] for top in reply.top],
         "rounds": rounds,
         "would_trigger": would_trigger,
         "latency_ms": round((time.monotonic() - started) * 1000, 2),
@@ -652,6 +658,6 @@ def build_receipt_for(backend: SteerableBackend, question: str, config: Config, 
         mode=config.mode,
         finish_reason=result["finish_reason"],
         extra={k: result[k] for k in ("tokens_decoded", "tokens_injected", "prompt_tokens", "token_surprises",
-                                      "token_entropies", "token_ids", "question_kind", "threshold",
+                                      "token_entropies", "token_ids", "token_top_logprobs", "question_kind", "threshold",
                                       "would_trigger", "latency_ms")},
     )

@@ -21,6 +21,20 @@ def surprise_bits(logprob: float) -> float:
     return -logprob / LN2
 
 
+def top_logprobs(logits: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The `k` most likely tokens with their natural-log probabilities, most likely first: what an
+    inference server streams with each token (OpenAI `top_logprobs`), so signals can be checked on it."""
+    if k <= 0:
+        return []
+    x = logits.astype(np.float64, copy=False)
+    m = float(x.max())
+    log_z = m + math.log(float(np.exp(x - m).sum()))
+    k = min(k, x.size)
+    top = np.argpartition(-x, k - 1)[:k]
+    top = top[np.lexsort((top, -x[top]))]  # most likely first; ties by token id, so the order is stable
+    return [(int(t), float(x[t]) - log_z) for t in top]
+
+
 def surprise_and_entropy(logits: np.ndarray, token_id: int) -> tuple[float, float]:
     """Surprise of `token_id` and entropy of softmax(logits), both in bits. Reads `logits`, never writes it.
 
