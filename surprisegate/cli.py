@@ -135,9 +135,9 @@ def ensure_demo(quiet: bool = True) -> Path:
 
 
 def load_backend_for(config: Config):
-    from .backends import load_backend
+    from .backends.registry import open_backend
 
-    return load_backend(config.backend, config.model or None, n_ctx=config.n_ctx, seed=config.seed,
+    return open_backend(config.backend, config.model or None, n_ctx=config.n_ctx, seed=config.seed,
                         threads=config.threads)
 
 

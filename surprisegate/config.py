@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import calibrated
+from .backends.registry import parse_backend
 from .errors import ConfigError
 from .signals import SIGNALS
 from .surprise import STATISTICS
@@ -90,7 +91,8 @@ class Config:
     stream: str = field(default="holdback", metadata={
         "help": "holdback: show a token once it left the window (can't be rewound) | emit: at once, with rewind events"})
     # --- decoding ---
-    backend: str = field(default="llamacpp", metadata={"help": "llamacpp | transformers"})
+    backend: str = field(default="llamacpp", metadata={
+        "help": "llamacpp | transformers (in-process), or a server URI such as llama-server://HOST:PORT"})
     model: str = field(default="", metadata={"help": "GGUF path or HF model dir; empty = embedded SmolLM2-135M"})
     system_prompt: str = field(
         default="You are a helpful assistant. Answer the question in one short sentence.",
@@ -175,8 +177,7 @@ def _validate(c: Config) -> None:
         _fail("n_ctx", c.n_ctx, "use a context size between 64 and 1048576 tokens", "argument")
     if not 0 <= c.threads <= 1024:
         _fail("threads", c.threads, "use 0 (all cores) or a number of threads", "argument")
-    if c.backend not in ("llamacpp", "transformers"):
-        _fail("backend", c.backend, "use one of llamacpp, transformers", "argument")
+    parse_backend(c.backend)  # a name or URI from the one registry; its error names the choices
 
 
 _FIELD_TYPES = {f.name: f for f in fields(Config)}

@@ -2,12 +2,14 @@
 the doubtful span, rewind it (KV cache kept for everything before it), inject evidence, resume.
 
 Layered like mlx-lm's generate.py:
-  decode_step   one token from logits: (token id, surprise in bits, entropy in bits)
-  stream        the loop; yields Token / Trigger / Grounding / Rewind / Done events
-  generate      runs the stream to the end and returns the result with its receipt
+  step      the backend seam: `session.steps(tokens)` continues a context and yields Steps
+            (token, piece, surprise, entropy, top-k logprobs); backends/__init__.py
+  stream    the loop (`_ReplyLoop`); yields Token / Trigger / Grounding / Rewind / Done events
+  generate  runs the stream to the end and returns the result with its receipt
 
-The controller knows no backend or arm by name: it gets a `SteerableBackend` and a mapping of arm name
-to `Arm`, and the router decides the order.
+Its parts: the window and trigger policy (trigger.py, shared with calibrate), the emitter (holdback or
+emit streaming), the reply state, and the round (arm calls in grounding.py). The controller knows no
+backend or arm by name: it gets a `SteerableBackend` and a mapping of arm name to `Arm`.
 """
 
 from __future__ import annotations
@@ -15,145 +17,23 @@ from __future__ import annotations
 import codecs
 import math
 import re
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-import numpy as np
-
 from .arms import Arm, Evidence, Query
-from .backends import SteerableBackend
+from .backends import Sampling, SteerableBackend, Step
 from .config import Config, evidence_text
-from .router import closed_question
 from .events import Done, Event, Grounding, Rewind, Token, Trigger
-from .prompting import PromptLayout, chat_messages
-from .signals import CopyTracker, question_kind, signal_value
+from .grounding import arm_order, ground_round
+from .prompting import PromptLayout, conversation, last_user_turn
+from .receipts import ConvergenceRecord
+from .router import closed_question
 from .support import cut_short, rewrite_problem, sentence_end, sentence_start
-from .surprise import RollingWindow, aggregates, surprise_and_entropy, top_logprobs
+from .surprise import aggregates
+from .trigger import TriggerPolicy
 
-
-# --------------------------------------------------------------------------------------------
-# step
-# --------------------------------------------------------------------------------------------
-def decode_step(logits: np.ndarray, temperature: float, rng: np.random.Generator | None,
-                scored: bool, banned: frozenset[int] = frozenset()) -> tuple[int, float, float]:
-    """Pick the next token (never one of `banned`); return it with its surprise and the entropy (bits).
-
-    Both come from the raw distribution (temperature 1) whatever the sampling temperature. Never writes
-    `logits`. The entropy costs one dot product on top of the normaliser the surprise needs.
-    """
-    choose_from = logits
-    if banned:  # a masked copy, only for the one step of a retry
-        choose_from = logits.copy()
-        choose_from[list(banned)] = -np.inf
-    if temperature <= 0.0:
-        token = int(choose_from.argmax())
-    else:
-        z = choose_from.astype(np.float64) / temperature
-        p = np.exp(z - z.max())
-        token = int(rng.choice(p.size, p=p / p.sum()))
-    if not scored:
-        return token, math.nan, math.nan
-    return (token, *surprise_and_entropy(logits, token))
-
-
-# --------------------------------------------------------------------------------------------
-# grounding round
-# --------------------------------------------------------------------------------------------
-def call_with_deadline(fn: Callable[[], Any], deadline: float) -> tuple[str, Any]:
-    """Run fn in a daemon thread; return ("ok", value) | ("error", exc) | ("timeout", None) by `deadline`.
-
-    A daemon thread, so an arm stuck in DNS or a dead socket can never stall the reply or the exit.
-    """
-    box: dict[str, Any] = {}
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - reported, never raised into the loop
-            box["error"] = exc
-        finally:
-            done.set()
-
-    threading.Thread(target=run, daemon=True, name="surprisegate-arm").start()
-    if not done.wait(max(0.0, deadline - time.monotonic())):
-        return "timeout", None
-    if "error" in box:
-        return "error", box["error"]
-    return "ok", box.get("value")
-
-
-def arm_order(config: Config, span_class: str, arms: Mapping[str, Arm]) -> tuple[str, ...]:
-    """The configured order for the span's class, keeping only the arms this run has."""
-    configured = config.arm_order_computable if span_class == "computable" else config.arm_order_other
-    return tuple(a for a in configured if a in arms)
-
-
-def ground_round(arms: Mapping[str, Arm], order: Sequence[str], query: Query, deadline: float,
-                 cache: dict | None = None, margin: float = 0.0) -> tuple[Evidence | None, list[dict]]:
-    """Try arms in order until one returns evidence that covers the question by at least `margin`; keep
-    the best evidence of those asked. All of it under one hard deadline.
-
-    With `margin` 0 the first arm with evidence wins. Above it, weak evidence (a passage about a
-    neighbouring entity) lets the next arm be asked too, and the higher confidence wins (ties: the first).
-    `cache` (per reply) remembers each arm's answer to a question: a later round of the same reply asks
-    the same question, and paying for the same lookup twice buys nothing.
-    """
-    reports: list[dict] = []
-    best: Evidence | None = None
-    for name in order:
-        results, report = _ask_arm(arms, name, query, deadline, cache)
-        reports.append(report)
-        if results and (best is None or results[0].confidence > best.confidence):
-            if best is not None:
-                report["arbitration"] = f"kept over the weaker {best.source} ({best.confidence:.3f} < margin {margin})"
-            best = results[0]
-        if best is not None and best.confidence >= margin:
-            break
-        if best is not None:
-            report.setdefault("arbitration", f"{best.source} covers the question by {best.confidence:.3f} < "
-                                              f"margin {margin}: asking the next arm too")
-    return best, reports
-
-
-def _ask_arm(arms: Mapping[str, Arm], name: str, query: Query, deadline: float,
-             cache: dict | None) -> tuple[list[Evidence], dict]:
-    """One arm's evidence for the query, and its report for the receipt."""
-    key = (name, query.question, query.span_class)
-    if cache is not None and key in cache:
-        results = cache[key]
-        return results, {"arm": name, "status": "ok" if results else "empty", "cached": True, "latency_ms": 0.0,
-                         "results": [e.to_dict() for e in results]}
-    arm = arms.get(name)
-    if arm is None:
-        return [], {"arm": name, "status": "skipped", "reason": "arm not configured", "latency_ms": 0.0, "results": []}
-    if time.monotonic() >= deadline:
-        return [], {"arm": name, "status": "timeout", "reason": "round deadline passed before this arm",
-                    "latency_ms": 0.0, "results": []}
-    started = time.monotonic()
-    status, value = call_with_deadline(lambda: arm.ground(query, deadline), deadline)
-    report = {"arm": name, "query": {"span": query.span, "question": query.question, "sentence": query.sentence},
-              "status": status, "latency_ms": round((time.monotonic() - started) * 1000, 2), "results": []}
-    results: list[Evidence] = []
-    if status == "error":
-        report["error"] = f"{type(value).__name__}: {value}"
-        if isinstance(value, TimeoutError):  # the arm gave up at the deadline itself
-            report["status"] = "timeout"
-    elif status == "ok":
-        results = list(value or [])
-        if cache is not None:
-            cache[key] = results
-        report["results"] = [e.to_dict() for e in results]
-        report["status"] = "ok" if results else "empty"
-    return results, report
-
-
-# --------------------------------------------------------------------------------------------
-# stream
-# --------------------------------------------------------------------------------------------
 _SENTENCE_END = re.compile(r"[.!?](?:\s|$)")
 
 
@@ -164,25 +44,42 @@ def _current_sentence(text: str) -> str:
     return text[ends[-1]:].strip() if ends else text.strip()
 
 
+# --------------------------------------------------------------------------------------------
+# the reply state
+# --------------------------------------------------------------------------------------------
 @dataclass
 class _Context:
-    tokens: list[int]  # every token the backend holds, in order
+    tokens: list[int]  # every token the model holds (or is about to: the step just accepted), in order
     turn_start: int  # index where the current assistant turn's header begins
 
 
 @dataclass
 class _Reply:
-    """The visible reply: token ids, their surprises and bytes. Kept apart from the model's context."""
+    """The visible reply: token ids, their signals and bytes. Kept apart from the model's context."""
 
     tokens: list[int] = field(default_factory=list)
     surprises: list[float] = field(default_factory=list)
     entropies: list[float] = field(default_factory=list)
     window_stats: list[float] = field(default_factory=list)  # rolling statistic right after each token
     pieces: list[bytes] = field(default_factory=list)
-    top: list[list[tuple[int, float]]] = field(default_factory=list)  # top-k logprobs (config.top_logprobs)
+    top: list[tuple[tuple[int, float], ...]] = field(default_factory=list)  # top-k logprobs (config.top_logprobs)
+
+    def add(self, step: Step, window_stat: float) -> None:
+        assert step.token is not None
+        self.tokens.append(step.token)
+        self.surprises.append(step.surprise)
+        self.entropies.append(step.entropy)
+        self.pieces.append(step.piece)
+        self.window_stats.append(window_stat)
+        if step.top_logprobs:
+            self.top.append(step.top_logprobs)
 
     def text(self, upto: int | None = None) -> str:
         return b"".join(self.pieces[:upto]).decode("utf-8", "replace")
+
+    def tail(self, start: int) -> str:
+        """The text of the reply from token `start` on."""
+        return self.text()[len(self.text(start)):]
 
     def cut(self, n: int) -> None:
         del self.tokens[n:], self.surprises[n:], self.entropies[n:], self.window_stats[n:], self.pieces[n:]
@@ -192,13 +89,17 @@ class _Reply:
         return _Reply(self.tokens[:n], self.surprises[:n], self.entropies[:n], self.window_stats[:n], self.pieces[:n],
                       self.top[:n])
 
+    def restore(self, kept: "_Reply") -> None:
+        for name in ("tokens", "surprises", "entropies", "window_stats", "pieces", "top"):
+            getattr(self, name)[:] = getattr(kept, name)
+
 
 @dataclass
 class _Snapshot:
-    """The reply and the backend's context at one moment: where a dropped rewrite goes back to."""
+    """The reply and the model's context at one moment: where a dropped rewrite goes back to."""
 
     reply: _Reply
-    context_tokens: list[int]  # what the backend held then
+    context_tokens: list[int]  # what the model held then
     turn_start: int
 
     @classmethod
@@ -231,46 +132,55 @@ def _rewrite_verdict(reply: _Reply, unchecked: _Unchecked, question: str, final:
     return True, rewrite_problem(sentence, unchecked.evidence, question)
 
 
-def _restore(backend: SteerableBackend, context: _Context, reply: _Reply, saved: _Snapshot,
-             prompt_len: int) -> np.ndarray:
-    """Put the backend, context and reply back as they were at `saved`; the logits to go on.
-
-    `prompt_len`: context tokens fed as the prompt; the reply's tokens were fed one at a time."""
-    target = saved.context_tokens
-    common = 0
-    for have, want in zip(context.tokens, target):
-        if have != want:
-            break
-        common += 1
-    common = min(common, len(target) - 1)  # re-feed at least one token: its logits pick the next one
-    if backend.can_trim():
-        backend.trim(len(context.tokens) - common)
-    else:
-        backend.reset()
-        common = 0
-    # The same schedule as the first time (prompt in one batch, reply one token at a time): batched and
-    # one-token kernels round differently, and the reply must come back exactly as written without evidence.
-    logits = backend.append(target[common:prompt_len]) if common < prompt_len else None
-    for token in target[max(common, prompt_len):]:
-        logits = backend.append([token])
-    assert logits is not None
-    context.tokens[:] = target
-    context.turn_start = saved.turn_start
-    kept = saved.reply
-    reply.tokens[:], reply.surprises[:], reply.entropies[:] = kept.tokens, kept.surprises, kept.entropies
-    reply.window_stats[:], reply.pieces[:], reply.top[:] = kept.window_stats, kept.pieces, kept.top
-    return logits
+def _trigger_dict(t: Trigger) -> dict:
+    return {"token_index": t.token_index, "statistic": t.statistic, "value": round(t.value, 4),
+            "threshold": t.threshold, "span_start": t.span_start, "span_text": t.span_text}
 
 
+# --------------------------------------------------------------------------------------------
+# the emitter
+# --------------------------------------------------------------------------------------------
+class _Emitter:
+    """Sends visible tokens as Token events: once they can no longer be rewound (`holdback`), or at
+    once with Rewind events that retract them (`emit`)."""
+
+    def __init__(self, holdback: bool) -> None:
+        self.holdback = holdback
+        self.emitted = 0  # visible tokens already sent
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def upto(self, reply: _Reply, n: int, final: bool = False) -> Iterator[Token]:
+        while self.emitted < n:
+            i = self.emitted
+            text = self._decoder.decode(reply.pieces[i], final=final and i == n - 1)
+            self.emitted += 1
+            yield Token(i, reply.tokens[i], text, reply.surprises[i], reply.window_stats[i])
+
+    def shown_after(self, start: int) -> int:
+        """Visible tokens from reply index `start` on that a consumer must retract (emit streaming)."""
+        return 0 if self.holdback else max(0, self.emitted - start)
+
+    def restart(self, reply: _Reply, n: int) -> None:
+        """The reply was cut back to `n` tokens: emit streaming resumes there."""
+        if not self.holdback:
+            self.emitted = min(self.emitted, n)
+            self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+            self._decoder.decode(b"".join(reply.pieces[:self.emitted]), final=False)
+
+
+# --------------------------------------------------------------------------------------------
+# stream
+# --------------------------------------------------------------------------------------------
 def stream(
     backend: SteerableBackend,
-    question: str,
+    messages: Sequence[dict[str, str]] | str,
     config: Config,
     arms: Mapping[str, Arm] | None = None,
     router: Callable[..., Any] | None = None,
     assistant_prefix: str = "",
 ) -> Iterator[Event]:
-    """Generate one reply to `question`, yielding events. Mutates the backend's context (KV cache).
+    """Generate one reply to a chat (`messages`, or one question string), yielding events. The arms'
+    query is the last user turn. Uses one session of the backend for the whole reply.
 
     `assistant_prefix` starts the assistant's turn (a cloze such as "The capital of Chad is"): the model
     continues it; the visible reply is the continuation.
@@ -278,329 +188,330 @@ def stream(
     Token events carry text once it can no longer be rewound (`holdback`), or at once with explicit
     Rewind events (`emit`). The last event is Done, which carries the receipt.
     """
-    arms = dict(arms or {})
     if router is None:
         from .router import route as router
-    scored = config.mode != "off"
-    intervening = config.mode == "intervene"
-    started = time.monotonic()
-    rng = np.random.default_rng(config.seed) if config.temperature > 0 else None
+    loop = _ReplyLoop(backend, conversation(messages, config.system_prompt), config, dict(arms or {}), router,
+                      assistant_prefix)
+    try:
+        yield from loop.run()
+    finally:
+        loop.close()
 
-    messages = chat_messages(question, config.system_prompt)
-    layout = PromptLayout.from_template(backend.chat_prompt, messages)
-    prefix_tokens = backend.tokenize(assistant_prefix) if assistant_prefix else []
-    open_tokens = backend.tokenize(layout.open_assistant)
-    prompt_tokens = backend.tokenize(layout.body) + open_tokens + prefix_tokens
 
-    backend.reset()
-    logits = backend.append(prompt_tokens)
-    # What the backend holds (lets a backend that cannot trim re-prefill) and where the assistant turn opens.
-    context = _Context(list(prompt_tokens), turn_start=len(prompt_tokens) - len(prefix_tokens) - len(open_tokens))
-    window = RollingWindow(config.window, config.statistic)
-    pushed_at: list[int] = []  # reply index of each value pushed since the last reset
-    # Per-kind threshold (calibrated per-category normalisation), else the global one.
-    kind = question_kind(question)
-    threshold = config.kind_thresholds.get(kind, config.threshold)
-    # Which tokens merely copy the question (or a cloze prefix): the "novel" signals skip them.
-    copies = CopyTracker(question + " " + assistant_prefix) if config.signal.startswith("novel") else None
-    reply = _Reply()
-    rounds: list[dict] = []
-    unchecked: _Unchecked | None = None  # a rewrite whose sentence is not finished: held back until checked
-    reverted = False  # a rewrite ignored its evidence and was dropped: no further rounds in this reply
-    banned: frozenset[int] = frozenset()  # tokens the next step may not pick (a retry of a failed rewrite)
-    arm_cache: dict = {}  # per reply: (arm, question, class) -> evidence list
-    would_trigger: list[dict] = []  # detect mode: crossings recorded, never acted on
-    decoded = 0  # every token sampled, including dropped ones
-    window_max = 0.0  # highest statistic of a window eligible to trigger, over every token decoded
-    injected_total = 0
-    finish_reason = "length"
-    emitted = 0  # visible tokens already sent as Token events
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    emitted_texts: list[str] = []
-    holdback = config.stream == "holdback"
-    eos = backend.eos_token_ids
-    max_decoded = config.max_tokens * (config.max_rounds + 2) + 8  # every round may rewrite, a revert redo
+class _ReplyLoop:
+    """One reply: its session on the backend, its reply state, trigger policy, emitter and rounds."""
 
-    def emit_upto(n: int, final: bool = False) -> Iterator[Token]:
-        nonlocal emitted
-        while emitted < n:
-            i = emitted
-            text = decoder.decode(reply.pieces[i], final=final and i == n - 1)
-            emitted_texts.append(text)
-            emitted += 1
-            yield Token(i, reply.tokens[i], text, reply.surprises[i], reply.window_stats[i])
+    def __init__(self, backend: SteerableBackend, messages: list[dict[str, str]], config: Config,
+                 arms: dict[str, Arm], router: Callable[..., Any], assistant_prefix: str) -> None:
+        self.backend, self.config, self.arms, self.router = backend, config, arms, router
+        self.messages = messages
+        self.question = last_user_turn(messages)
+        self.started = time.monotonic()
+        self.scored = config.mode != "off"
+        self.intervening = config.mode == "intervene"
+        self.sampling = Sampling(config.temperature, config.seed, self.scored, config.top_logprobs)
+        self.layout = PromptLayout.from_template(backend.chat_prompt, messages)
+        # The cloze prefix is the user's text: plain tokens, like every message.
+        self.prefix_tokens = backend.tokenize(assistant_prefix) if assistant_prefix else []
+        self.open_tokens = self.layout.open_tokens(backend.tokenize)
+        self.prompt_tokens = self.layout.body_tokens(backend.tokenize) + self.open_tokens + self.prefix_tokens
+        turn_start = len(self.prompt_tokens) - len(self.prefix_tokens) - len(self.open_tokens)
+        self.context = _Context(list(self.prompt_tokens), turn_start)
+        self.policy = TriggerPolicy(config, self.question, assistant_prefix)
+        self.emitter = _Emitter(config.stream == "holdback")
+        self.reply = _Reply()
+        self.rounds: list[ConvergenceRecord] = []
+        self.would_trigger: list[dict] = []  # detect mode: crossings recorded, never acted on
+        self.unchecked: _Unchecked | None = None  # a rewrite whose sentence is not finished: held back
+        self.reverted = False  # a rewrite failed its check and was dropped: no further rounds
+        self.arm_cache: dict = {}  # per reply: (arm, question, class) -> evidence list
+        self.decoded = 0  # every token sampled, including dropped ones
+        self.injected_total = 0
+        self.finish_reason = "length"
+        self.eos = backend.eos_token_ids
+        self.max_decoded = config.max_tokens * (config.max_rounds + 2) + 8  # every round may rewrite, a revert redo
+        self.session = backend.session()
+        self.steps: Iterator[Step] = iter(())
 
-    def start_over_from(n: int) -> None:
+    def close(self) -> None:
+        self.steps.close() if hasattr(self.steps, "close") else None
+        self.session.close()
+
+    # --- the loop -------------------------------------------------------------------------------
+    def run(self) -> Iterator[Event]:
+        c, reply = self.config, self.reply
+        self._continue_from(self.prompt_tokens)
+        while len(reply.tokens) < c.max_tokens and self.decoded < self.max_decoded:
+            step = next(self.steps)
+            self.decoded += 1
+            if step.token in self.eos:
+                if (yield from self._end_of_turn()):
+                    break
+                continue
+            value, crossed = self._measure(step)
+            reply.add(step, value)
+            if crossed and self._may_trigger() and (yield from self._on_trigger(value)):
+                continue  # rewound: the next step continues after the injected evidence
+            if self.unchecked is not None and (yield from self._check_rewrite(len(reply.tokens) >= c.max_tokens)):
+                continue  # a failed rewrite went back (or is tried again)
+            self.context.tokens.append(step.token)  # fed when the next step is asked for
+            yield from self.emitter.upto(reply, self._final_upto())
+        yield from self.emitter.upto(reply, len(reply.tokens), final=True)
+        yield self._done()
+
+    def _continue_from(self, tokens: list[int], batch_until: int | None = None,
+                       banned: frozenset[int] = frozenset()) -> None:
+        """Abort the current steps and continue the session from `tokens`."""
+        close = getattr(self.steps, "close", None)
+        if close is not None:
+            close()
+        self.steps = self.session.steps(tokens, self.sampling, batch_until=batch_until, banned=banned)
+
+    def _measure(self, step: Step) -> tuple[float, bool]:
+        """The window statistic after this step, and whether an eligible window crossed the threshold."""
+        if not self.scored:
+            return math.nan, False
+        return self.policy.push(len(self.reply.tokens), step.piece.decode("utf-8", "replace"),
+                                step.surprise, step.entropy)
+
+    def _may_trigger(self) -> bool:
+        return len(self.rounds) + len(self.would_trigger) < self.config.max_rounds and not self.reverted
+
+    def _final_upto(self) -> int:
+        """Reply tokens that can no longer change: safe to show in holdback streaming."""
+        n = len(self.reply.tokens)
+        if not self.emitter.holdback:
+            return n
+        can_rewind = self.intervening and len(self.rounds) < self.config.max_rounds and not self.reverted
+        final_upto = self.policy.first_rewindable(n) if can_rewind else n
+        return min(final_upto, self.unchecked.span_start) if self.unchecked is not None else final_upto
+
+    def _start_over_from(self, n: int) -> None:
         """The reply was cut back to `n` tokens: the window starts afresh and emit streaming resumes there."""
-        nonlocal emitted, decoder
-        window.reset()
-        pushed_at.clear()
-        if copies:
-            copies.reset_word()  # the word in progress was dropped with the span
-        if not holdback:
-            emitted = min(emitted, n)
-            del emitted_texts[emitted:]
-            decoder = codecs.getincrementaldecoder("utf-8")("replace")
-            decoder.decode(b"".join(reply.pieces[:emitted]), final=False)
+        self.policy.reset(word_dropped=True)
+        self.emitter.restart(self.reply, n)
 
-    def revert(problem: str) -> Iterator[Event]:
-        """The rewrite failed its check: back to the reply written without it; no more rounds."""
-        nonlocal unchecked, reverted
-        assert unchecked is not None
-        start = unchecked.span_start
-        text = reply.text()
-        # The rewrite up to the end of the sentence that was checked, not the word that showed it had ended.
-        rewritten = text[len(reply.text(start)): sentence_end(text, len(reply.text(unchecked.check_from)))]
-        new_logits = _restore(backend, context, reply, unchecked.before, len(prompt_tokens))
-        for record in rounds[unchecked.first_round:]:
-            if record["action"] == "rewound":
-                record.update(action="reverted", rewritten_text=rewritten, reason=(
-                    f"{record['reason']}, but the rewrite {rewritten.strip()[:80]!r} {problem}: "
-                    "kept the reply written without it"))
-        shown = max(0, emitted - start)
-        unchecked, reverted = None, True
-        start_over_from(start)
-        yield Rewind(rounds[-1]["round"], 0 if holdback else shown, rewritten, 0, reverted=True)
-        return new_logits
+    # --- a trigger and its round ------------------------------------------------------------------
+    def _on_trigger(self, value: float) -> Iterator[Event]:
+        """Record (detect) or act on (intervene) a crossing; True when the reply was rewound."""
+        reply, policy = self.reply, self.policy
+        trigger = Trigger(token_index=len(reply.tokens) - 1, statistic=policy.statistic_name, value=value,
+                          threshold=policy.threshold, span_start=policy.span_start,
+                          span_text=reply.tail(policy.span_start), round=len(self.rounds) + len(self.would_trigger) + 1)
+        if not self.intervening:
+            self.would_trigger.append(_trigger_dict(trigger))
+            policy.reset()
+            return False
+        yield trigger
+        before = None
+        if self.config.revert_unused_evidence and self.unchecked is None:
+            before = _Unchecked(_Snapshot.take(reply, len(reply.tokens) - 1, self.context),
+                                span_start=trigger.span_start, first_round=len(self.rounds))
+        record = yield from self._round(trigger)
+        self.rounds.append(record)
+        if record.action != "rewound":
+            policy.reset()  # after a round (acted on or not) the window starts afresh
+            return False
+        self.unchecked = self.unchecked or before
+        if self.unchecked is not None:
+            self.unchecked.check_from = trigger.span_start
+            self.unchecked.evidence.append(record.evidence or "")
+            self.unchecked.after_injection = _Snapshot.take(reply, len(reply.tokens), self.context)
+        self.injected_total += record.tokens_injected
+        self._start_over_from(len(reply.tokens))
+        return True
 
-    def try_again(problem: str, at_end_of_turn: bool, current: np.ndarray) -> Iterator[Event]:
+    def _round(self, trigger: Trigger) -> Iterator[Event]:
+        """One grounding round: route, ask the arms, and rewind with the evidence or resume unmodified."""
+        started = time.monotonic()
+        c = self.config
+        prefix_text = b"".join(self.backend.token_bytes(t) for t in self.prefix_tokens).decode("utf-8", "replace")
+        # The sentence so far includes a cloze prefix the assistant turn started with.
+        query = Query(span=trigger.span_text.strip(), question=self.question,
+                      sentence=_current_sentence(prefix_text + self.reply.text()))
+        route = self.router(query.span, query.question, query.sentence, available=tuple(self.arms))
+        # A question that names its answers ("X or Y?", "Were X and Y ...?") is left as the model answered
+        # it: one snippet rarely compares the two, and grounding broke more such answers than it fixed.
+        closed = None if c.ground_closed_questions or route.span_class == "computable" else closed_question(query.question)
+        order = () if closed else arm_order(c, route.span_class, self.arms)
+        query = Query(query.span, query.question, query.sentence, span_class=route.span_class)
+        chosen, reports = ground_round(self.arms, order, query, started + c.round_deadline_s, self.arm_cache,
+                                       c.arbitration_margin)
+        record = ConvergenceRecord(round=trigger.round, trigger=_trigger_dict(trigger), span_class=route.span_class,
+                                   route_rule=route.rule, closed_question=closed, arm_order=list(order), arms=reports,
+                                   chosen=chosen.to_dict() if chosen else None)
+        resumed = self._why_not_rewind(record, chosen, closed)
+        if resumed is not None:
+            record.reason = resumed
+            record.latency_ms = round((time.monotonic() - started) * 1000, 2)
+            yield Grounding(trigger.round, route.span_class, order, False, chosen.source if chosen else None,
+                            chosen.evidence if chosen else None, resumed)
+            return record
+        assert chosen is not None
+        yield Grounding(trigger.round, route.span_class, order, True, chosen.source, chosen.evidence, "evidence accepted")
+        yield from self._rewind(record, trigger, chosen)
+        record.latency_ms = round((time.monotonic() - started) * 1000, 2)
+        return record
+
+    def _why_not_rewind(self, record: ConvergenceRecord, chosen: Evidence | None, closed: str | None) -> str | None:
+        """Why the round resumes unmodified, or None when the evidence goes in."""
+        if chosen is None:
+            if closed:
+                return (f"closed question ({closed}): its answer is one of the options it names; "
+                        "set ground_closed_questions = true to ground it anyway")
+            statuses = ", ".join(f"{r['arm']}: {r['status']}" for r in record.arms) or "no arms configured"
+            return f"no grounding found ({statuses})"
+        # The same evidence is already in the context: injecting it again only invites the model to echo it.
+        repeat = next((r.round for r in self.rounds if r.action == "rewound" and r.evidence == chosen.evidence), None)
+        if repeat is not None:
+            record.already_grounded = True
+            return f"evidence already injected in round {repeat}"
+        return None
+
+    def _rewind(self, record: ConvergenceRecord, trigger: Trigger, chosen: Evidence) -> Iterator[Event]:
+        """Drop the span, inject the evidence and re-feed the kept prefix. The span's tokens always leave
+        the context (the triggering token was never fed, so one fewer); `system_turn` also drops the open
+        assistant turn, so the evidence sits in a system turn right before a fresh assistant turn."""
+        reply, context = self.reply, self.context
+        span_len = len(reply.tokens) - trigger.span_start
+        dropped_text = reply.tail(trigger.span_start)
+        keep = context.turn_start if self.config.injection == "system_turn" else len(context.tokens) - (span_len - 1)
+        injected = evidence_text(self.config, chosen)
+        segment, refeed, turn_start = self._segment(injected, keep, reply.tokens[: trigger.span_start])
+        new_context = context.tokens[:keep] + segment + refeed
+        self._continue_from(new_context)
+        trimmed, method = self.session.last_continue
+        context.tokens[:] = new_context
+        context.turn_start = context.turn_start if turn_start is None else turn_start
+        reply.cut(trigger.span_start)
+        record.action, record.reason = "rewound", f"grounded by {chosen.source}"
+        record.tokens_dropped, record.dropped_text, record.injected_text = span_len, dropped_text, injected
+        record.tokens_trimmed, record.rewind_method = trimmed, method
+        record.tokens_injected = len(segment) + len(refeed)
+        yield Rewind(trigger.round, self.emitter.shown_after(trigger.span_start), dropped_text, record.tokens_injected)
+
+    def _segment(self, injected: str, keep: int, kept_prefix: list[int]) -> tuple[list[int], list[int], int | None]:
+        """(evidence segment, tokens re-fed after it, where the new assistant turn starts or None)."""
+        tokenize, layout = self.backend.tokenize, self.layout
+        if self.config.injection == "system_turn":
+            turn = layout.segment_tokens(tokenize, injected, "system_turn")
+            return turn + self.open_tokens, self.prefix_tokens + kept_prefix, keep + len(turn)
+        if self.config.injection == "close_reopen":
+            return layout.segment_tokens(tokenize, injected, "close_reopen"), self.prefix_tokens + kept_prefix, None
+        return layout.segment_tokens(tokenize, injected, "inline"), [], None
+
+    # --- checking a rewrite -----------------------------------------------------------------------
+    def _end_of_turn(self) -> Iterator[Event]:
+        """The model ended its turn: True when the reply is finished, False when a failed rewrite went back."""
+        problem = None
+        if self.unchecked is not None:
+            problem = _rewrite_verdict(self.reply, self.unchecked, self.question, final=True)[1]
+        if problem is None:
+            self.finish_reason = "stop"
+            return True
+        yield from self._failed_check(problem, at_end_of_turn=True)
+        return False
+
+    def _check_rewrite(self, final: bool) -> Iterator[Event]:
+        """Check the latest rewrite once its sentence is finished; True when it failed and went back."""
+        assert self.unchecked is not None
+        checked, problem = _rewrite_verdict(self.reply, self.unchecked, self.question, final)
+        if problem is not None:
+            yield from self._failed_check(problem, at_end_of_turn=False)
+            return True
+        if checked:
+            self.unchecked = None  # the rewrite drew on its evidence and answers the question: it stands
+        return False
+
+    def _failed_check(self, problem: str, at_end_of_turn: bool) -> Iterator[Event]:
+        """A rewrite failed its check: one more try if allowed, else back to the reply written without it."""
+        u = self.unchecked
+        assert u is not None
+        if self.config.retry_failed_rewrite and not u.tried_again and u.after_injection is not None:
+            yield from self._try_again(problem, at_end_of_turn)
+        else:
+            yield from self._revert(problem)
+
+    def _try_again(self, problem: str, at_end_of_turn: bool) -> Iterator[Event]:
         """One more try before a failed rewrite is dropped, the evidence still in context: a rewrite cut
         short by its end of turn goes on past it ("… is vpn." inside "vpn.acme.example"); any other is
         written again from the rewind point with its first token banned ("I'm ready to help.")."""
-        nonlocal banned
-        assert unchecked is not None and unchecked.after_injection is not None
-        unchecked.tried_again = True
-        start = unchecked.check_from
-        failed = reply.text()[len(reply.text(start)):]
-        rewound = next(r for r in reversed(rounds) if r["action"] == "rewound")  # the round whose rewrite failed
-        if at_end_of_turn and cut_short(failed, unchecked.evidence):
-            banned, how, new_logits = frozenset(eos), "continued past the end of turn", current
+        u, reply = self.unchecked, self.reply
+        assert u is not None and u.after_injection is not None
+        u.tried_again = True
+        start = u.check_from
+        failed = reply.tail(start)
+        rewound = next(r for r in reversed(self.rounds) if r.action == "rewound")  # the round whose rewrite failed
+        if at_end_of_turn and cut_short(failed, u.evidence):
+            how = "continued past the end of turn"
+            self._continue_from(self.context.tokens, banned=frozenset(self.eos))
         else:
-            banned = frozenset({reply.tokens[start]}) if len(reply.tokens) > start else frozenset()
             how = "rewritten from the rewind point with its first token banned"
-            shown = max(0, emitted - start)
-            new_logits = _restore(backend, context, reply, unchecked.after_injection, len(prompt_tokens))
-            start_over_from(start)
-            yield Rewind(rewound["round"], 0 if holdback else shown, failed, 0)
-        rewound.setdefault("retries", []).append({"problem": problem, "rewrite": failed, "how": how})
-        return new_logits
+            banned = frozenset({reply.tokens[start]}) if len(reply.tokens) > start else frozenset()
+            shown = self.emitter.shown_after(start)
+            self._restore(u.after_injection, banned)
+            self._start_over_from(start)
+            yield Rewind(rewound.round, shown, failed, 0)
+        rewound.retries.append({"problem": problem, "rewrite": failed, "how": how})
 
-    def failed_check(problem: str, at_end_of_turn: bool, current: np.ndarray) -> Iterator[Event]:
-        """A rewrite failed its check: one more try if allowed, else back to the reply written without it."""
-        assert unchecked is not None
-        if config.retry_failed_rewrite and not unchecked.tried_again and unchecked.after_injection is not None:
-            return (yield from try_again(problem, at_end_of_turn, current))
-        return (yield from revert(problem))
+    def _revert(self, problem: str) -> Iterator[Event]:
+        """The rewrite failed its check: back to the reply written without it; no more rounds."""
+        u, reply = self.unchecked, self.reply
+        assert u is not None
+        text = reply.text()
+        # The rewrite up to the end of the sentence that was checked, not the word that showed it had ended.
+        rewritten = text[len(reply.text(u.span_start)): sentence_end(text, len(reply.text(u.check_from)))]
+        shown = self.emitter.shown_after(u.span_start)
+        self._restore(u.before)
+        for record in self.rounds[u.first_round:]:
+            if record.action == "rewound":
+                record.action, record.rewritten_text = "reverted", rewritten
+                record.reason = (f"{record.reason}, but the rewrite {rewritten.strip()[:80]!r} {problem}: "
+                                 "kept the reply written without it")
+        self.unchecked, self.reverted = None, True
+        self._start_over_from(u.span_start)
+        yield Rewind(self.rounds[-1].round, shown, rewritten, 0, reverted=True)
 
-    while len(reply.tokens) < config.max_tokens and decoded < max_decoded:
-        token, s, entropy = decode_step(logits, config.temperature, rng, scored, banned)
-        banned = frozenset()
-        decoded += 1
-        if token in eos:
-            problem = _rewrite_verdict(reply, unchecked, question, final=True)[1] if unchecked is not None else None
-            if problem is not None:
-                logits = yield from failed_check(problem, True, logits)
-                continue
-            finish_reason = "stop"
-            break
-        reply.tokens.append(token)
-        reply.surprises.append(s)
-        reply.entropies.append(entropy)
-        reply.pieces.append(backend.token_bytes(token))
-        if config.top_logprobs:
-            reply.top.append([(t, round(lp, 4)) for t, lp in top_logprobs(logits, config.top_logprobs)])
+    def _restore(self, saved: _Snapshot, banned: frozenset[int] = frozenset()) -> None:
+        """Put the session, context and reply back as they were at `saved`. The prompt is re-fed in one
+        batch and the reply one token at a time, the schedule of the first time: batched and one-token
+        kernels round differently, and the reply must come back exactly as written without evidence."""
+        self._continue_from(saved.context_tokens, batch_until=len(self.prompt_tokens), banned=banned)
+        self.context.tokens[:] = saved.context_tokens
+        self.context.turn_start = saved.turn_start
+        self.reply.restore(saved.reply)
 
-        triggered = False
-        pushed = None
-        if scored:
-            copied = copies.push(reply.pieces[-1].decode("utf-8", "replace")) if copies else False
-            pushed = signal_value(config.signal, s, entropy, copied)
-            if pushed is not None:  # novel signals skip tokens copied from the question
-                window.push(pushed)
-                pushed_at.append(len(reply.tokens) - 1)
-        value = window.value if (scored and len(window)) else math.nan
-        reply.window_stats.append(value)
-        if pushed is not None:
-            eligible = len(window) >= min(config.min_tokens, config.window)
-            if eligible:
-                window_max = max(window_max, value)
-            triggered = (
-                eligible
-                and value > threshold
-                and len(rounds) + len(would_trigger) < config.max_rounds
-                and not reverted
-            )
-        if triggered:
-            span_start = pushed_at[window.start]
-            statistic = config.statistic if config.signal == "surprise" else f"{config.signal}:{config.statistic}"
-            trigger = Trigger(
-                token_index=len(reply.tokens) - 1, statistic=statistic, value=value,
-                threshold=threshold, span_start=span_start,
-                span_text=reply.text()[len(reply.text(span_start)):], round=len(rounds) + len(would_trigger) + 1,
-            )
-            if not intervening:
-                would_trigger.append(_trigger_dict(trigger))
-            else:
-                yield trigger
-                before = None
-                if config.revert_unused_evidence and unchecked is None:
-                    before = _Unchecked(_Snapshot.take(reply, len(reply.tokens) - 1, context),
-                                        span_start=trigger.span_start, first_round=len(rounds))
-                record, new_logits = yield from _intervene(
-                    backend, layout, config, arms, router, question, reply, trigger, emitted, holdback, rounds, context,
-                    prefix_tokens, arm_cache,
-                )
-                rounds.append(record)
-                if new_logits is not None:
-                    logits = new_logits
-                    unchecked = unchecked or before
-                    if unchecked is not None:
-                        unchecked.check_from = trigger.span_start
-                        unchecked.evidence.append(record["chosen"]["evidence"])
-                        unchecked.after_injection = _Snapshot.take(reply, len(reply.tokens), context)
-                    injected_total += record["tokens_injected"]
-                    start_over_from(len(reply.tokens))
-                    continue
-            window.reset()  # after a round (acted on or not) the window starts afresh
-            pushed_at.clear()
-        if unchecked is not None:
-            checked, problem = _rewrite_verdict(reply, unchecked, question, final=len(reply.tokens) >= config.max_tokens)
-            if problem is not None:
-                logits = yield from failed_check(problem, False, logits)
-                continue
-            if checked:
-                unchecked = None  # the rewrite drew on its evidence and answers the question: it stands
-
-        logits = backend.append([token])
-        context.tokens.append(token)
-        # Tokens before the window start can no longer be rewound: safe to show in holdback streaming.
-        can_rewind = intervening and len(rounds) < config.max_rounds and not reverted
-        first_rewindable = pushed_at[window.start] if len(window) else len(reply.tokens)
-        final_upto = first_rewindable if (holdback and can_rewind) else len(reply.tokens)
-        if holdback and unchecked is not None:
-            final_upto = min(final_upto, unchecked.span_start)
-        yield from emit_upto(final_upto)
-
-    yield from emit_upto(len(reply.tokens), final=True)
-    text = reply.text()
-    surprise_summary = aggregates(reply.surprises, config.tail_cut) if scored else None
-    if surprise_summary is not None:
-        # The highest eligible rolling statistic seen while decoding: what the gate compares to the threshold.
-        surprise_summary["window_max"] = window_max
-        surprise_summary["statistic"] = config.statistic
-    result = {
-        "reply": text,
-        "finish_reason": finish_reason,
-        "n_tokens": len(reply.tokens),
-        "tokens_decoded": decoded,
-        "tokens_injected": injected_total,
-        "prompt_tokens": len(prompt_tokens),
-        "surprise": surprise_summary,
-        "token_surprises": [round(x, 4) for x in reply.surprises] if scored else [],
-        "token_entropies": [round(x, 4) for x in reply.entropies] if scored else [],
-        "token_ids": list(reply.tokens),
-        "token_top_logprobs": [[list(pair) for pair in top] for top in reply.top],
-        "rounds": rounds,
-        "would_trigger": would_trigger,
-        "latency_ms": round((time.monotonic() - started) * 1000, 2),
-        "messages": messages,
-        "question_kind": kind,
-        "threshold": threshold,
-    }
-    yield Done(text=text, finish_reason=finish_reason, n_tokens=len(reply.tokens), rounds=rounds, receipt=result)
-
-
-def _trigger_dict(t: Trigger) -> dict:
-    return {"token_index": t.token_index, "statistic": t.statistic, "value": round(t.value, 4),
-            "threshold": t.threshold, "span_start": t.span_start, "span_text": t.span_text}
-
-
-def _intervene(backend, layout, config, arms, router, question, reply, trigger, emitted, holdback, earlier_rounds,
-               context, prefix_tokens, cache):
-    """One grounding round. Returns (convergence record, new logits or None when resumed unmodified)."""
-    started = time.monotonic()
-    deadline = started + config.round_deadline_s
-    # The sentence so far includes a cloze prefix the assistant turn started with.
-    prefix_text = b"".join(backend.token_bytes(t) for t in prefix_tokens).decode("utf-8", "replace")
-    reply_text = prefix_text + reply.text()
-    query = Query(span=trigger.span_text.strip(), question=question.strip(), sentence=_current_sentence(reply_text))
-    route = router(query.span, query.question, query.sentence, available=tuple(arms))
-    # A question that names its answers ("X or Y?", "Were X and Y ...?") is left as the model answered it:
-    # one snippet rarely compares the two, and grounding broke more such answers than it fixed.
-    closed = None if config.ground_closed_questions or route.span_class == "computable" else closed_question(query.question)
-    order = () if closed else arm_order(config, route.span_class, arms)
-    query = Query(query.span, query.question, query.sentence, span_class=route.span_class)
-
-    chosen, arm_reports = ground_round(arms, order, query, deadline, cache, config.arbitration_margin)
-    record: dict[str, Any] = {
-        "round": trigger.round,
-        "trigger": _trigger_dict(trigger),
-        "span_class": route.span_class,
-        "route_rule": route.rule,
-        "closed_question": closed,
-        "arm_order": list(order),
-        "arms": arm_reports,
-        "chosen": chosen.to_dict() if chosen else None,
-        "tokens_dropped": 0,
-        "tokens_injected": 0,
-        "dropped_text": "",
-    }
-    if chosen is None:
-        statuses = ", ".join(f"{r['arm']}: {r['status']}" for r in arm_reports) or "no arms configured"
-        reason = (f"closed question ({closed}): its answer is one of the options it names; "
-                  "set ground_closed_questions = true to ground it anyway") if closed else f"no grounding found ({statuses})"
-        record.update(action="resumed_unmodified", reason=reason,
-                      latency_ms=round((time.monotonic() - started) * 1000, 2))
-        yield Grounding(trigger.round, route.span_class, order, False, None, None, record["reason"])
-        return record, None
-    # The same evidence is already in the context: injecting it again only invites the model to echo it.
-    repeat = next((r["round"] for r in earlier_rounds
-                   if r["action"] == "rewound" and r["chosen"]["evidence"] == chosen.evidence), None)
-    if repeat is not None:
-        record.update(action="resumed_unmodified", reason=f"evidence already injected in round {repeat}", already_grounded=True,
-                      latency_ms=round((time.monotonic() - started) * 1000, 2))
-        yield Grounding(trigger.round, route.span_class, order, False, chosen.source, chosen.evidence, record["reason"])
-        return record, None
-
-    yield Grounding(trigger.round, route.span_class, order, True, chosen.source, chosen.evidence, "evidence accepted")
-    # Rewind. The span's tokens always leave the context (the triggering token was never fed, so one
-    # fewer). `system_turn` also drops the open assistant turn, back to where it began, so the evidence
-    # sits in a system turn right before a fresh assistant turn, as if it had been there from the start.
-    span_len = len(reply.tokens) - trigger.span_start
-    dropped_text = reply.text()[len(reply.text(trigger.span_start)):]
-    kept_prefix = reply.tokens[: trigger.span_start]
-    keep = context.turn_start if config.injection == "system_turn" else len(context.tokens) - (span_len - 1)
-    to_drop = len(context.tokens) - keep
-    if backend.can_trim():
-        trimmed, rewind_method = backend.trim(to_drop), "trim"
-    else:
-        # No trimmable cache: rebuild it from the kept tokens (costly, and the receipt says so).
-        backend.reset()
-        backend.append(context.tokens[:keep])
-        trimmed, rewind_method = to_drop, "reprefill"
-    del context.tokens[keep:]
-    reply.cut(trigger.span_start)
-    injected = evidence_text(config, chosen)
-    if config.injection == "system_turn":
-        system_turn = backend.tokenize(layout.system_turn_prefix + injected + layout.system_turn_suffix)
-        segment = system_turn + backend.tokenize(layout.open_assistant)
-        refeed = prefix_tokens + kept_prefix
-        context.turn_start = keep + len(system_turn)
-    elif config.injection == "close_reopen":
-        segment = backend.tokenize(layout.segment(injected, "close_reopen"))
-        refeed = prefix_tokens + kept_prefix
-    else:
-        segment, refeed = backend.tokenize(layout.segment(injected, "inline")), []
-    logits = backend.append(segment + refeed)
-    context.tokens.extend(segment + refeed)
-    shown = max(0, emitted - trigger.span_start)  # visible tokens a consumer must retract (emit streaming)
-    record.update(
-        action="rewound", reason=f"grounded by {chosen.source}", tokens_dropped=span_len,
-        tokens_trimmed=trimmed, rewind_method=rewind_method, tokens_injected=len(segment) + len(refeed), dropped_text=dropped_text,
-        injected_text=injected, latency_ms=round((time.monotonic() - started) * 1000, 2),
-    )
-    yield Rewind(trigger.round, 0 if holdback else shown, dropped_text, record["tokens_injected"])
-    return record, logits
+    # --- the result -------------------------------------------------------------------------------
+    def _done(self) -> Done:
+        reply, c = self.reply, self.config
+        text = reply.text()
+        surprise_summary = aggregates(reply.surprises, c.tail_cut) if self.scored else None
+        if surprise_summary is not None:
+            # The highest eligible rolling statistic seen while decoding: what the gate compares to the threshold.
+            surprise_summary["window_max"] = self.policy.window_max
+            surprise_summary["statistic"] = c.statistic
+        rounds = [r.to_dict() for r in self.rounds]
+        result = {
+            "reply": text,
+            "finish_reason": self.finish_reason,
+            "n_tokens": len(reply.tokens),
+            "tokens_decoded": self.decoded,
+            "tokens_injected": self.injected_total,
+            "prompt_tokens": len(self.prompt_tokens),
+            "surprise": surprise_summary,
+            "token_surprises": [round(x, 4) for x in reply.surprises] if self.scored else [],
+            "token_entropies": [round(x, 4) for x in reply.entropies] if self.scored else [],
+            "token_ids": list(reply.tokens),
+            "token_top_logprobs": [[[t, round(lp, 4)] for t, lp in top] for top in reply.top],
+            "rounds": rounds,
+            "would_trigger": self.would_trigger,
+            "latency_ms": round((time.monotonic() - self.started) * 1000, 2),
+            "messages": self.messages,
+            "question": self.question,
+            "question_kind": self.policy.kind,
+            "threshold": self.policy.threshold,
+        }
+        return Done(text=text, finish_reason=self.finish_reason, n_tokens=len(reply.tokens), rounds=rounds, receipt=result)
 
 
 # --------------------------------------------------------------------------------------------
@@ -617,7 +528,7 @@ class Result:
 
 def generate(
     backend: SteerableBackend,
-    question: str,
+    messages: Sequence[dict[str, str]] | str,
     config: Config,
     arms: Mapping[str, Arm] | None = None,
     router: Callable[..., Any] | None = None,
@@ -626,17 +537,17 @@ def generate(
 ) -> Result:
     """Run the stream to the end and build the receipt (not written: see receipts.ReceiptWriter)."""
     done: Done | None = None
-    for event in stream(backend, question, config, arms, router, assistant_prefix=assistant_prefix):
+    for event in stream(backend, messages, config, arms, router, assistant_prefix=assistant_prefix):
         if on_event is not None:
             on_event(event)
         if isinstance(event, Done):
             done = event
     assert done is not None and done.receipt is not None
-    receipt = build_receipt_for(backend, question, config, done.receipt)
+    receipt = build_receipt_for(backend, config, done.receipt)
     return Result(done.text, done.finish_reason, done.n_tokens, done.rounds, receipt)
 
 
-def build_receipt_for(backend: SteerableBackend, question: str, config: Config, result: dict) -> dict:
+def build_receipt_for(backend: SteerableBackend, config: Config, result: dict) -> dict:
     from .canary import groundedness_canary
     from .receipts import build_receipt
 
@@ -649,7 +560,8 @@ def build_receipt_for(backend: SteerableBackend, question: str, config: Config, 
         model=backend.model_id,
         backend=backend.name,
         config=config.to_dict(),
-        prompt=question,
+        prompt=result["question"],
+        messages=result["messages"],
         reply=result["reply"],
         n_tokens=result["n_tokens"],
         surprise=surprise,

@@ -31,7 +31,9 @@ from typing import Callable, Mapping, Sequence
 
 from .arms import Arm, Evidence, Query
 from .config import Config, evidence_text
-from .controller import arm_order, decode_step, generate, ground_round
+from .backends import Sampling
+from .controller import generate
+from .grounding import arm_order, ground_round
 from .errors import InputError
 from .grading import grade
 from .labeling import guard_resume, prompt_for, read_items
@@ -74,29 +76,32 @@ class Outcome:
 # ------------------------------------------------------------------------------------------------
 def _decode(backend, prompt_tokens: list[int], max_tokens: int, stop_at_sentence: bool = False,
             already: str = "") -> tuple[list[int], list[float], str]:
-    """Greedy decode after a fresh prefill; returns (tokens, probabilities, text)."""
-    backend.reset()
-    logits = backend.append(prompt_tokens)
+    """Greedy decode in a fresh session; returns (tokens, probabilities, text)."""
+    session = backend.session()
     tokens, probs, pieces = [], [], []
-    for _ in range(max_tokens):
-        token, s, _ = decode_step(logits, 0.0, None, scored=True)
-        if token in backend.eos_token_ids:
-            break
-        tokens.append(token)
-        probs.append(2.0 ** -s)
-        pieces.append(backend.token_bytes(token))
-        text = b"".join(pieces).decode("utf-8", "replace")
-        if stop_at_sentence and _SENTENCE_END.search(text) and len(text.strip()) > 1:
-            break
-        logits = backend.append([token])
+    steps = session.steps(prompt_tokens, Sampling())
+    try:
+        for _, step in zip(range(max_tokens), steps):
+            if step.token in backend.eos_token_ids:
+                break
+            tokens.append(step.token)
+            probs.append(2.0 ** -step.surprise)
+            pieces.append(step.piece)
+            text = b"".join(pieces).decode("utf-8", "replace")
+            if stop_at_sentence and _SENTENCE_END.search(text) and len(text.strip()) > 1:
+                break
+    finally:
+        steps.close()
+        session.close()
     return tokens, probs, b"".join(pieces).decode("utf-8", "replace")
 
 
 def _prompt_tokens(backend, layout: PromptLayout, evidence: Evidence | None, config: Config, prefix: str) -> list[int]:
-    text = layout.body
+    """The prompt with the evidence in a system turn before the reply: template pieces special, the rest plain."""
+    tokens = layout.body_tokens(backend.tokenize)
     if evidence:
-        text += layout.system_turn_prefix + evidence_text(config, evidence) + layout.system_turn_suffix
-    return backend.tokenize(text) + backend.tokenize(layout.open_assistant) + (backend.tokenize(prefix) if prefix else [])
+        tokens += layout.segment_tokens(backend.tokenize, evidence_text(config, evidence), "system_turn")
+    return tokens + layout.open_tokens(backend.tokenize) + (backend.tokenize(prefix) if prefix else [])
 
 
 def run_always(backend, question: str, config: Config, arms: Mapping[str, CountingArm], prefix: str = "") -> Outcome:

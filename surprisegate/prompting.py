@@ -9,18 +9,68 @@ of the template, so any prefix-stable chat template works without knowing its to
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 from .errors import BackendError, InputError
 
+ROLES = ("system", "user", "assistant")
+Tokenize = Callable[..., list[int]]  # backend.tokenize(text, special=False)
+
 
 def chat_messages(question: str, system_prompt: str = "") -> list[dict[str, str]]:
+    """The messages of a one-question chat (the `ask` form)."""
     if not isinstance(question, str) or not question.strip():
         raise InputError("question is empty; pass the question to ask, e.g. surprisegate ask \"What is the capital of Chad?\"")
-    messages = []
-    if system_prompt:
-        messages.append({"role": "system", "content": system_prompt})
-    messages.append({"role": "user", "content": question.strip()})
-    return messages
+    return conversation([{"role": "user", "content": question.strip()}], system_prompt)
+
+
+def conversation(messages: Sequence[dict[str, str]] | str, system_prompt: str = "") -> list[dict[str, str]]:
+    """Checked chat messages, with the configured system prompt first unless the chat brings its own.
+    A string is one user question. The last turn must be the user's: it is what the reply answers."""
+    if isinstance(messages, str):
+        return chat_messages(messages, system_prompt)
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise InputError(f"messages={messages!r} is not a chat; pass a list of "
+                         '{"role": "user", "content": "..."} turns (or a question string)')
+    checked = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise InputError(f"messages[{i}]={m!r} is not a chat turn; use "
+                             f'{{"role": one of {", ".join(ROLES)}, "content": text}}')
+        checked.append({"role": m["role"], "content": m["content"]})
+    if checked[-1]["role"] != "user" or not checked[-1]["content"].strip():
+        raise InputError(f"messages[-1]={checked[-1]!r} must be a non-empty user turn: the reply answers it")
+    if system_prompt and checked[0]["role"] != "system":
+        checked.insert(0, {"role": "system", "content": system_prompt})
+    return checked
+
+
+def last_user_turn(messages: Sequence[dict[str, str]]) -> str:
+    """The question the reply answers: the last user turn's text."""
+    return next(m["content"] for m in reversed(messages) if m["role"] == "user").strip()
+
+
+def render_pieces(render, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[tuple[str, bool]]:
+    """The rendered prompt as (text, is_template) pieces: each message's content stands apart from the
+    template around it, so only the template's own text may become control tokens (DESIGN §8)."""
+    markers = [f"\x00C{i}\x00" for i in range(len(messages))]
+    rendered = render([{**m, "content": mk} for m, mk in zip(messages, markers)], add_generation_prompt)
+    pieces: list[tuple[str, bool]] = []
+    for m, marker in zip(messages, markers):
+        before, found, rendered = rendered.partition(marker)
+        if not found:
+            raise BackendError("the chat template rewrites message contents; use a template that inserts them verbatim")
+        pieces += [(before, True), (m["content"], False)]
+    pieces.append((rendered, True))
+    return [(text, is_template) for text, is_template in pieces if text]
+
+
+def encode(tokenize: Tokenize, pieces: Sequence[tuple[str, bool]]) -> list[int]:
+    """Token ids of (text, is_template) pieces: template text with special tokens, the rest plain."""
+    ids: list[int] = []
+    for text, is_template in pieces:
+        ids += tokenize(text, special=is_template)
+    return ids
 
 
 def _strip_prefix(full: str, prefix: str, what: str) -> str:
@@ -36,6 +86,7 @@ class PromptLayout:
     """The prompt split where the reply starts, plus the template pieces a grounding segment needs."""
 
     body: str  # everything before the assistant turn opens
+    body_pieces: tuple[tuple[str, bool], ...]  # the same as (text, is_template) pieces
     open_assistant: str  # e.g. "<|im_start|>assistant\n"
     close_assistant: str  # e.g. "<|im_end|>\n"
     system_turn_prefix: str  # text before the evidence in a system turn, e.g. "<|im_start|>system\n"
@@ -60,7 +111,25 @@ class PromptLayout:
         if sys_marker not in system_turn:
             raise BackendError("the chat template drops later system messages; use injection='inline' for this model")
         pre, post = system_turn.split(sys_marker, 1)
-        return cls(body, open_assistant, close_assistant, pre, post)
+        # A template that trims contents renders them trimmed in `body`; the pieces keep them verbatim.
+        pieces = tuple(render_pieces(render, messages, False))
+        return cls(body, pieces, open_assistant, close_assistant, pre, post)
+
+    def body_tokens(self, tokenize: Tokenize) -> list[int]:
+        return encode(tokenize, self.body_pieces)
+
+    def open_tokens(self, tokenize: Tokenize) -> list[int]:
+        return tokenize(self.open_assistant, special=True)
+
+    def segment_tokens(self, tokenize: Tokenize, evidence_text: str, injection: str) -> list[int]:
+        """Token ids of `segment`: the evidence (from outside) as plain text, the template's pieces special.
+        `system_turn` is the system turn only: the caller opens the assistant turn after it."""
+        if injection == "inline":
+            return encode(tokenize, [(f" [evidence: {evidence_text}] ", False)])
+        turn = [(self.system_turn_prefix, True), (evidence_text, False), (self.system_turn_suffix, True)]
+        if injection == "system_turn":
+            return encode(tokenize, turn)
+        return encode(tokenize, [(self.close_assistant, True), *turn, (self.open_assistant, True)])
 
     @property
     def prompt(self) -> str:

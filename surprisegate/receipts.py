@@ -276,6 +276,31 @@ class ConvergenceRecord:
     tokens_injected: int = 0  # context tokens of the evidence segment
     dropped_text: str = ""
     latency_ms: float = 0.0  # whole round, routing to resume
+    closed_question: str | None = None  # the router's closed-question rule, when it kept the round from grounding
+    # A rewound round: how the span left the context, and the text of the injected segment.
+    tokens_trimmed: int | None = None
+    rewind_method: str | None = None  # "trim" | "reprefill"
+    injected_text: str | None = None
+    already_grounded: bool = False  # resumed because the same evidence was injected in an earlier round
+    retries: list[dict[str, Any]] = field(default_factory=list)  # one more try of a failed rewrite: problem, text, how
+    rewritten_text: str | None = None  # a reverted round: the rewrite that was dropped
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ConvergenceRecord":
+        """The record a receipt's round was written from; unknown keys are an error (a schema drift)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"round {d.get('round')} has fields {unknown} that ConvergenceRecord does not know; "
+                             "add them to receipts.ConvergenceRecord")
+        return cls(**d)
+
+    @property
+    def evidence(self) -> str | None:
+        """The injected snippet's text (None when nothing was chosen)."""
+        if self.chosen is None:
+            return None
+        return self.chosen["evidence"] if isinstance(self.chosen, dict) else self.chosen.evidence
 
     def to_dict(self) -> dict[str, Any]:
         if self.action not in ACTIONS:
@@ -301,6 +326,13 @@ class ConvergenceRecord:
             "tokens_injected": self.tokens_injected,
             "dropped_text": self.dropped_text,
             "latency_ms": to_jsonable(self.latency_ms),
+            "closed_question": self.closed_question,
+            # Written only when they happened, so a plain round stays short.
+            **({"tokens_trimmed": self.tokens_trimmed, "rewind_method": self.rewind_method,
+                "injected_text": self.injected_text} if self.rewind_method is not None else {}),
+            **({"already_grounded": True} if self.already_grounded else {}),
+            **({"retries": to_jsonable(self.retries)} if self.retries else {}),
+            **({"rewritten_text": self.rewritten_text} if self.rewritten_text is not None else {}),
         }
 
 
@@ -321,12 +353,15 @@ def build_receipt(
     finish_reason: str,
     extra: dict[str, Any] | None = None,
     store_prompt: bool = True,
+    messages: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """Assemble one receipt (schema `surprisegate.receipt/1`) as plain JSON data.
 
     `created` is a Unix time or a datetime (naive means UTC); it is stored both as ISO 8601 UTC
     (`created`) and as seconds (`created_unix`). `reply_id=None` draws a fresh id. The prompt is
-    always hashed (`prompt_sha256`); `store_prompt=False` leaves its text out of the receipt.
+    always hashed (`prompt_sha256`); `store_prompt=False` leaves its text out of the receipt. `prompt` is the
+    question the reply answers; `messages`, the whole conversation, is hashed too (`conversation_sha256`,
+    over its canonical JSON) and kept under the same rule.
     `extra` is kept under its own key so it can never overwrite a schema field.
     """
     if mode not in MODES:
@@ -344,6 +379,8 @@ def build_receipt(
         "config": to_jsonable(config),
         "prompt_sha256": hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).hexdigest(),
         "prompt": prompt if store_prompt else None,
+        **({"conversation_sha256": conversation_sha256(messages),
+            "messages": to_jsonable(messages) if store_prompt else None} if messages is not None else {}),
         "reply": reply,
         "n_tokens": n_tokens,
         "finish_reason": finish_reason,
@@ -352,6 +389,12 @@ def build_receipt(
         "rounds": [r.to_dict() if isinstance(r, ConvergenceRecord) else to_jsonable(r) for r in rounds],
         "extra": to_jsonable(extra) if extra else {},
     }
+
+
+def conversation_sha256(messages: list[dict[str, str]]) -> str:
+    """Hash of a chat as canonical JSON (sorted keys, no spaces): the same turns give the same hash."""
+    canonical = json.dumps(messages, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _as_utc_datetime(created: float | dt.datetime) -> dt.datetime:

@@ -12,6 +12,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from surprisegate.backends import LocalBackend
+
 IM_START, IM_END, EOS = 256, 257, 258
 SPECIALS = {"<|im_start|>": IM_START, "<|im_end|>": IM_END, "<eos>": EOS}
 VOCAB = 259
@@ -22,7 +24,7 @@ def chatml(messages, add_generation_prompt=True):
     return out + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
 
-class ScriptedBackend:
+class ScriptedBackend(LocalBackend):
     """`script(context_text) -> list[(char, prob)]` gives the whole intended reply for a context.
 
     The intended next byte gets probability `prob`; the rest of the mass is spread evenly. An entry may
@@ -45,7 +47,9 @@ class ScriptedBackend:
     def n_tokens(self) -> int:
         return len(self.context)
 
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        if not special:  # text from outside: its "<|im_start|>" stays bytes
+            return list(text.encode("utf-8"))
         out: list[int] = []
         i = 0
         while i < len(text):

@@ -35,7 +35,7 @@ from surprisegate.arms.web import (
     search_text,
     strip_html,
 )
-from surprisegate.controller import ground_round
+from surprisegate.grounding import ground_round
 from surprisegate.errors import ArmError, ConfigError
 
 WIRE = Path(__file__).resolve().parents[2] / "shared" / "wire"

@@ -84,11 +84,11 @@ def test_special_tokens_and_bytes(llama_backend):
 
 
 def test_logits_are_a_fresh_view_per_step_and_detection_only_reads(llama_backend):
-    from surprisegate.controller import decode_step
+    from surprisegate.backends import Sampling
 
     b = llama_backend
     b.reset()
     logits = b.append(prompt_tokens(b))
     before = logits.copy()
-    decode_step(logits, 0.0, None, scored=True)
+    Sampling().step(logits, int(logits.argmax()), b"")
     np.testing.assert_array_equal(logits, before)

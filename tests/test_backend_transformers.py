@@ -16,7 +16,8 @@ import pytest
 # Nothing may be fetched from a model hub; huggingface_hub reads this when it is first imported.
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-from surprisegate.backends import SteerableBackend, load_backend  # noqa: E402
+from surprisegate.backends import SteerableBackend  # noqa: E402
+from surprisegate.backends.registry import open_backend as load_backend  # noqa: E402
 from surprisegate.backends.transformers import from_transformers  # noqa: E402
 from surprisegate.errors import (  # noqa: E402
     BackendError,

@@ -9,7 +9,8 @@ import pytest
 
 from surprisegate.arms import Evidence
 from surprisegate.config import Config
-from surprisegate.controller import decode_step, generate, stream
+from surprisegate.backends import Sampling
+from surprisegate.controller import generate, stream
 from surprisegate.events import Rewind, Token, Trigger
 from surprisegate.surprise import RollingWindow
 
@@ -56,10 +57,13 @@ def run(config, arms=None, script=script_testland, backend=None):
     return backend, events, events[-1]
 
 
-def test_decode_step_reads_logits_without_writing():
+def test_a_step_reads_logits_without_writing():
     logits = np.array([0.0, 2.0, -1.0, 0.5], dtype=np.float32)
     before = logits.copy()
-    token, s, h = decode_step(logits, 0.0, None, scored=True)
+    sampling = Sampling()
+    token = sampling.choose(logits)
+    step = sampling.step(logits, token, b"x")
+    s, h = step.surprise, step.entropy
     assert token == 1
     p = np.exp(logits - logits.max()); p /= p.sum()
     assert s == pytest.approx(-np.log2(p[1]), rel=1e-6)
@@ -119,9 +123,10 @@ def test_rewind_drops_the_span_injects_evidence_and_fixes_the_reply(injection):
     assert record["dropped_text"] == WRONG[trigger.span_start: trigger.token_index + 1]
     # The triggering token was never fed, so the cache loses one token fewer than the span; system_turn
     # also drops the assistant header and the kept prefix, to put the evidence before a fresh turn.
-    header_and_prefix = len(backend.tokenize("<|im_start|>assistant\n")) + trigger.span_start
+    # The session keeps the longest common prefix: the new system turn starts with the same <|im_start|>.
+    header_and_prefix = len(backend.tokenize("<|im_start|>assistant\n", special=True)) - 1 + trigger.span_start
     expected = record["tokens_dropped"] - 1 + (header_and_prefix if injection == "system_turn" else 0)
-    assert backend.trim_calls == [expected]
+    assert backend.trim_calls == [expected] and record["tokens_trimmed"] == expected
     text = backend.detokenize(backend.context)
     if injection == "system_turn":  # the evidence turn comes right before the (only) open assistant turn
         assert text.count("<|im_start|>assistant\n") == 1
@@ -139,10 +144,12 @@ def test_rewind_keeps_the_cache_prompt_is_fed_once():
     prompt_len = backend.append_calls[0]
     assert prompt_len == done.receipt["prompt_tokens"]
     # After the prompt: one token per decode step and one batch for the injected segment, never a re-prefill.
+    # (The segment's first token, <|im_start|>, is already in the cache: the longest common prefix stays.)
     later = backend.append_calls[1:]
-    assert sorted(set(later)) == sorted({1, record["tokens_injected"]})
-    assert later.count(record["tokens_injected"]) == 1
-    assert backend.fed_tokens == prompt_len + record["tokens_injected"] + later.count(1)
+    segment = record["tokens_injected"] - 1
+    assert sorted(set(later)) == sorted({1, segment})
+    assert later.count(segment) == 1
+    assert backend.fed_tokens == prompt_len + segment + later.count(1)
 
 
 def test_max_rounds_bounds_interventions():
@@ -459,7 +466,7 @@ def _evidence(source, confidence, text="snippet"):
 ])
 def test_weak_evidence_lets_the_next_arm_be_asked_and_the_better_is_kept(memory_conf, web_conf, margin, kept, asked):
     from surprisegate.arms import Query
-    from surprisegate.controller import ground_round
+    from surprisegate.grounding import ground_round
 
     arms = {"memory": StaticArm("memory", [_evidence("memory:a", memory_conf)]),
             "web": StaticArm("web", [_evidence("web:b", web_conf)]), "tool": StaticArm("tool", [])}
@@ -474,7 +481,7 @@ def test_weak_evidence_lets_the_next_arm_be_asked_and_the_better_is_kept(memory_
 
 def test_arbitration_holds_the_round_deadline():
     from surprisegate.arms import Query
-    from surprisegate.controller import ground_round
+    from surprisegate.grounding import ground_round
 
     arms = {"memory": StaticArm("memory", [_evidence("memory:a", 0.5)]),
             "web": StaticArm("web", [_evidence("web:b", 0.9)], delay=1.0)}

