@@ -21,6 +21,7 @@ from typing import Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from ..errors import BackendError
 from ..surprise import surprise_and_entropy, top_logprobs
 
 
@@ -180,7 +181,14 @@ class LocalSession:
         self._held: list[int] = []
         self._fresh = False  # the model's logits describe `_held` (no trim since the last append)
         self._last: tuple[int, str] = (0, "trim")
-        model.reset()  # the cache is this session's now
+        model.reset()  # the cache is this session's now; an older session of this model is superseded
+        setattr(model, "_surprisegate_session", self)
+
+    def _check_current(self) -> None:
+        if getattr(self._model, "_surprisegate_session", None) is not self:
+            raise BackendError("this session's model has started another session since, which took its one KV "
+                               "cache; run one session at a time on this backend, or load the model once per "
+                               "concurrent request")
 
     @property
     def tokens(self) -> Sequence[int]:
@@ -195,6 +203,7 @@ class LocalSession:
 
     def steps(self, tokens: Sequence[int], sampling: Sampling, *, batch_until: int | None = None,
               banned: frozenset[int] = frozenset()) -> Iterator[Step]:
+        self._check_current()
         # Eager: the context is fed (and `last_continue` set) here; the returned iterator only decodes.
         logits = self._continue_from(list(tokens), len(tokens) if batch_until is None else batch_until)
         return self._decode(logits, sampling, banned)
@@ -205,6 +214,7 @@ class LocalSession:
             banned = frozenset()
             yield sampling.step(logits, token, self._model.token_bytes(token))
             # Reached only when the next step is asked for: a closed iterator never feeds its last token.
+            self._check_current()
             logits = self._model.append([token])
             self._held.append(token)
 

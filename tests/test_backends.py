@@ -1,0 +1,89 @@
+"""The backend seam's shared parts: sampling, LocalSession bookkeeping, and the registry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from surprisegate.backends import LocalSession, Sampling, common_prefix
+from surprisegate.backends.registry import BACKENDS, names, open_backend, parse_backend
+from surprisegate.errors import BackendError, ConfigError
+
+from scripted import ScriptedBackend, plan
+
+
+def test_sampling_is_greedy_at_zero_and_seeded_above():
+    logits = np.array([0.0, 3.0, 1.0], dtype=np.float32)
+    assert Sampling().choose(logits) == 1
+    assert Sampling().choose(logits, frozenset({1})) == 2
+    draws = [Sampling(temperature=1.0, seed=7).choose(logits) for _ in range(3)]
+    assert len(set(draws)) == 1  # the same seed, the same first draw
+    unscored = Sampling(scored=False).step(logits, 1, b"x")
+    assert np.isnan(unscored.surprise) and unscored.top_logprobs == ()
+    top = Sampling(top_logprobs=2).step(logits, 1, b"x").top_logprobs
+    assert [t for t, _ in top] == [1, 2] and top[0][1] > top[1][1]
+
+
+@pytest.mark.parametrize("a, b, n", [([], [1], 0), ([1, 2, 3], [1, 2, 4], 2), ([1, 2], [1, 2, 3], 2), ([5], [6], 0)])
+def test_common_prefix(a, b, n):
+    assert common_prefix(a, b) == n
+
+
+def test_a_session_without_a_trimmable_cache_reprefills_and_says_so():
+    backend = ScriptedBackend(lambda context: plan("Hello there."), trimmable=False)
+    session = backend.session()
+    prompt = backend.tokenize("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", special=True)
+    steps = session.steps(prompt, Sampling())
+    ids = [next(steps).token for _ in range(4)]
+    session.steps(prompt + ids[:2], Sampling())
+    assert session.last_continue == (len(prompt) + 3 - (len(prompt) + 1), "reprefill")
+    assert backend.context == prompt + ids[:2]
+
+
+def test_an_older_session_of_a_one_cache_model_is_superseded_with_a_clear_error():
+    backend = ScriptedBackend(lambda context: plan("Hello."))
+    old = backend.session()
+    backend.session()
+    with pytest.raises(BackendError, match="another session"):
+        old.steps([1, 2], Sampling())
+
+
+def test_an_empty_context_is_refused():
+    session = LocalSession(ScriptedBackend(lambda context: plan("x")))
+    with pytest.raises(ValueError, match="at least one token"):
+        session.steps([], Sampling())
+
+
+@pytest.mark.parametrize("spec, name, address", [
+    ("llamacpp", "llamacpp", {}),
+    ("transformers", "transformers", {}),
+    ("llama-server://127.0.0.1:8080", "llama-server", {"host": "127.0.0.1", "port": 8080, "tls": False}),
+    ("vllm+https://gpu.example:443", "vllm", {"host": "gpu.example", "port": 443, "tls": True}),
+    (" openai ", "openai", {}),
+])
+def test_the_registry_reads_names_and_uris(spec, name, address):
+    entry, parsed = parse_backend(spec)
+    assert entry.name == name and parsed == address
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("llamacp", "not a known backend"),
+    ("", "empty"),
+    ("vllm", "not a known backend"),  # a server needs its address
+    ("openai://api.openai.com:443", "not a server scheme"),
+    ("vllm+ftp://h:1", "not a server scheme"),
+    ("vllm://host-only", "needs a host and a port"),
+])
+def test_bad_backend_specs_are_config_errors_naming_the_fix(spec, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_backend(spec)
+
+
+def test_a_backend_of_a_later_version_says_so():
+    with pytest.raises(ConfigError, match="not available in this version"):
+        open_backend("vllm://127.0.0.1:8000")
+
+
+def test_every_entry_is_listed_with_its_address_form():
+    assert "llama-server://HOST:PORT" in names() and "openai" in names()
+    assert {e.kind for e in BACKENDS.values()} == {"in-process", "server", "cloud"}
