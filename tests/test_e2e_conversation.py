@@ -6,7 +6,7 @@ import pytest
 
 from surprisegate.config import Config
 from surprisegate.controller import generate
-from surprisegate.receipts import conversation_sha256
+from surprisegate.receipts import ConvergenceRecord, conversation_sha256
 
 pytestmark = pytest.mark.slow
 
@@ -42,6 +42,10 @@ def test_a_three_turn_chat_is_grounded_on_its_last_question(llama_backend, factk
     sent = [{"role": "system", "content": config.system_prompt}, *CHAT]
     assert receipt["messages"] == sent and receipt["conversation_sha256"] == conversation_sha256(sent)
     assert receipt["prompt"] == CHAT[-1]["content"] and receipt["rounds"][0]["action"] == "rewound"
+    # The schema: every round of a real receipt is exactly what a ConvergenceRecord writes.
+    for round_ in receipt["rounds"]:
+        assert ConvergenceRecord.from_dict(round_).to_dict() == round_
+    assert {"tokens_trimmed", "rewind_method", "injected_text"} <= set(first)
     # The same question alone hashes differently: the receipt pins the whole conversation.
     alone = generate(llama_backend, CHAT[-1]["content"], config.replace(mode="off"))
     assert alone.receipt["conversation_sha256"] != receipt["conversation_sha256"]
