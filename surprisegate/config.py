@@ -30,16 +30,16 @@ ARM_NAMES = ("memory", "web", "tool")
 @dataclass(frozen=True)
 class Config:
     # --- detection ---
-    mode: str = field(default="off", metadata={"help": "off | detect | intervene"})
-    signal: str = field(default=calibrated.SIGNAL, metadata={
+    mode: str = field(default="off", metadata={"flag": True, "help": "off | detect | intervene (env: SURPRISE_CANARY=1 is detect, SURPRISE_INTERVENE=1 intervene)"})
+    signal: str = field(default=calibrated.SIGNAL, metadata={"flag": True, 
         "help": "per-token value in the window: surprise | entropy | novel (surprise of tokens not copied from "
                 "the question) | novel_entropy"})
-    statistic: str = field(default=calibrated.STATISTIC, metadata={"help": "rolling statistic: mean | p90 | max"})
+    statistic: str = field(default=calibrated.STATISTIC, metadata={"flag": True, "help": "rolling statistic: mean | p90 | max"})
     # The operating point `surprisegate calibrate` measured on the dev labels (see calibrated.py).
-    window: int = field(default=calibrated.WINDOW, metadata={"help": "rolling window size W in tokens"})
-    threshold: float = field(default=calibrated.THRESHOLD, metadata={
+    window: int = field(default=calibrated.WINDOW, metadata={"flag": True, "help": "rolling window size W in tokens"})
+    threshold: float = field(default=calibrated.THRESHOLD, metadata={"flag": True, 
         "help": "trigger when window statistic (bits) exceeds this (kinds without their own threshold)"})
-    min_tokens: int = field(default=calibrated.MIN_TOKENS, metadata={
+    min_tokens: int = field(default=calibrated.MIN_TOKENS, metadata={"flag": True, 
         "help": "tokens in the window before it may trigger (capped at window)"})
     kind_thresholds: dict = field(default_factory=lambda: dict(calibrated.KIND_THRESHOLDS), metadata={
         "help": "per-kind-of-question thresholds (bits) learned by calibrate; other kinds use threshold"})
@@ -48,8 +48,8 @@ class Config:
                 "0..20 (`label` keeps 20: what a server can send)"})
     tail_cut: float = field(default=4.0, metadata={"help": "bits above which a token counts toward tail mass"})
     # --- intervention ---
-    max_rounds: int = field(default=2, metadata={"help": "most grounding rounds per reply"})
-    round_deadline_s: float = field(default=2.0, metadata={"help": "hard deadline for a whole grounding round (s)"})
+    max_rounds: int = field(default=2, metadata={"flag": True, "help": "most grounding rounds per reply"})
+    round_deadline_s: float = field(default=2.0, metadata={"flag": "--deadline", "help": "hard deadline for a whole grounding round (s)"})
     arm_order_computable: tuple[str, ...] = field(
         default=("memory", "tool", "web"), metadata={"help": "arm order for computable spans"})
     arm_order_other: tuple[str, ...] = field(
@@ -88,20 +88,20 @@ class Config:
         default="Fact: {evidence}",
         metadata={"help": "the same, for a verified tool result (observable 1.0)"})
     # --- streaming ---
-    stream: str = field(default="holdback", metadata={
+    stream: str = field(default="holdback", metadata={"flag": True, 
         "help": "holdback: show a token once it left the window (can't be rewound) | emit: at once, with rewind events"})
     # --- decoding ---
-    backend: str = field(default="llamacpp", metadata={
+    backend: str = field(default="llamacpp", metadata={"flag": True, 
         "help": "llamacpp | transformers (in-process), or a server URI such as llama-server://HOST:PORT"})
-    model: str = field(default="", metadata={"help": "GGUF path or HF model dir; empty = embedded SmolLM2-135M"})
+    model: str = field(default="", metadata={"flag": True, "help": "GGUF path or HF model dir; empty = embedded SmolLM2-135M"})
     system_prompt: str = field(
         default="You are a helpful assistant. Answer the question in one short sentence.",
         metadata={"help": "system turn of every prompt"})
-    max_tokens: int = field(default=64, metadata={"help": "most tokens in a reply"})
-    temperature: float = field(default=0.0, metadata={"help": "0 = greedy"})
+    max_tokens: int = field(default=64, metadata={"flag": True, "help": "most tokens in a reply"})
+    temperature: float = field(default=0.0, metadata={"flag": True, "help": "0 = greedy"})
     seed: int = field(default=0, metadata={"help": "sampling seed (temperature > 0)"})
     n_ctx: int = field(default=4096, metadata={"help": "context window of the local backend"})
-    threads: int = field(default=0, metadata={"help": "CPU threads for the local backend; 0 = all cores"})
+    threads: int = field(default=0, metadata={"flag": True, "help": "CPU threads for the local backend; 0 = all cores"})
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -116,6 +116,18 @@ class Config:
 
 def field_help() -> dict[str, str]:
     return {f.name: f.metadata.get("help", "") for f in fields(Config)}
+
+
+def flag_fields() -> list[tuple[str, str, type, str]]:
+    """(field, --flag, type, help) of every field the command line exposes: the CLI's options are made from
+    this, so a field's flag, type and help exist once, here (metadata "flag": True or the flag's name)."""
+    out = []
+    for f in fields(Config):
+        flag = f.metadata.get("flag")
+        if flag:
+            name = flag if isinstance(flag, str) else "--" + f.name.replace("_", "-")
+            out.append((f.name, name, type(f.default), f.metadata.get("help", "")))
+    return out
 
 
 def _fail(key: str, value: Any, fix: str, origin: str) -> None:

@@ -20,7 +20,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 
 from .arms import Arm, Evidence, Query
 from .backends import Sampling, SteerableBackend, Step
@@ -189,7 +189,9 @@ def stream(
     Rewind events (`emit`). The last event is Done, which carries the receipt.
     """
     if router is None:
-        from .router import route as router
+        from .router import route
+
+        router = route
     loop = _ReplyLoop(backend, conversation(messages, config.system_prompt), config, dict(arms or {}), router,
                       assistant_prefix)
     try:
@@ -254,7 +256,7 @@ class _ReplyLoop:
                 continue  # rewound: the next step continues after the injected evidence
             if self.unchecked is not None and (yield from self._check_rewrite(len(reply.tokens) >= c.max_tokens)):
                 continue  # a failed rewrite went back (or is tried again)
-            self.context.tokens.append(step.token)  # fed when the next step is asked for
+            self.context.tokens.append(reply.tokens[-1])  # fed when the next step is asked for
             yield from self.emitter.upto(reply, self._final_upto())
         yield from self.emitter.upto(reply, len(reply.tokens), final=True)
         yield self._done()
@@ -292,7 +294,7 @@ class _ReplyLoop:
         self.emitter.restart(self.reply, n)
 
     # --- a trigger and its round ------------------------------------------------------------------
-    def _on_trigger(self, value: float) -> Iterator[Event]:
+    def _on_trigger(self, value: float) -> Generator[Event, None, bool]:
         """Record (detect) or act on (intervene) a crossing; True when the reply was rewound."""
         reply, policy = self.reply, self.policy
         trigger = Trigger(token_index=len(reply.tokens) - 1, statistic=policy.statistic_name, value=value,
@@ -321,7 +323,7 @@ class _ReplyLoop:
         self._start_over_from(len(reply.tokens))
         return True
 
-    def _round(self, trigger: Trigger) -> Iterator[Event]:
+    def _round(self, trigger: Trigger) -> Generator[Event, None, ConvergenceRecord]:
         """One grounding round: route, ask the arms, and rewind with the evidence or resume unmodified."""
         started = time.monotonic()
         c = self.config
@@ -338,7 +340,7 @@ class _ReplyLoop:
         chosen, reports = ground_round(self.arms, order, query, started + c.round_deadline_s, self.arm_cache,
                                        c.arbitration_margin)
         record = ConvergenceRecord(round=trigger.round, trigger=_trigger_dict(trigger), span_class=route.span_class,
-                                   route_rule=route.rule, closed_question=closed, arm_order=list(order), arms=reports,
+                                   route_rule=route.rule, closed_question=closed, arm_order=list(order), arms=list(reports),
                                    chosen=chosen.to_dict() if chosen else None)
         resumed = self._why_not_rewind(record, chosen, closed)
         if resumed is not None:
@@ -359,7 +361,7 @@ class _ReplyLoop:
             if closed:
                 return (f"closed question ({closed}): its answer is one of the options it names; "
                         "set ground_closed_questions = true to ground it anyway")
-            statuses = ", ".join(f"{r['arm']}: {r['status']}" for r in record.arms) or "no arms configured"
+            statuses = ", ".join(f"{r['arm']}: {r['status']}" for r in record.arms if isinstance(r, dict)) or "no arms configured"
             return f"no grounding found ({statuses})"
         # The same evidence is already in the context: injecting it again only invites the model to echo it.
         repeat = next((r.round for r in self.rounds if r.action == "rewound" and r.evidence == chosen.evidence), None)
@@ -368,7 +370,7 @@ class _ReplyLoop:
             return f"evidence already injected in round {repeat}"
         return None
 
-    def _rewind(self, record: ConvergenceRecord, trigger: Trigger, chosen: Evidence) -> Iterator[Event]:
+    def _rewind(self, record: ConvergenceRecord, trigger: Trigger, chosen: Evidence) -> Generator[Event, None, None]:
         """Drop the span, inject the evidence and re-feed the kept prefix. The span's tokens always leave
         the context (the triggering token was never fed, so one fewer); `system_turn` also drops the open
         assistant turn, so the evidence sits in a system turn right before a fresh assistant turn."""
@@ -401,7 +403,7 @@ class _ReplyLoop:
         return layout.segment_tokens(tokenize, injected, "inline"), [], None
 
     # --- checking a rewrite -----------------------------------------------------------------------
-    def _end_of_turn(self) -> Iterator[Event]:
+    def _end_of_turn(self) -> Generator[Event, None, bool]:
         """The model ended its turn: True when the reply is finished, False when a failed rewrite went back."""
         problem = None
         if self.unchecked is not None:
@@ -412,7 +414,7 @@ class _ReplyLoop:
         yield from self._failed_check(problem, at_end_of_turn=True)
         return False
 
-    def _check_rewrite(self, final: bool) -> Iterator[Event]:
+    def _check_rewrite(self, final: bool) -> Generator[Event, None, bool]:
         """Check the latest rewrite once its sentence is finished; True when it failed and went back."""
         assert self.unchecked is not None
         checked, problem = _rewrite_verdict(self.reply, self.unchecked, self.question, final)
@@ -423,7 +425,7 @@ class _ReplyLoop:
             self.unchecked = None  # the rewrite drew on its evidence and answers the question: it stands
         return False
 
-    def _failed_check(self, problem: str, at_end_of_turn: bool) -> Iterator[Event]:
+    def _failed_check(self, problem: str, at_end_of_turn: bool) -> Generator[Event, None, None]:
         """A rewrite failed its check: one more try if allowed, else back to the reply written without it."""
         u = self.unchecked
         assert u is not None
@@ -432,7 +434,7 @@ class _ReplyLoop:
         else:
             yield from self._revert(problem)
 
-    def _try_again(self, problem: str, at_end_of_turn: bool) -> Iterator[Event]:
+    def _try_again(self, problem: str, at_end_of_turn: bool) -> Generator[Event, None, None]:
         """One more try before a failed rewrite is dropped, the evidence still in context: a rewrite cut
         short by its end of turn goes on past it ("… is vpn." inside "vpn.acme.example"); any other is
         written again from the rewind point with its first token banned ("I'm ready to help.")."""
@@ -454,7 +456,7 @@ class _ReplyLoop:
             yield Rewind(rewound.round, shown, failed, 0)
         rewound.retries.append({"problem": problem, "rewrite": failed, "how": how})
 
-    def _revert(self, problem: str) -> Iterator[Event]:
+    def _revert(self, problem: str) -> Generator[Event, None, None]:
         """The rewrite failed its check: back to the reply written without it; no more rounds."""
         u, reply = self.unchecked, self.reply
         assert u is not None
@@ -485,7 +487,7 @@ class _ReplyLoop:
     def _done(self) -> Done:
         reply, c = self.reply, self.config
         text = reply.text()
-        surprise_summary = aggregates(reply.surprises, c.tail_cut) if self.scored else None
+        surprise_summary: dict[str, Any] | None = aggregates(reply.surprises, c.tail_cut) if self.scored else None
         if surprise_summary is not None:
             # The highest eligible rolling statistic seen while decoding: what the gate compares to the threshold.
             surprise_summary["window_max"] = self.policy.window_max

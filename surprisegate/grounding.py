@@ -95,9 +95,9 @@ def _ask_arm(arms: Mapping[str, Arm], name: str, query: Query, deadline: float,
     """One arm's evidence for the query, and its report for the receipt."""
     key = (name, query.question, query.span_class)
     if cache is not None and key in cache:
-        results = cache[key]
-        return results, {"arm": name, "status": "ok" if results else "empty", "cached": True, "latency_ms": 0.0,
-                         "results": [e.to_dict() for e in results]}
+        cached: list[Evidence] = cache[key]
+        return cached, {"arm": name, "status": "ok" if cached else "empty", "cached": True, "latency_ms": 0.0,
+                         "results": [e.to_dict() for e in cached]}
     arm = arms.get(name)
     if arm is None:
         return [], {"arm": name, "status": "skipped", "reason": "arm not configured", "latency_ms": 0.0, "results": []}

@@ -1,0 +1,127 @@
+"""Runtime assembly: from a Config and the user's choice of arms to a loaded backend and its arms.
+
+One place used by `ask`, `demo`, `eval` and, next, `serve`. Arms are built from one registry (`ARMS`):
+the config's arm orders name arms from it, and each entry says how to build its arm from what the user
+pointed at (a memory store, a search URL, tool settings). Heavy imports stay inside the builders.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .arms import Arm
+from .config import Config
+from .errors import InputError
+
+
+def home() -> Path:
+    """Where surprisegate keeps its files: $SURPRISEGATE_HOME, default ~/.cache/surprisegate."""
+    return Path(os.environ.get("SURPRISEGATE_HOME") or Path.home() / ".cache" / "surprisegate")
+
+
+def demo_memory(quiet: bool = True, say: Callable[[str], None] = lambda message: None) -> Path:
+    """The demo knowledge base, built once into home()."""
+    from .demo_kb import ensure_demo_memory
+
+    path = home() / "demo-memory.sqlite"
+    if not path.exists() and not quiet:
+        say(f"building the demo knowledge base at {path} (once) ...")
+    return ensure_demo_memory(path)
+
+
+def check_memory(memory: str) -> None:
+    """A missing SQLite file is a user mistake worth catching before the model loads."""
+    if memory in ("demo", "none") or re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", memory) or memory.startswith("milvus-lite:"):
+        return
+    if not Path(memory).exists():
+        raise InputError(f"--memory={memory!r} does not exist; build it with: surprisegate memory add --memory {memory} FILE.jsonl")
+
+
+# --------------------------------------------------------------------------------------------
+# the arm registry
+# --------------------------------------------------------------------------------------------
+def _memory_arm(config: Config, target: str, say: Callable[[str], None]) -> Arm:
+    from .arms.memory import MemoryArm
+    from .store.open import open_memory
+
+    path = str(demo_memory(quiet=False, say=say)) if target == "demo" else target
+    return MemoryArm(open_memory(path), floor=config.relevance_floor)
+
+
+def _web_arm(config: Config, target: str, say: Callable[[str], None]) -> Arm:
+    from .arms.web import build_web_arm
+
+    arm = build_web_arm(target)
+    problem = arm.problem()
+    if problem:
+        say(f"warning: web arm: {problem}")
+    return arm
+
+
+def _tool_arm(config: Config, target: str, say: Callable[[str], None]) -> Arm:
+    from .arms.tools import ToolArm
+
+    return ToolArm(roots=config.tool_roots, allowed_status_targets=config.tool_status_targets,
+                   python_sandbox=config.tool_python_sandbox, default_timezone=config.tool_timezone)
+
+
+@dataclass(frozen=True)
+class ArmEntry:
+    name: str
+    what: str  # what the user points it at
+    build: Callable[[Config, str, Callable[[str], None]], Arm]
+
+
+ARMS: dict[str, ArmEntry] = {e.name: e for e in (
+    ArmEntry("memory", "a memory store: SQLite file, milvus:// URI or 'demo'", _memory_arm),
+    ArmEntry("web", "a SearxNG-compatible URL, or brave | tavily | wikipedia", _web_arm),
+    ArmEntry("tool", "on unless --no-tools: calculator, dates, units, python, files, status", _tool_arm),
+)}
+
+
+def build_arms(config: Config, memory: str | None = None, tools: bool = True, web: str | None = None,
+               say: Callable[[str], None] = lambda message: None) -> dict[str, Arm]:
+    """The arms the user asked for: memory unless 'none', the tools unless disabled, the web if given."""
+    targets = {"memory": memory if memory and memory != "none" else None, "tool": "on" if tools else None, "web": web}
+    return {name: ARMS[name].build(config, target, say) for name, target in targets.items() if target}
+
+
+def load_backend(config: Config) -> Any:
+    """The backend the config names (registry: backends/registry.py)."""
+    from .backends.registry import open_backend
+
+    return open_backend(config.backend, config.model or None, n_ctx=config.n_ctx, seed=config.seed,
+                        threads=config.threads)
+
+
+# --------------------------------------------------------------------------------------------
+# a runtime
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Runtime:
+    """A loaded backend, its arms and the config they were built from: what answers requests."""
+
+    config: Config
+    backend: Any
+    arms: dict[str, Arm] = field(default_factory=dict)
+
+    def generate(self, messages: Sequence[dict[str, str]] | str, config: Config | None = None, **kwargs: Any):
+        """One reply (controller.generate) with this runtime's backend; arms only in intervene mode."""
+        from .controller import generate
+
+        config = config or self.config
+        arms = self.arms if config.mode == "intervene" else {}
+        return generate(self.backend, messages, config, arms, **kwargs)
+
+
+def assemble(config: Config, memory: str | None = None, tools: bool = True, web: str | None = None,
+             say: Callable[[str], None] = lambda message: None) -> Runtime:
+    """Check the arm targets, build the arms, then load the backend (slowest last, so mistakes fail fast)."""
+    if memory:
+        check_memory(memory)
+    arms = build_arms(config, memory, tools, web, say)
+    return Runtime(config, load_backend(config), arms)
