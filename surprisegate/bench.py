@@ -2,7 +2,8 @@
 
 decode: detect-mode tokens/s (our loop, scoring every token) ÷ plain llama-cpp-python greedy
         `Llama.generate` tokens/s, same model, same prompt, same tokens.
-rewind: (trim 16 + inject a 30-token segment + re-decode 16) ÷ re-prefilling the whole context.
+rewind: (continue from the context minus a 16-token span plus a 30-token segment, then re-decode 16, all
+        through the session seam) ÷ re-prefilling the whole context.
 Repeats alternate baseline and candidate so drift in machine load hits both; medians are reported.
 """
 
@@ -31,7 +32,7 @@ def bench_decode(n_tokens: int = 256, repeats: int = 5, progress: Callable[[str]
     llama = backend._llama
     config = Config(mode="detect", max_tokens=n_tokens, max_rounds=0, system_prompt="")
     layout = PromptLayout.from_template(backend.chat_prompt, chat_messages(DECODE_PROMPT))
-    prompt_tokens = backend.tokenize(layout.body) + backend.tokenize(layout.open_assistant)
+    prompt_tokens = layout.body_tokens(backend.tokenize) + layout.open_tokens(backend.tokenize)
 
     def plain() -> tuple[list[int], float]:
         llama.reset()
@@ -92,8 +93,7 @@ def _filler_text(n_sentences: int) -> str:
 
 def bench_rewind(context_tokens: int = 1500, repeats: int = 5, span: int = 16, segment_tokens: int = 30,
                  progress: Callable[[str], None] = _noop) -> dict:
-    import numpy as np
-
+    from .backends import Sampling
     from .backends.llamacpp import from_llamacpp
 
     backend = from_llamacpp(None, n_ctx=max(2048, context_tokens + 256))
@@ -104,20 +104,23 @@ def bench_rewind(context_tokens: int = 1500, repeats: int = 5, span: int = 16, s
     segment = backend.tokenize(_filler_text(40))[:segment_tokens]
 
     def reprefill() -> float:
-        backend.reset()
+        session = backend.session()
         t0 = time.perf_counter()
-        backend.append(context)
+        session.steps(context, Sampling(scored=False))  # feeds the whole context (eager), decodes nothing
         return time.perf_counter() - t0
 
     def rewind() -> float:
-        backend.reset()
-        backend.append(context)  # the state at trigger time (not timed)
+        """Through the loop's seam: continue from the context minus the span plus the evidence segment
+        (the session keeps the rest of its cache), then decode the span again, scoring every token."""
+        session = backend.session()
+        session.steps(context, Sampling(scored=False))  # the state at trigger time (not timed)
         t0 = time.perf_counter()
-        backend.trim(span)
-        logits = backend.append(segment)
+        steps = session.steps(context[:-span] + segment, Sampling())
         for _ in range(span):
-            logits = backend.append([int(np.argmax(logits))])
-        return time.perf_counter() - t0
+            next(steps)
+        elapsed = time.perf_counter() - t0
+        steps.close()
+        return elapsed
 
     reprefill(); rewind()  # warm-up
     base, cand = [], []
