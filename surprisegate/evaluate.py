@@ -22,7 +22,6 @@ import itertools
 import json
 import math
 import random
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,10 +39,10 @@ from .labeling import guard_resume, prompt_for, read_items
 from .prompting import PromptLayout, chat_messages
 from .receipts import ReceiptWriter, read_receipts
 from .router import route
+from .text import ends_sentence
 
 MODES = ("off", "detect", "intervene", "always", "flare", "oracle")
 FLARE_THETA = 0.4  # FLARE's probability threshold for a "low-confidence" token (paper default range 0.4-0.8)
-_SENTENCE_END = re.compile(r"[.!?\n]\s*$")
 # Below every window statistic (bits are never negative): the oracle's trigger fires at the first eligible window.
 ORACLE_THRESHOLD = -1.0
 
@@ -88,7 +87,7 @@ def _decode(backend, prompt_tokens: list[int], max_tokens: int, stop_at_sentence
             probs.append(2.0 ** -step.surprise)
             pieces.append(step.piece)
             text = b"".join(pieces).decode("utf-8", "replace")
-            if stop_at_sentence and _SENTENCE_END.search(text) and len(text.strip()) > 1:
+            if stop_at_sentence and ends_sentence(text) and len(text.strip()) > 1:
                 break
     finally:
         steps.close()
@@ -148,7 +147,7 @@ def run_flare(backend, question: str, config: Config, arms: Mapping[str, Countin
                 prefilled += len(prompt)
         accepted += sentence
         accepted_tokens += len(tokens)
-        if not tokens or not _SENTENCE_END.search(sentence):
+        if not tokens or not ends_sentence(sentence):
             break  # end of turn (or budget) reached inside the sentence
     return Outcome(accepted[len(prefix):], sum(a.calls for a in arms.values()), triggered, decoded, prefilled)
 

@@ -1,7 +1,8 @@
 """Grading rule of the evaluation sets (shared/data/README.md), as pure functions.
 
 - Grade the first sentence of the reply only: it ends at . ! ? before whitespace or the end, but not at a
-  dot after a single capital letter ("U.S.", "J. Smith") or a common abbreviation (St, Inc, Jan, ...).
+  dot after a single capital letter ("U.S.", "J. Smith") or a common abbreviation (St, Inc, Jan, ...);
+  the rule lives in text.py, which every other reader of sentences shares.
 - Normalise both sides: lower-case, strip accents and punctuation, collapse whitespace, drop leading articles.
 - Correct when a normalised gold alias appears in the normalised first sentence as whole words.
 - Numbers: compare parsed numbers (commas and number words allowed); `numeric_tolerance` (population:
@@ -11,30 +12,14 @@
 from __future__ import annotations
 
 import re
-import unicodedata
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Mapping
 
+from .text import first_sentence, fold
+
 _ARTICLES = ("the ", "a ", "an ")
 _LEADING_ARTICLES = re.compile("^(?:" + "|".join(_ARTICLES) + ")+")
-# A sentence ends at . ! ? followed by whitespace or the end, except a dot after a single capital letter
-# ("U.S.", "J. Smith") or after a common abbreviation ("St.", "Inc.", "Jan.").
-# - A single capital is a capital letter that starts a word: "U.S." and "J." do not end a sentence, "USA."
-#   and "DNA." do. Capitals: ASCII and Latin-1 ("É. Macron").
-# - Abbreviations are whole words, case-sensitive as listed: "No. 5" goes on, "The answer is no." ends;
-#   "vs." is lowercase already. "May" is a full month name, not an abbreviation: "born in May." ends.
-# - Only the dot has exceptions: "!" and "?" do not abbreviate, so "Is it H? No." ends at "?".
-ABBREVIATIONS = ("St", "Mt", "Dr", "Mr", "Mrs", "Ms", "Jr", "Sr", "vs", "Inc", "Ltd", "Co", "Corp", "No",
-                 "Jan", "Feb", "Mar", "Apr", "Jun", "Jul", "Aug", "Sep", "Sept", "Oct", "Nov", "Dec")
-# Python's look-behinds are fixed width: one per abbreviation length.
-_NOT_AFTER_ABBREVIATION = "".join(
-    r"(?<!\b(?:" + "|".join(w for w in ABBREVIATIONS if len(w) == n) + "))"
-    for n in sorted({len(w) for w in ABBREVIATIONS}))
-_NOT_AFTER_SINGLE_CAPITAL = r"(?<!\b[A-ZÀ-ÖØ-Þ])"  # \b before a letter: no letter or digit precedes it
-# A pattern fragment that matches the stop character itself (look-behinds only before it); support.py reads it.
-SENTENCE_STOP = r"(?:[!?]|" + _NOT_AFTER_ABBREVIATION + _NOT_AFTER_SINGLE_CAPITAL + r"\.)"
-_SENTENCE_END = re.compile(SENTENCE_STOP + r"(?=\s|$)")
 _NUMBER = re.compile(r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?(?![\w])"
                      r"(?:\s+(hundred|thousand|million|billion)\b)?", re.IGNORECASE)
 
@@ -46,19 +31,12 @@ _SCALES = {"hundred": 100, "thousand": 1_000, "million": 1_000_000, "billion": 1
 _NUMBER_WORDS = set(_UNITS) | set(_TENS) | set(_SCALES)
 
 
-def first_sentence(text: str) -> str:
-    text = text.strip()
-    m = _SENTENCE_END.search(text)
-    return text[: m.end()] if m else text
-
-
 def normalise(text: str) -> str:
     """Lower-case, strip accents and punctuation, collapse whitespace, drop leading articles.
 
     All of them ("A: a 0" -> "0"), so that normalising twice changes nothing.
     """
-    text = unicodedata.normalize("NFKD", text)
-    text = "".join(c for c in text if not unicodedata.combining(c)).lower()
+    text = fold(text)
     text = re.sub(r"[^\w\s]|_", " ", text)
     text = " ".join(text.split())
     return _LEADING_ARTICLES.sub("", text)

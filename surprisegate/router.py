@@ -8,8 +8,8 @@ Classes (DESIGN.md §2b):
 - entity: named entities, numbers, dates; memory or the web can settle it.
 - other: everything else.
 
-`extract_tool_calls` goes one step further for the tool arm: which tool, with what input, from which field
-("37 times 48" -> calculator "37 * 48"; "days between 1 March and 14 April 2024" -> dates).
+Which tool, with what input, is the tool arm's own question (`arms.tools.extract_tool_calls`); the router
+only asks the tools' own extractors whether a span is computable, so it imports them and never the arm.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from surprisegate.arms import dates, files, sandbox, status, units
-from surprisegate.arms.tools import extract_computation
+from surprisegate.arms import files, status, units
+from surprisegate.arms.calculator import extract_computation
 from surprisegate.errors import InputError
 from surprisegate.signals import YES_NO_START
+from surprisegate.text import NOT_NAMES
 
 logger = logging.getLogger(__name__)
 
@@ -163,15 +163,6 @@ _COMPUTABLE_RULES: list[tuple[str, Callable[[str], bool]]] = [
 # --------------------------------------------------------------------------------------------------
 # entity rules
 
-# Capitalised words that start sentences or stand alone without naming anything.
-_NOT_NAMES = set(
-    """a an the i i'm i've i'd it it's its this that these those there here he she they we you my your his her our
-    their in on at of for to by from with as and or but if so yes no not sure well however also then thus
-    therefore what who whom whose when where which why how is are was were be been do does did can could will
-    would should may might must shall has have had am let okay ok hello hi thanks thank please note first second
-    finally answer
-    """.split()
-)
 # Words that commonly open a request; a question's first capitalised word names something unless it is one.
 _REQUEST_OPENERS = set(
     """tell give list explain describe define compare summarize summarise write name find show calculate compute
@@ -220,7 +211,7 @@ def _has_name(text: str, *, is_span: bool) -> bool:
     """
     for match in _CAPITALISED_WORD.finditer(text):
         word = match.group().rstrip(".'’")
-        if len(word) < 2 or word.lower() in _NOT_NAMES:
+        if len(word) < 2 or word.lower() in NOT_NAMES:
             continue
         if is_span or not _starts_a_sentence(text, match.start()) or word.lower() not in _REQUEST_OPENERS:
             return True
@@ -347,93 +338,3 @@ def route(span: str, question: str = "", sentence: str = "", available: Sequence
     decision = Route(span_class=span_class, rule=rule, arm_order=arm_order(span_class, available))
     logger.debug("route span=%r class=%s rule=%s arms=%s", span, span_class, rule, ",".join(decision.arm_order))
     return decision
-
-
-# --------------------------------------------------------------------------------------------------
-# tool calls: which tool the tool arm should run, with what input
-
-# Tried in this order within each field: specific requests first, so that `notes.txt` is read as a file
-# rather than run as Python, and "100 days after 2024-01-15" is date math rather than subtraction.
-TOOL_NAMES = ("files", "python", "status", "dates", "units", "calculator")
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    tool: str  # one of TOOL_NAMES
-    request: Any  # the tool's parsed request: Snippet, FileRequest, StatusRequest, DateQuestion, Conversion, str
-    field: str  # "span" | "sentence" | "question": where it was found
-    input: str  # canonical and readable, for receipts and tests: "37 * 48", "sorted([3,1,2])[0]"
-
-
-def _python_call(text: str) -> tuple[Any, str] | None:
-    snippet = sandbox.extract_snippet(text)
-    return (snippet, snippet.code) if snippet else None
-
-
-def _files_call(text: str) -> tuple[Any, str] | None:
-    request = files.extract_file_request(text)
-    return (request, request.path) if request else None
-
-
-def _status_call(text: str) -> tuple[Any, str] | None:
-    request = status.extract_status_request(text)
-    return (request, request.describe()) if request else None
-
-
-def _dates_call(text: str) -> tuple[Any, str] | None:
-    question = dates.extract_date_question(text)
-    return (question, question.describe()) if question else None
-
-
-def _units_call(text: str) -> tuple[Any, str] | None:
-    conversion = units.extract_conversion(text)
-    return (conversion, conversion.describe()) if conversion else None
-
-
-def _calculator_call(text: str) -> tuple[Any, str] | None:
-    expression = extract_computation(text)
-    return (expression, expression) if expression else None
-
-
-_EXTRACTORS: dict[str, Callable[[str], tuple[Any, str] | None]] = {
-    "files": _files_call,
-    "python": _python_call,
-    "status": _status_call,
-    "dates": _dates_call,
-    "units": _units_call,
-    "calculator": _calculator_call,
-}
-
-
-def extract_tool_calls(
-    span: str, question: str = "", sentence: str = "", tools: Sequence[str] = TOOL_NAMES
-) -> list[ToolCall]:
-    """Every tool call the span and its context state, best first: fields in the order span, sentence,
-    question (the span is the doubtful text itself; the question usually states the computation), and
-    tools in TOOL_NAMES order within a field. The tool arm runs the first one that succeeds.
-    """
-    unknown = [name for name in tools if name not in _EXTRACTORS]
-    if unknown or isinstance(tools, str):
-        raise InputError(f"tools={tools!r}: unknown tool names {unknown}; use some of {', '.join(TOOL_NAMES)}")
-    calls: list[ToolCall] = []
-    seen: set[tuple[str, str]] = set()
-    for field_name, text in (("span", span or ""), ("sentence", sentence or ""), ("question", question or "")):
-        if not text.strip():
-            continue
-        for name in TOOL_NAMES:
-            if name not in tools:
-                continue
-            found = _EXTRACTORS[name](text)
-            if found is None or (name, found[1]) in seen:
-                continue
-            if name == "python" and ("files", found[1]) in seen:  # a backticked path is a file, never code
-                continue
-            seen.add((name, found[1]))
-            calls.append(ToolCall(name, found[0], field_name, found[1]))
-    return calls
-
-
-def extract_tool_call(span: str, question: str = "", sentence: str = "", tools: Sequence[str] = TOOL_NAMES) -> ToolCall | None:
-    """The best tool call (see `extract_tool_calls`), or None when no tool applies."""
-    calls = extract_tool_calls(span, question, sentence, tools)
-    return calls[0] if calls else None

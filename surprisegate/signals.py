@@ -12,19 +12,14 @@ That is decidable online, token by token, which the trigger needs.
 from __future__ import annotations
 
 import re
-import unicodedata
+
+from .text import KIND_STOPWORDS, WORD, fold
 
 SIGNALS = ("surprise", "entropy", "novel", "novel_entropy")
-_WORD_CHARS = re.compile(r"[^\W_]+")
-
-
-def _fold(text: str) -> str:
-    text = unicodedata.normalize("NFKD", text)
-    return "".join(c for c in text if not unicodedata.combining(c)).lower()
 
 
 def question_words(question: str) -> frozenset[str]:
-    return frozenset(_WORD_CHARS.findall(_fold(question)))
+    return frozenset(WORD.findall(fold(question)))
 
 
 class CopyTracker:
@@ -36,11 +31,11 @@ class CopyTracker:
         self.current = ""  # the word being written, folded
 
     def push(self, piece: str) -> bool:
-        folded = _fold(piece)
+        folded = fold(piece)
         if not folded:
             return False
         starts_word = not folded[0].isalnum() or not self.current
-        chars = _WORD_CHARS.findall(folded)
+        chars = WORD.findall(folded)
         if not chars:  # pure punctuation / whitespace: ends the word, copies nothing new
             self.current = ""
             return True
@@ -77,11 +72,6 @@ def signal_value(signal: str, surprise: float, entropy: float, copied: bool) -> 
 YES_NO_START = re.compile(r"^\s*(?:is|are|was|were|do|does|did|can|could|has|have|had|will|would|should|shall)\s",
                           re.IGNORECASE)
 
-_KIND_STOPWORDS = frozenset(
-    "what which who whom whose where when why how is are was were the a an of in on at to did does do for from "
-    "by with as and or its it this that there be become became complete sentence".split())
-
-
 def question_kind(question: str) -> str:
     """A coarse, deterministic kind of question: its lower-case content words, names dropped.
 
@@ -90,7 +80,7 @@ def question_kind(question: str) -> str:
     model is right far more often on some kinds of question than others.
     """
     words = re.findall(r"[A-Za-z][\w.'-]*", question.split(":", 1)[-1] if question.startswith("Complete") else question)
-    kept = [w.lower() for i, w in enumerate(words) if not (i > 0 and w[0].isupper()) and w.lower() not in _KIND_STOPWORDS]
+    kept = [w.lower() for i, w in enumerate(words) if not (i > 0 and w[0].isupper()) and w.lower() not in KIND_STOPWORDS]
     return " ".join(kept[:4])
 
 

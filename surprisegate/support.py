@@ -13,43 +13,23 @@ import re
 from collections.abc import Iterable
 from fractions import Fraction
 
-from surprisegate.grading import SENTENCE_STOP, normalise, parse_numbers
+from surprisegate.grading import normalise, parse_numbers
 from surprisegate.signals import YES_NO_START
+from surprisegate.text import EVIDENCE_STOPWORDS, sentence_end, sentence_start
 
-# Function words, and words every templated evidence sentence uses: sharing them shows nothing.
-STOPWORDS = frozenset(
-    "a an and are as at be been by for from has have he her his in is it its of on or she that the their "
-    "there they this to was were which who with about also include includes including".split()
-)
+__all__ = ["content_words", "cut_short", "expected_answer", "fits_answer", "rewrite_problem", "sentence_end",
+           "sentence_start", "uses_evidence"]  # sentence_end/start: text.py's, re-exported for the controller
+
 # Counts this large are written rounded, often coarsely ("about 40 million" for 44,134,693); smaller
 # numbers (years, codes, sums) must match exactly.
 ROUNDED_FROM = 100_000
 ROUNDING_TOLERANCE = Fraction(25, 100)
 _DIGITS = re.compile(r"\d[\d,.]*\d")
-# A sentence ends at grading's full stop once the next character is whitespace ("3." may still become
-# "3.14"), or at a line break.
-_SENTENCE_END = re.compile(SENTENCE_STOP + r"(?=\s)|\n")
 
 
 def content_words(text: str) -> set[str]:
     """Normalised words of `text` that carry content: no function words, no bare numbers."""
-    return {w for w in normalise(text).split() if w not in STOPWORDS and not w.isdigit()}
-
-
-def sentence_end(text: str, start: int = 0) -> int | None:
-    """Index just past the first sentence end at or after `start`, or None while the sentence is open."""
-    m = _SENTENCE_END.search(text, start)
-    return m.end() if m else None
-
-
-def sentence_start(text: str, index: int) -> int:
-    """Index where the sentence holding `text[index]` begins (just past the previous sentence end)."""
-    start = 0
-    for m in _SENTENCE_END.finditer(text):
-        if m.end() > index:
-            break
-        start = m.end()
-    return start + (len(text[start:]) - len(text[start:].lstrip()))
+    return {w for w in normalise(text).split() if w not in EVIDENCE_STOPWORDS and not w.isdigit()}
 
 
 def _same_number(a: Fraction, b: Fraction) -> bool:
@@ -131,7 +111,7 @@ def _names_a_demonym(sentence: str) -> bool:
 
 
 def _is_name_part(word: str) -> bool:
-    return word[:1].isupper() and word[:1].isalpha() and not word.endswith(".") and word.lower() not in STOPWORDS
+    return word[:1].isupper() and word[:1].isalpha() and not word.endswith(".") and word.lower() not in EVIDENCE_STOPWORDS
 
 
 def _names_a_country(sentence: str) -> bool:

@@ -14,10 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 import threading
-import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -26,6 +24,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from .errors import InputError
+from .text import STOPWORDS, WORD, light_stem
 
 CORPUS_URL_PREFIX = "https://corpus.local/"
 ENGINE_NAME = "local-bm25"
@@ -36,19 +35,6 @@ MAX_QUERY_CHARS = 2000
 # Content is the whole document up to this many characters: the arm picks sentences from it.
 MAX_CONTENT_CHARS = 2000
 BM25_K1, BM25_B = 1.2, 0.75
-
-# Function words carry no topic; dropping them keeps "which magazine was started first" about magazines.
-STOPWORDS = frozenset(
-    """a about above after again against all am an and any are as at be because been before being
-    below between both but by can could did do does doing down during each few for from further had
-    has have having he her here hers herself him himself his how i if in into is it its itself just
-    me more most my myself no nor not now of off on once only or other our ours ourselves out over own
-    same she should so some such than that the their theirs them themselves then there these they
-    this those through to too under until up very was we were what when where which while who whom
-    whose why will with would you your yours yourself yourselves s t d ll m re ve""".split()
-)
-_WORD = re.compile(r"[^\W_]+")
-
 
 def doc_url(doc_id: str) -> str:
     return CORPUS_URL_PREFIX + quote(doc_id, safe="")
@@ -61,22 +47,9 @@ def doc_id_from_url(url: str) -> str | None:
     return unquote(url[len(CORPUS_URL_PREFIX):])
 
 
-def _stem(word: str) -> str:
-    # Fold case, accents and plural/-ed/-ing endings so "magazines" meets "magazine".
-    word = "".join(c for c in unicodedata.normalize("NFKD", word.lower()) if not unicodedata.combining(c))
-    if len(word) > 4 and word.endswith("ies"):
-        return word[:-3] + "y"
-    if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
-        return word[:-1]
-    if len(word) > 4 and word.endswith("ed"):
-        return word[:-2]
-    if len(word) > 5 and word.endswith("ing"):
-        return word[:-3]
-    return word
-
-
 def index_terms(text: str) -> list[str]:
-    return [_stem(word) for word in _WORD.findall(text) if word.lower() not in STOPWORDS]
+    """The words BM25 counts, documents and queries alike: light stems of the non-function words."""
+    return [light_stem(word) for word in WORD.findall(text) if word.lower() not in STOPWORDS]
 
 
 @dataclass(frozen=True)

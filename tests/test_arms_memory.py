@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from surprisegate.arms import Arm, Evidence, Query
-from surprisegate.arms.memory import DEFAULT_FLOOR, MemoryArm, best_sentences, relation_word, split_sentences
+from surprisegate.arms.memory import DEFAULT_FLOOR, MemoryArm, best_sentences, relation_word
 from surprisegate.demo_kb import ensure_demo_memory
 from surprisegate.errors import ArmError, ConfigError
 from surprisegate.store.sqlite import Hit, SQLiteMemory
@@ -152,15 +152,6 @@ def test_bad_settings_are_config_errors(store, kwargs):
 
 
 # -- sentence picking -----------------------------------------------------------------------------
-
-
-def test_split_sentences_keeps_abbreviations_and_initials():
-    text = "Alabama is a U.S. state. Boron was found by Sir H. Davy, J.L. Gay-Lussac in 1808. St. Louis is big."
-    assert split_sentences(text) == [
-        "Alabama is a U.S. state.",
-        "Boron was found by Sir H. Davy, J.L. Gay-Lussac in 1808.",
-        "St. Louis is big.",
-    ]
 
 
 def test_best_sentence_ties_go_to_the_earlier_sentence():

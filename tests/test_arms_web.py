@@ -16,6 +16,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from surprisegate.arms import Arm, Query, web
 from surprisegate.arms.web import (
@@ -499,6 +501,57 @@ def test_cache_hit_on_identical_query(fake_server):
     assert len(server.seen) == 4
 
 
+def test_the_cache_drops_the_least_recently_used_search(fake_server):
+    server = fake_server({"/search": Reply(200, SEARX_BODY)})
+    arm = WebArm(SearxngSearch(base_url=server.url, env={}), cache_size=2)
+
+    def ask(question: str) -> None:
+        arm.ground(Query(span="", question=question, sentence=""), time.monotonic() + 5)
+
+    for question in ("Where is Paris?", "Where is Lyon?", "Where is Paris?"):  # Paris is now the most recent
+        ask(question)
+    assert len(server.seen) == 2
+    ask("Where is Nice?")  # a third search: Lyon, used least recently, is dropped
+    ask("Where is Paris?")
+    assert len(server.seen) == 3
+    ask("Where is Lyon?")
+    assert len(server.seen) == 4
+
+
+def test_the_default_cache_is_bounded():
+    assert WebArm("searxng", base_url="http://127.0.0.1:1", env={}).cache_size == web.CACHE_SIZE == 256
+
+
+class _CountingProvider(web.SearchProvider):
+    name = "counting"
+
+    def __init__(self):
+        super().__init__(env={})
+        self.searched: list[str] = []
+
+    def search(self, text, count, deadline):
+        self.searched.append(text)
+        return [web.SearchResult("", text, text, 0)]
+
+
+@given(st.lists(st.sampled_from("abcdef"), max_size=40), st.integers(1, 4))
+def test_the_cache_is_a_bounded_lru(searches, size):
+    # Against a plain model of an LRU: the searches it misses are the ones the provider sees.
+    provider = _CountingProvider()
+    arm = WebArm(provider, cache_size=size)
+    recent: list[str] = []  # least recently used first
+    missed = []
+    for text in searches:
+        assert arm._search(text, float("inf"))[0].text == text
+        if text in recent:
+            recent.remove(text)
+        else:
+            missed.append(text)
+        recent = (recent + [text])[-size:]
+    assert provider.searched == missed
+    assert list(key for _, key in arm._cache) == recent
+
+
 def test_errors_are_not_cached(fake_server):
     server = fake_server({"/search": Reply(503, b"busy", content_type="text/plain")})
     arm = WebArm(SearxngSearch(base_url=server.url, env={}))
@@ -548,6 +601,8 @@ def test_arm_protocol_and_config_errors():
         WebArm("searxng", floor=2.0)
     with pytest.raises(ConfigError, match="max_results"):
         WebArm("searxng", max_results=0)
+    with pytest.raises(ConfigError, match="cache_size=0 must be at least 1"):
+        WebArm("searxng", cache_size=0)
     with pytest.raises(ConfigError, match="api='graphql'"):
         WikipediaSearch(api="graphql", env={})
     with pytest.raises(ConfigError, match="SURPRISEGATE_SEARXNG_URL"):

@@ -12,22 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from surprisegate.arms.dates import DateQuestion
-from surprisegate.arms.files import FileRequest
-from surprisegate.arms.sandbox import Snippet
-from surprisegate.arms.status import StatusRequest
-from surprisegate.arms.units import Conversion
 from surprisegate.errors import InputError
-from surprisegate.router import (
-    TOOL_NAMES,
-    Route,
-    ToolCall,
-    arm_order,
-    classify_span,
-    extract_tool_call,
-    extract_tool_calls,
-    route,
-)
+from surprisegate.router import Route, arm_order, classify_span, route
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -134,131 +120,6 @@ def test_labelled_spans(span, question, sentence, expected):
 def test_the_table_is_large_and_covers_every_class():
     assert len(LABELLED_SPANS) >= 60
     assert {case[3] for case in LABELLED_SPANS} == {"computable", "entity", "other"}
-
-
-# (span, question, sentence so far, expected tool, expected canonical input): the tool arm's dispatch.
-LABELLED_TOOL_CALLS = [
-    # calculator
-    ("1776", "What is 37 times 48?", "", "calculator", "37 * 48"),
-    ("1766", "", "37 times 48 is 1766", "calculator", "37 * 48"),
-    ("", "What is the sum of 3 and 4?", "", "calculator", "3 + 4"),
-    ("12", "What is 15% of 80?", "", "calculator", "15 / 100 * 80"),
-    ("", "Calculate 2 + 3 * 4.", "", "calculator", "2 + 3 * 4"),
-    # dates
-    ("44", "How many days between 1 March and 14 April 2024?", "", "dates", "days_between(1 March, 14 April 2024)"),
-    ("", "What date is 100 days after 2024-01-15?", "", "dates", "add_days(2024-01-15, +100 days)"),
-    ("Tuesday", "What day of the week was July 4, 1976?", "", "dates", "weekday(July 4, 1976)"),
-    ("", "What is the date today in Asia/Tokyo?", "", "dates", "today(Asia/Tokyo)"),
-    ("", "How many days until Christmas?", "", "dates", "days_between(today, Christmas)"),
-    ("", "What was the date 3 days before March 1st, 2024?", "", "dates", "add_days(March 1st, 2024, -3 days)"),
-    # units
-    ("42", "How many kilometres is 26.2 miles?", "", "units", "26.2 mile -> kilometer"),
-    ("", "Convert 100 F to C", "", "units", "100 degree_Fahrenheit -> degree_Celsius"),
-    ("", "What is 5 feet in cm?", "", "units", "5 foot -> centimeter"),
-    ("", "How many seconds are there in a day?", "", "units", "1 day -> second"),
-    ("", "60 mph in km/h?", "", "units", "60 mile / hour -> kilometer / hour"),
-    # python: backticks or an explicit "what does X return"
-    ("3", "What does `sorted([3,1,2])[0]` return?", "", "python", "sorted([3,1,2])[0]"),
-    ("3", "What does len('abc') return in Python?", "", "python", "len('abc')"),
-    ("", "What does x[0] return?", "", "python", "x[0]"),
-    ("", "What will `'abc'.upper()` print?", "", "python", "'abc'.upper()"),
-    ("", "What does this print?\n```python\nfor i in range(3):\n    print(i)\n```", "", "python",
-     "for i in range(3):\n    print(i)"),
-    # files
-    ("localhost", "What are the contents of /etc/hosts?", "", "files", "/etc/hosts"),
-    ("debug = true", "What is in file config.toml?", "", "files", "config.toml"),
-    ("42", "How many lines are in ./data/notes.txt?", "", "files", "./data/notes.txt"),
-    ("", "What's in `notes.txt; rm -rf /`?", "", "files", "notes.txt; rm -rf /"),  # taken whole, never a shell
-    ("", "Show me data/notes.txt", "", "files", "data/notes.txt"),
-    # status
-    ("up", "Is example.com up?", "", "status", "example.com"),
-    ("open", "Is port 8080 open?", "", "status", "port 8080"),
-    ("down", "Is https://api.example.org/health responding?", "", "status", "https://api.example.org/health"),
-    ("200", "What is the status of localhost:8000?", "", "status", "localhost:8000"),
-    ("", "Is 127.0.0.1:5432 reachable?", "", "status", "127.0.0.1:5432"),
-    # no tool
-    ("Paris", "What is the capital of France?", "", None, None),
-    ("happy", "How are you today?", "", None, None),
-    ("", "What does the fox say?", "", None, None),
-    ("", "Run `pip install foo` please", "", None, None),  # not Python
-    ("", "Read me `ls -la`", "", None, None),  # a shell line parses as Python but computes nothing
-    ("4", "How many legs does a dog have?", "", None, None),
-    ("", "He ran 5 km in 30 minutes.", "", None, None),
-]
-
-
-@pytest.mark.parametrize(
-    ("span", "question", "sentence", "tool", "expected_input"),
-    LABELLED_TOOL_CALLS,
-    ids=[f"{i}-{case[3]}-{(case[1] or case[2])[:24]}" for i, case in enumerate(LABELLED_TOOL_CALLS)],
-)
-def test_labelled_tool_calls(span, question, sentence, tool, expected_input):
-    call = extract_tool_call(span, question, sentence)
-    if tool is None:
-        assert call is None
-    else:
-        assert call is not None
-        assert (call.tool, call.input) == (tool, expected_input)
-
-
-def test_every_tool_has_labelled_calls():
-    counts = {name: sum(case[3] == name for case in LABELLED_TOOL_CALLS) for name in TOOL_NAMES}
-    assert all(count >= 5 for count in counts.values()), counts
-
-
-def test_labelled_tool_calls_are_computable():
-    for span, question, sentence, tool, _ in LABELLED_TOOL_CALLS:
-        if tool is not None:
-            assert classify_span(span, question, sentence)[0] == "computable", question
-
-
-def test_tool_calls_carry_the_parsed_request():
-    kinds = {
-        "python": Snippet,
-        "files": FileRequest,
-        "status": StatusRequest,
-        "dates": DateQuestion,
-        "units": Conversion,
-        "calculator": str,
-    }
-    for span, question, sentence, tool, _ in LABELLED_TOOL_CALLS:
-        if tool is not None:
-            call = extract_tool_call(span, question, sentence)
-            assert isinstance(call, ToolCall)
-            assert isinstance(call.request, kinds[tool])
-
-
-def test_tool_calls_are_ordered_span_then_sentence_then_question():
-    calls = extract_tool_calls("6 x 7", question="What is 1 plus 1?", sentence="2 plus 2 is")
-    assert [(c.field, c.input) for c in calls] == [("span", "6 * 7"), ("sentence", "2 + 2"), ("question", "1 + 1")]
-
-
-def test_specific_tools_come_before_the_calculator_in_a_field():
-    # A date offset is not a subtraction, and a backticked snippet is not arithmetic.
-    call = extract_tool_call("", "What date is 100 days after 2024-01-15?")
-    assert call.tool == "dates"
-    call = extract_tool_call("", "What does `2 ** 10` return?")
-    assert call.tool == "python"
-    assert [c.tool for c in extract_tool_calls("", "What does `2 ** 10` return?")] == ["python", "calculator"]
-
-
-def test_tool_calls_can_be_limited_to_some_tools():
-    assert extract_tool_call("", "What does `2 ** 10` return?", tools=("calculator",)).tool == "calculator"
-    assert extract_tool_call("", "How many kilometres is 26.2 miles?", tools=("calculator", "dates")) is None
-
-
-def test_tool_calls_reject_unknown_tool_names():
-    with pytest.raises(InputError, match="unknown tool names"):
-        extract_tool_calls("", "What is 2 plus 2?", tools=("calculator", "shell"))
-    with pytest.raises(InputError):
-        extract_tool_calls("", "What is 2 plus 2?", tools="calculator")
-
-
-def test_tool_call_extraction_is_fast_on_long_text():
-    text = ("Is example.com up? What does `f(` return 1 March 2024 5 km in " * 400)[:15_000]
-    started = time.perf_counter()
-    extract_tool_calls(text[:2000], text, text)
-    assert time.perf_counter() - started < 2.0
 
 
 @pytest.mark.parametrize(

@@ -184,6 +184,14 @@ def test_chunk_text_respects_limit_and_keeps_words():
     assert " ".join(chunks).split() == text.split()
 
 
+def test_chunk_text_cuts_long_paragraphs_at_sentence_ends_only():
+    # The one sentence rule (text.py): "St." ends no sentence, so no chunk puts a paragraph break inside "St. Louis".
+    text = "The arch stands in St. Louis by the river. " * 40
+    chunks = chunk_text(text, max_chars=100)
+    assert all(chunk.endswith("river.") for chunk in chunks)
+    assert " ".join(chunks).split() == text.split()
+
+
 # -- search ---------------------------------------------------------------------------------------
 
 
@@ -252,6 +260,17 @@ def test_query_terms_mark_names_and_drop_stopwords():
     terms = {term.word: term for term in query_terms("What is the capital of Burkina Faso?")}
     assert set(terms) == {"capital", "burkina", "faso"}
     assert terms["burkina"].is_name and not terms["capital"].is_name
+
+
+@pytest.mark.parametrize("question, name, not_a_term", [
+    ("What is the capital of U.S. Virgin Islands?", "virgin", "s"),  # "U.S." ends no sentence; its "S" is no name
+    ("Who founded St. Louis?", "louis", None),
+    ("Is Teri W. Odom a chemist?", "odom", None),
+])
+def test_a_capital_after_an_abbreviation_is_a_name(question, name, not_a_term):
+    terms = {term.word: term for term in query_terms(question)}
+    assert terms[name].is_name
+    assert not_a_term not in terms
 
 
 def test_deadline_already_passed_stops_a_long_search(tmp_path):

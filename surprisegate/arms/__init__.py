@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, runtime_checkable
 
+from ..errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Query:
@@ -42,3 +44,12 @@ class Arm(Protocol):
         `deadline` is an absolute `time.monotonic()` value; an arm must return or raise by then.
         """
         ...
+
+
+def check_arm_settings(floor: float, default_floor: float, **counts: tuple[int, str]) -> None:
+    """Raise ConfigError unless `floor` is within 0..1 and every count (name=(value, what it counts)) is >= 1."""
+    if not 0.0 <= floor <= 1.0:
+        raise ConfigError(f"floor={floor!r} is outside 0..1; pass a relevance floor such as {default_floor}")
+    for name, (value, what) in counts.items():
+        if value < 1:
+            raise ConfigError(f"{name}={value!r} must be at least 1: how many {what}")

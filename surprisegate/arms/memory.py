@@ -12,23 +12,18 @@ from __future__ import annotations
 import re
 import sqlite3
 import time
-import unicodedata
 from typing import Protocol
 
-from ..errors import ArmError, ConfigError, SurpriseGateError
-from ..store.sqlite import STOPWORDS, Hit, query_terms
-from . import Evidence, Query
+from ..errors import ArmError, SurpriseGateError
+from ..store.sqlite import Hit, query_terms
+from ..text import QUERY_STOPWORDS, light_stem, split_sentences, stems
+from . import Evidence, Query, check_arm_settings
 
 # Chosen on factqa_dev (1309 questions over 901 passages): all but one of the 1301 right top passages
 # scored at least 0.6; questions about made-up places scored at most 0.35 (0.46 typed in lower case).
 DEFAULT_FLOOR = 0.6
 PASSAGE_CHARS = 600  # how much of the passage the receipt keeps
 
-# A full stop after these does not end a sentence ("U.S. state", "St. Louis", "Henry A. Smith").
-_ABBREVIATIONS = frozenset("st mt dr mr mrs ms jr sr vs e.g i.e etc ca approx".split())
-_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+(?=[\"'“(\[]?[A-Z0-9])")
-_INITIALS = re.compile(r"(?:[A-Z]\.){2,}")  # "J.L.", "U.S."
-_WORD = re.compile(r"[^\W_]+")
 # In "the capital of [the U.S. state of] X" the word before the first "of" names the relation asked.
 _RELATION_HEAD = re.compile(r"([^\W_]+)\s+of\b", re.IGNORECASE)
 # "In what year ..." / "When did ..." asks for a year: a sentence holding one answers it ("Iowa became a
@@ -43,43 +38,6 @@ class MemoryStore(Protocol):
     def search(self, query: str, k: int = 5, context: str = "", deadline: float | None = None) -> list[Hit]: ...
 
 
-def _ends_mid_sentence(text: str) -> bool:
-    # "... U.S.", "... St." or "... by R." ends in an abbreviation or an initial, not a sentence.
-    words = text.split()
-    last = words[-1] if words else ""
-    if last.endswith(".."):  # "K. Street Jr.." : the abbreviation's dot plus the sentence's
-        return False
-    stripped = last.rstrip(".")
-    is_initial = len(stripped) == 1 and stripped.isupper()
-    return is_initial or stripped.lower() in _ABBREVIATIONS or bool(_INITIALS.fullmatch(last))
-
-
-def split_sentences(text: str) -> list[str]:
-    sentences: list[str] = []
-    for piece in _SENTENCE_BREAK.split(text.strip()):
-        if sentences and _ends_mid_sentence(sentences[-1]):
-            sentences[-1] += " " + piece
-        elif piece:
-            sentences.append(piece)
-    return sentences
-
-
-def light_stem(word: str) -> str:
-    """Fold case, accents and common English endings so "borders" meets "border"."""
-    word = "".join(c for c in unicodedata.normalize("NFKD", word.lower()) if not unicodedata.combining(c))
-    if len(word) > 4 and word.endswith("ies"):
-        return word[:-3] + "y"
-    if len(word) > 4 and word.endswith(("ches", "shes", "sses", "xes", "zes")):
-        return word[:-2]
-    if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
-        return word[:-1]
-    if len(word) > 4 and word.endswith("ed"):
-        return word[:-2]
-    if len(word) > 5 and word.endswith("ing"):
-        return word[:-3]
-    return word
-
-
 def best_sentences(passage: str, weights: dict[str, float], count: int = 1, relation: str | None = None,
                    answer_shape: re.Pattern | None = None) -> str:
     """The `count` sentences of `passage` that best match the question, in passage order.
@@ -91,10 +49,10 @@ def best_sentences(passage: str, weights: dict[str, float], count: int = 1, rela
     sentences = split_sentences(passage) or [passage]
 
     def rank_key(index: int) -> tuple[bool, bool, float, int]:
-        stems = {light_stem(word) for word in _WORD.findall(sentences[index])}
-        weight = sum(weight for stem, weight in weights.items() if stem in stems)
+        held = stems(sentences[index])
+        weight = sum(weight for stem, weight in weights.items() if stem in held)
         shaped = answer_shape is None or bool(answer_shape.search(sentences[index]))
-        return (relation not in stems, not shaped, -weight, index)
+        return (relation not in held, not shaped, -weight, index)
 
     best = sorted(range(len(sentences)), key=rank_key)[:count]
     return " ".join(sentences[index] for index in sorted(best))
@@ -104,12 +62,8 @@ class MemoryArm:
     name = "memory"
 
     def __init__(self, store: MemoryStore, floor: float = DEFAULT_FLOOR, k: int = 5, max_sentences: int = 1):
-        if not 0.0 <= floor <= 1.0:
-            raise ConfigError(f"floor={floor!r} is outside 0..1; pass a relevance floor such as {DEFAULT_FLOOR}")
-        if k < 1:
-            raise ConfigError(f"k={k!r} must be at least 1; pass how many passages to consider, e.g. 5")
-        if max_sentences < 1:
-            raise ConfigError(f"max_sentences={max_sentences!r} must be at least 1")
+        check_arm_settings(floor, DEFAULT_FLOOR, k=(k, "passages to consider"),
+                           max_sentences=(max_sentences, "sentences per passage"))
         self.store = store
         self.floor = floor
         self.k = k
@@ -189,4 +143,4 @@ def relation_word(question: str) -> str | None:
     Without it, "official" (as rare as "currency") picks "Official languages of X ..." half the time.
     """
     head = _RELATION_HEAD.search(question)
-    return light_stem(head.group(1)) if head and head.group(1).lower() not in STOPWORDS else None
+    return light_stem(head.group(1)) if head and head.group(1).lower() not in QUERY_STOPWORDS else None

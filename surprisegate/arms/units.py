@@ -16,13 +16,12 @@ from fractions import Fraction
 
 from surprisegate.arms import Evidence
 from surprisegate.arms.toolkit import tool_evidence
-from surprisegate.arms.tools import format_number
+from surprisegate.arms.calculator import format_number
 from surprisegate.errors import InputError, MissingDependency
 
 MAX_MAGNITUDE = 1e15
 MAX_UNIT_CHARS = 60
 MAX_TEXT_CHARS = 2000
-REGISTRY_LOAD_TIMEOUT_S = 10.0  # building pint's registry takes about a second
 
 # pint unit expression -> what people write. Long names match in any case; symbols (SYMBOLS) only as written.
 UNIT_ALIASES: dict[str, tuple[str, ...]] = {

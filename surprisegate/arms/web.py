@@ -35,14 +35,15 @@ import ssl
 import threading
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import quote, urlencode, urlsplit
 
 from ..errors import ArmError, ConfigError
 from ..store.sqlite import query_terms
-from . import Evidence, Query
-from .memory import light_stem, split_sentences
+from ..text import light_stem, split_sentences, stems
+from . import Evidence, Query, check_arm_settings
 
 PROVIDERS = ("searxng", "brave", "tavily", "wikipedia")
 DEFAULT_SEARXNG_URL = "http://127.0.0.1:8888"
@@ -63,6 +64,9 @@ SPAN_WEIGHT = 0.1
 DEFAULT_FLOOR = 0.3
 EVIDENCE_CHARS = 600  # two sentences; longer means the sentence split failed on a list or table
 RESULT_TEXT_CHARS = 600  # how much of the result text the receipt keeps
+# Searches a WebArm remembers (per arm, least recently used dropped first). A reply asks one question at
+# most `max_rounds` times; a server's arm sees many questions and must not grow without bound.
+CACHE_SIZE = 256
 
 
 # --------------------------------------------------------------------------------------------
@@ -418,29 +422,44 @@ class SearxngSearch(SearchProvider):
         return results[:count]
 
 
-class BraveSearch(SearchProvider):
-    """GET api.search.brave.com/res/v1/web/search?q=...&count=N with X-Subscription-Token."""
+class _KeyedSearch(SearchProvider):
+    """A provider that needs an API key (from the argument or `key_env`) and has a base url (or `url_env`)."""
 
-    name = "brave"
-    key_env = "BRAVE_API_KEY"
+    url_env = ""  # the env variable that overrides the endpoint
+    default_url = ""
+    key_hint = ""  # where to get a key, for the message when it is missing
 
-    def __init__(self, api_key: str | None = None, base_url: str | None = None, env: Mapping[str, str] | None = None,
-                 user_agent: str | None = None, extra_snippets: bool = True):
+    def __init__(self, api_key: str | None, base_url: str | None, env: Mapping[str, str] | None, user_agent: str | None):
         super().__init__(env, user_agent)
         env = os.environ if env is None else env
-        self.api_key = (api_key or env.get("BRAVE_API_KEY") or "").strip()
-        self.search_url = _base_url(base_url or env.get("SURPRISEGATE_BRAVE_URL"), DEFAULT_BRAVE_URL, "SURPRISEGATE_BRAVE_URL")
-        self.extra_snippets = extra_snippets  # up to 5 more excerpts per result, on plans that allow it
+        self.api_key = (api_key or env.get(self.key_env) or "").strip()
+        self.search_url = _base_url(base_url or env.get(self.url_env), self.default_url, self.url_env)
 
     def problem(self) -> str | None:
         if not self.api_key:
-            return f"{self.name}: no API key — set BRAVE_API_KEY (a subscription token from api-dashboard.search.brave.com)"
+            return f"{self.name}: no API key — set {self.key_env} ({self.key_hint})"
         return None
 
-    def search(self, text: str, count: int, deadline: float) -> list[SearchResult]:
+    def _check_key(self) -> None:
         problem = self.problem()
         if problem:
             raise WebKeyError(problem, self.name)
+
+
+class BraveSearch(_KeyedSearch):
+    """GET api.search.brave.com/res/v1/web/search?q=...&count=N with X-Subscription-Token."""
+
+    name = "brave"
+    key_env, url_env, default_url = "BRAVE_API_KEY", "SURPRISEGATE_BRAVE_URL", DEFAULT_BRAVE_URL
+    key_hint = "a subscription token from api-dashboard.search.brave.com"
+
+    def __init__(self, api_key: str | None = None, base_url: str | None = None, env: Mapping[str, str] | None = None,
+                 user_agent: str | None = None, extra_snippets: bool = True):
+        super().__init__(api_key, base_url, env, user_agent)
+        self.extra_snippets = extra_snippets  # up to 5 more excerpts per result, on plans that allow it
+
+    def search(self, text: str, count: int, deadline: float) -> list[SearchResult]:
+        self._check_key()
         params = {"q": text, "count": max(1, min(count, 20))}
         if self.extra_snippets:
             params["extra_snippets"] = "true"
@@ -485,36 +504,27 @@ class BraveSearch(SearchProvider):
             raise WebBadResponse(f"brave: {status} VALIDATION {problems or detail}", self.name, status, code)
         if code:
             raise WebBadResponse(f"brave: {status} {code} {detail}".rstrip(), self.name, status, code)
-        _raise_for_status(self.name, response, key_env="BRAVE_API_KEY")
+        _raise_for_status(self.name, response, key_env=self.key_env)
 
 
-class TavilySearch(SearchProvider):
+class TavilySearch(_KeyedSearch):
     """POST api.tavily.com/search, JSON body as tavily_request.json, `Authorization: Bearer tvly-...`."""
 
     name = "tavily"
-    key_env = "TAVILY_API_KEY"
+    key_env, url_env, default_url = "TAVILY_API_KEY", "SURPRISEGATE_TAVILY_URL", DEFAULT_TAVILY_URL
+    key_hint = "tvly-..., from app.tavily.com"
 
     def __init__(self, api_key: str | None = None, base_url: str | None = None, env: Mapping[str, str] | None = None,
                  user_agent: str | None = None, search_depth: str = "basic", topic: str = "general"):
-        super().__init__(env, user_agent)
-        env = os.environ if env is None else env
         if search_depth not in ("basic", "advanced"):
             raise ConfigError(f"search_depth={search_depth!r}: use 'basic' or 'advanced'")
         if topic not in ("general", "news"):
             raise ConfigError(f"topic={topic!r}: use 'general' or 'news'")
-        self.api_key = (api_key or env.get("TAVILY_API_KEY") or "").strip()
-        self.search_url = _base_url(base_url or env.get("SURPRISEGATE_TAVILY_URL"), DEFAULT_TAVILY_URL, "SURPRISEGATE_TAVILY_URL")
+        super().__init__(api_key, base_url, env, user_agent)
         self.search_depth, self.topic = search_depth, topic
 
-    def problem(self) -> str | None:
-        if not self.api_key:
-            return f"{self.name}: no API key — set TAVILY_API_KEY (tvly-..., from app.tavily.com)"
-        return None
-
     def search(self, text: str, count: int, deadline: float) -> list[SearchResult]:
-        problem = self.problem()
-        if problem:
-            raise WebKeyError(problem, self.name)
+        self._check_key()
         request = {
             "query": text,
             "search_depth": self.search_depth,
@@ -532,7 +542,7 @@ class TavilySearch(SearchProvider):
             detail = _error_detail(_json_or_none(response.body))
             raise WebRateLimited(f"tavily: {response.status} usage limit reached{': ' + detail if detail else ''} — "
                                  "upgrade the plan or wait for the quota to reset", self.name, response.status)
-        _raise_for_status(self.name, response, key_env="TAVILY_API_KEY" if response.status in (401, 403) else None)
+        _raise_for_status(self.name, response, key_env=self.key_env if response.status in (401, 403) else None)
         payload = _json(response, self.name)
         results = []
         for item in payload.get("results", []) if isinstance(payload, Mapping) else []:
@@ -665,11 +675,6 @@ def make_provider(name: str, **options) -> SearchProvider:
 # --------------------------------------------------------------------------------------------
 # results -> evidence
 # --------------------------------------------------------------------------------------------
-_WORD = re.compile(r"[^\W_]+")
-# Paragraphs glued without a space ("...in 1844.First for Women is ...") are two sentences.
-_GLUED_SENTENCE = re.compile(r"(?<=[a-z0-9)\]\"'][.!?])(?=[A-Z][a-z])")
-
-
 def search_text(query: Query) -> str:
     """What to send to the search engine: the question, capped to the APIs' limits.
 
@@ -688,10 +693,6 @@ def _clip(text: str, limit: int) -> str:
     return text[: cut if cut > 0 else limit - 2].rstrip() + " …"
 
 
-def _stems(text: str) -> set[str]:
-    return {light_stem(word) for word in _WORD.findall(text)}
-
-
 def _term_weights(question: str, span: str) -> dict[str, float]:
     """Stemmed words to their weights: names count most, numbers least, span words SPAN_WEIGHT as much."""
     weights: dict[str, float] = {}
@@ -701,10 +702,6 @@ def _term_weights(question: str, span: str) -> dict[str, float]:
             if stem not in weights:  # a question word keeps its full weight even if the span repeats it
                 weights[stem] = term.weight
     return weights
-
-
-def _sentences(text: str) -> list[str]:
-    return split_sentences(_GLUED_SENTENCE.sub(" ", text)) or [text]
 
 
 @dataclass
@@ -755,17 +752,17 @@ def results_to_evidence(results: list[SearchResult], query: Query, provider: str
         return []
     candidates = []
     for result in results:
-        sentences = _sentences(result.text)
-        candidates.append(_Candidate(result, sentences, [_stems(s) for s in sentences]))
+        sentences = split_sentences(result.text) or [result.text]
+        candidates.append(_Candidate(result, sentences, [stems(s) for s in sentences]))
     sentence_count = sum(len(c.sentences) for c in candidates)
-    frequency = {stem: sum(stem in stems for c in candidates for stems in c.sentence_stems) for stem in weights}
+    frequency = {stem: sum(stem in held for c in candidates for held in c.sentence_stems) for stem in weights}
     idf = {stem: math.log(1 + sentence_count / (1 + frequency[stem])) for stem in weights}
 
     evidence = []
     for candidate in candidates[:max_results]:
         chosen = _pick_sentences(candidate.sentence_stems, weights, idf, max_sentences)
         snippet = _clip(" ".join(candidate.sentences[i] for i in chosen), EVIDENCE_CHARS)
-        covered = _stems(candidate.result.title) | set().union(*(candidate.sentence_stems[i] for i in chosen))
+        covered = stems(candidate.result.title) | set().union(*(candidate.sentence_stems[i] for i in chosen))
         coverage = sum(weight for stem, weight in weights.items() if stem in covered) / total_weight
         confidence = round(coverage * (1.0 - 0.05 * candidate.result.rank), 4)
         if confidence < floor or not snippet:
@@ -790,17 +787,16 @@ class WebArm:
     name = "web"
 
     def __init__(self, provider: str | SearchProvider = "searxng", floor: float = DEFAULT_FLOOR, max_results: int = 3,
-                 cache: bool = True, max_sentences: int = 2, **provider_options):
-        if not 0.0 <= floor <= 1.0:
-            raise ConfigError(f"floor={floor!r} is outside 0..1; pass a relevance floor such as {DEFAULT_FLOOR}")
-        if max_results < 1:
-            raise ConfigError(f"max_results={max_results!r} must be at least 1; pass how many results to use, e.g. 3")
-        if max_sentences < 1:
-            raise ConfigError(f"max_sentences={max_sentences!r} must be at least 1")
+                 cache: bool = True, max_sentences: int = 2, cache_size: int = CACHE_SIZE, **provider_options):
+        check_arm_settings(floor, DEFAULT_FLOOR, max_results=(max_results, "results to use"),
+                           max_sentences=(max_sentences, "sentences per result"),
+                           cache_size=(cache_size, "searches to remember"))
         self.provider = make_provider(provider, **provider_options) if isinstance(provider, str) else provider
         self.floor, self.max_results, self.max_sentences = floor, max_results, max_sentences
-        # Per run, keyed by provider + search text: a second round on the same question costs no request.
-        self._cache: dict[tuple[str, str], list[SearchResult]] | None = {} if cache else None
+        # Keyed by provider + search text: a second round on the same question costs no request. Least
+        # recently used first out, so a long-lived arm (a server) holds at most `cache_size` answers.
+        self._cache: OrderedDict[tuple[str, str], list[SearchResult]] | None = OrderedDict() if cache else None
+        self.cache_size = cache_size
         self._cache_lock = threading.Lock()
 
     def problem(self) -> str | None:
@@ -821,18 +817,22 @@ class WebArm:
         if self._cache is not None:
             with self._cache_lock:
                 if key in self._cache:
+                    self._cache.move_to_end(key)
                     return self._cache[key]
         results = self.provider.search(searched, max(SEARCH_RESULTS, self.max_results), deadline)
         if self._cache is not None:
             with self._cache_lock:
                 self._cache[key] = results
+                self._cache.move_to_end(key)
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
         return results
 
 
 def build_web_arm(target: str = "searxng", **options) -> WebArm:
     """A WebArm from one CLI value: a SearxNG-compatible url, or a provider name (searxng | brave | tavily | wikipedia).
 
-    `options` go to WebArm (floor, max_results, cache, max_sentences) and on to the provider.
+    `options` go to WebArm (floor, max_results, cache, max_sentences, cache_size) and on to the provider.
     """
     if target.startswith(("http://", "https://")):
         return WebArm(SearxngSearch(base_url=target), **options)

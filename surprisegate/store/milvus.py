@@ -3,9 +3,9 @@
 It behaves as `SQLiteMemory` does (same methods, modes, `Hit`s and relevance `score`), so one floor
 works for both. How it stays the same:
 
-- Words: passages and queries are cut into words by SQLite's own FTS5 tokenizer (porter stemming,
-  case and accent folding) run on an in-memory scratch table, so "capitals" meets "capital" exactly as
-  in SQLiteMemory. Milvus indexes those stems (`terms`, BM25 by a server-side `Function`) and keeps each
+- Words: passages and queries are cut into words by SQLite's own FTS5 tokenizer (porter stemming, case
+  and accent folding; `text.IndexStemmer`) run on an in-memory scratch table, so "capitals" meets
+  "capital" exactly as in SQLiteMemory. Milvus indexes those stems (`terms`, BM25 by a server-side `Function`) and keeps each
   passage's distinct stems in an array (`words`) for document frequencies.
 - Score: the same IDF coverage of the query's terms. Whether a passage holds a term is read from its
   `words`; a term's document frequency is counted by the engine (one BM25 request lists the holders of
@@ -32,7 +32,6 @@ import hashlib
 import json
 import logging
 import math
-import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -43,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BackendError, InputError, MissingDependency
+from ..text import IndexStemmer
 from .embed import Embedder, default_embedder, embedder_from_name
 from .sqlite import (
     CANDIDATE_POOL,
@@ -57,6 +57,8 @@ from .sqlite import (
     QueryTerm,
     SQLiteMemory,
     _content_hash,
+    check_deadline,
+    check_mode,
     embedding_text,
     query_bigrams,
 )
@@ -75,60 +77,11 @@ DF_PROBE_LIMIT = 1_000  # see `_count_holding`
 # How long a passage count (and the document frequencies cached with it) is trusted without asking
 # again: this store's own writes refresh it at once; another process's show within this time.
 TOTAL_TTL_S = 1.0
-# The tokenizer of SQLiteMemory's passages_fts; both stores must agree on what a word is.
-FTS_TOKENIZER = "porter unicode61 remove_diacritics 2"
 
 MISSING_CLIENT = "the Milvus memory store needs pymilvus; install it with: pip install 'surprisegate[milvus]'"
 
 
-class _Tokenizer:
-    """SQLite FTS5's tokenizer as a function: text in, stems out, in order.
-
-    Rows go into an in-memory FTS5 table, their tokens come back through `fts5vocab`, and the
-    transaction is rolled back, so the scratch table stays empty.
-    """
-
-    CACHE_LIMIT = 100_000
-
-    def __init__(self) -> None:
-        self._conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
-        self._conn.executescript(
-            f"""CREATE VIRTUAL TABLE scratch USING fts5(title, text, tokenize='{FTS_TOKENIZER}');
-                CREATE VIRTUAL TABLE scratch_tokens USING fts5vocab(scratch, 'instance');"""
-        )
-        self._lock = threading.Lock()
-        self._word_stems: dict[str, tuple[str, ...]] = {}
-
-    def passages(self, rows: list[tuple[str, str]]) -> list[tuple[list[str], list[str]]]:
-        """(title stems, text stems) for each (title, text)."""
-        tokens: list[tuple[list, list]] = [([], []) for _ in rows]
-        with self._lock:
-            self._conn.execute("BEGIN")
-            try:
-                self._conn.executemany(
-                    "INSERT INTO scratch(rowid, title, text) VALUES (?, ?, ?)",
-                    ((doc, title, text) for doc, (title, text) in enumerate(rows)),
-                )
-                for doc, column, offset, term in self._conn.execute(
-                    "SELECT doc, col, offset, term FROM scratch_tokens"
-                ):
-                    tokens[doc][column == "text"].append((offset, term))
-            finally:
-                self._conn.execute("ROLLBACK")
-        return [([term for _, term in sorted(title)], [term for _, term in sorted(text)]) for title, text in tokens]
-
-    def stems(self, word: str) -> tuple[str, ...]:
-        """The stems of one query word: usually one ("capitals" -> "capit"), none for punctuation."""
-        cached = self._word_stems.get(word)
-        if cached is None:
-            cached = tuple(self.passages([("", word)])[0][1])
-            if len(self._word_stems) >= self.CACHE_LIMIT:  # bound the cache in long-lived processes
-                self._word_stems.clear()
-            self._word_stems[word] = cached
-        return cached
-
-
-_TOKENIZER = _Tokenizer()
+_TOKENIZER = IndexStemmer()  # cuts words as SQLiteMemory's FTS5 index does
 
 
 @dataclass(frozen=True)
@@ -198,7 +151,7 @@ class MilvusMemory:
     ):
         if embedder not in ("auto", None) and not isinstance(embedder, Embedder):
             raise InputError(f"embedder={embedder!r} is not an Embedder; pass 'auto', None or e.g. WordLlamaEmbedder()")
-        self.mode = _check_mode(mode)
+        self.mode = check_mode(mode)
         self.uri = uri or f"{client_uri}#{collection}"
         self.collection = collection
         self.embedder: Embedder | None = None
@@ -602,12 +555,12 @@ class MilvusMemory:
         finds and counts CONTEXT_WEIGHT as much as `query` in ranking and `score`. With `deadline` (a
         `time.monotonic()` value) a search still running then raises TimeoutError.
         """
-        mode = _check_mode(mode or self.mode)
+        mode = check_mode(mode or self.mode)
         prepared = prepare_query(query, context, k, mode)
         if prepared is None:
             return []
         terms, context_terms = prepared
-        _check_deadline(deadline, self.uri)
+        check_deadline(deadline, self.uri)
         if mode == "dense" and self.embedder is None:
             raise InputError(
                 f"mode='dense' needs vectors, but memory={self.uri!r} cannot use any ({self._embedder_problem}); "
@@ -814,7 +767,7 @@ class MilvusMemory:
             frequencies.update(cached)
         with self._df_lock:
             if self._df_cache_total == total:
-                if len(self._df_cache) + len(frequencies) > _Tokenizer.CACHE_LIMIT:  # bound it in long-lived processes
+                if len(self._df_cache) + len(frequencies) > IndexStemmer.CACHE_LIMIT:  # bound it in long-lived processes
                     self._df_cache.clear()
                 self._df_cache.update(frequencies)
         return total, frequencies
@@ -876,17 +829,6 @@ def _done(value) -> Future:
     future = Future()
     future.set_result(value)
     return future
-
-
-def _check_mode(mode: str) -> str:
-    if mode not in SEARCH_MODES:
-        raise InputError(f"mode={mode!r} is not a search mode; pass one of {', '.join(SEARCH_MODES)}")
-    return mode
-
-
-def _check_deadline(deadline: float | None, uri: str) -> None:
-    if deadline is not None and time.monotonic() > deadline:
-        raise TimeoutError(f"memory search of {uri!r} passed its deadline")
 
 
 def _check_limits(row: dict) -> None:

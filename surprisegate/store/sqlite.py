@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError, MissingDependency
+from ..text import FTS_TOKENIZER, QUERY_STOPWORDS, WORD, split_sentences, stops_between
 from .embed import Embedder, default_embedder, embedder_from_name
 
 FORMAT_NAME = "surprisegate-memory"
@@ -69,21 +70,6 @@ MAX_CHUNK_CHARS = 800
 # this many postings per wanted passage, read the whole list.
 HOLDERS_SCAN_RATIO = 50
 EMBED_BATCH = 1024  # passages embedded and written per step of an ingest
-
-STOPWORDS = frozenset(
-    """a about above after again against all am an and any are as at be because been before being
-    below between both but by can could did do does doing down during each few for from further had
-    has have having he her here hers herself him himself his how i if in into is it its itself just
-    me more most my myself no nor not now of off on once only or other our ours ourselves out over own
-    same she should so some such than that the their theirs them themselves then there these they
-    this those through to too under until up very was we were what when where which while who whom
-    whose why will with would you your yours yourself yourselves s t d ll m re ve tell please one""".split()
-    # Arithmetic operator words: in "What is 2 times 2?" they are operations, not what a passage is about.
-    + "plus minus times multiplied divided".split()
-)
-
-_WORD = re.compile(r"[^\W_]+")  # FTS5's unicode61 tokenizer splits on everything but letters/digits
-
 
 @dataclass(frozen=True)
 class Hit:
@@ -129,11 +115,13 @@ def _tokens(text: str):
     """
     text = unicodedata.normalize("NFKC", text)
     previous_end = None
-    for match in _WORD.finditer(text):
+    for match in WORD.finditer(text):
         token = match.group()
         between = "." if previous_end is None else text[previous_end : match.start()]
+        # After a stop that ends no sentence a capital is a name ("Louis" in "St. Louis", "Virgin" in "U.S. Virgin
+        # Islands"); a letter glued on by a dot alone is part of the abbreviation ("S" in "U.S."), as before.
+        sentence_start = previous_end is None or between == "." or stops_between(text, previous_end, match.start())
         previous_end = match.end()
-        sentence_start = any(mark in between for mark in ".!?")
         yield token, token[0].isupper() and not sentence_start, between.strip() in ("", "-")
 
 
@@ -156,7 +144,7 @@ def query_terms(text: str, weight: float = 1.0) -> list[QueryTerm]:
     terms: dict[str, QueryTerm] = {}
     for token, looks_like_name, _ in _tokens(text):
         word = token.lower()
-        if word in STOPWORDS and not looks_like_name:  # keep "He"/"In" when they are symbols
+        if word in QUERY_STOPWORDS and not looks_like_name:  # keep "He"/"In" when they are symbols
             continue
         # Bare numbers are values or operands ("37 times 48"), rarely what identifies a passage.
         kind_weight = NUMBER_WEIGHT if word.isdigit() else (NAME_WEIGHT if looks_like_name else 1.0)
@@ -172,7 +160,7 @@ def query_bigrams(text: str) -> list[str]:
     previous = None
     for token, looks_like_name, follows_previous in _tokens(text):
         word = token.lower()
-        if word in STOPWORDS and not looks_like_name:
+        if word in QUERY_STOPWORDS and not looks_like_name:
             previous = None
             continue
         if previous and follows_previous and f"{previous} {word}" not in bigrams:
@@ -205,7 +193,7 @@ def chunk_text(text: str, max_chars: int = MAX_CHUNK_CHARS) -> list[str]:
         if len(paragraph) <= max_chars:
             pieces.append(paragraph)
             continue
-        for sentence in re.split(r"(?<=[.!?])\s+", paragraph):
+        for sentence in split_sentences(paragraph):
             while len(sentence) > max_chars:
                 cut = sentence.rfind(" ", 0, max_chars)
                 cut = cut if cut > 0 else max_chars
@@ -222,7 +210,7 @@ def chunk_text(text: str, max_chars: int = MAX_CHUNK_CHARS) -> list[str]:
     return chunks
 
 
-_SCHEMA_V1 = """
+_SCHEMA_V1 = f"""
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE passages (
     id INTEGER PRIMARY KEY,
@@ -233,7 +221,7 @@ CREATE TABLE passages (
 );
 CREATE VIRTUAL TABLE passages_fts USING fts5(
     title, text, content='passages', content_rowid='id',
-    tokenize='porter unicode61 remove_diacritics 2'
+    tokenize='{FTS_TOKENIZER}'
 );
 -- Keep the index in step with the table whatever writes to it.
 CREATE TRIGGER passages_ai AFTER INSERT ON passages BEGIN
@@ -332,7 +320,7 @@ class SQLiteMemory:
         self.path = Path(path)
         if embedder not in ("auto", None) and not isinstance(embedder, Embedder):
             raise InputError(f"embedder={embedder!r} is not an Embedder; pass 'auto', None or e.g. WordLlamaEmbedder()")
-        self.mode = _check_mode(mode)
+        self.mode = check_mode(mode)
         if not self.path.exists() and not create:
             raise InputError(
                 f"memory={str(path)!r} does not exist; "
@@ -754,7 +742,7 @@ class SQLiteMemory:
         `score`; dense ranking uses `query` alone. With `deadline` (a `time.monotonic()` value) a
         search still running then raises TimeoutError.
         """
-        mode = _check_mode(mode or self.mode)
+        mode = check_mode(mode or self.mode)
         prepared = prepare_query(query, context, k, mode)
         if prepared is None:
             return []
@@ -805,7 +793,7 @@ class SQLiteMemory:
             )
         similarities = None
         if index is not None:
-            _check_deadline(deadline)
+            check_deadline(deadline)
             similarities = index.similarities(self._search_embedder().encode([query])[0])
         if mode == "dense":
             best = [int(index.ids[at]) for at in index.best(similarities, k)]
@@ -813,7 +801,7 @@ class SQLiteMemory:
             return self._hits(best, {rowid: max(0.0, cosines[rowid]) for rowid in best}, {}, cosines)
 
         lexical, query_bm25 = self._lexical(terms, bigrams, context_terms, pool)
-        _check_deadline(deadline)
+        check_deadline(deadline)
         if index is None:  # BM25 alone
             best = lexical[:k]
             return self._hits(best, self._scores(terms, context_terms, best), query_bm25, {})
@@ -992,12 +980,14 @@ class _WriteTransaction:
             self.store._drop_caches()
 
 
-def _check_mode(mode: str) -> str:
+def check_mode(mode: str) -> str:
+    """`mode` when it is one of SEARCH_MODES (every store offers the same); InputError otherwise."""
     if mode not in SEARCH_MODES:
         raise InputError(f"mode={mode!r} is not a search mode; pass one of {', '.join(SEARCH_MODES)}")
     return mode
 
 
-def _check_deadline(deadline: float | None) -> None:
+def check_deadline(deadline: float | None, store: str = "") -> None:
+    """TimeoutError once `deadline` (time.monotonic()) has passed; `store` names it in the message."""
     if deadline is not None and time.monotonic() > deadline:
-        raise TimeoutError("memory search passed its deadline")
+        raise TimeoutError(f"memory search{f' of {store!r}' if store else ''} passed its deadline")
