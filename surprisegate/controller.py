@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import codecs
 import math
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -30,19 +29,10 @@ from .grounding import arm_order, ground_round
 from .prompting import PromptLayout, conversation, last_user_turn
 from .receipts import ConvergenceRecord
 from .router import closed_question
-from .support import cut_short, rewrite_problem, sentence_end, sentence_start
+from .support import cut_short, rewrite_problem
 from .surprise import aggregates
+from .text import current_sentence, sentence_end, sentence_start
 from .trigger import TriggerPolicy
-
-_SENTENCE_END = re.compile(r"[.!?](?:\s|$)")
-
-
-def _current_sentence(text: str) -> str:
-    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
-    # A sentence that ends exactly at the end of the text is still the current one.
-    ends = [e for e in ends if e < len(text.rstrip())]
-    return text[ends[-1]:].strip() if ends else text.strip()
-
 
 # --------------------------------------------------------------------------------------------
 # the reply state
@@ -330,7 +320,7 @@ class _ReplyLoop:
         prefix_text = b"".join(self.backend.token_bytes(t) for t in self.prefix_tokens).decode("utf-8", "replace")
         # The sentence so far includes a cloze prefix the assistant turn started with.
         query = Query(span=trigger.span_text.strip(), question=self.question,
-                      sentence=_current_sentence(prefix_text + self.reply.text()))
+                      sentence=current_sentence(prefix_text + self.reply.text()))
         route = self.router(query.span, query.question, query.sentence, available=tuple(self.arms))
         # A question that names its answers ("X or Y?", "Were X and Y ...?") is left as the model answered
         # it: one snippet rarely compares the two, and grounding broke more such answers than it fixed.
