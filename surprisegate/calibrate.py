@@ -24,12 +24,13 @@ from .config import Config, to_toml
 from .errors import InputError
 from .labeling import CLOZE_INSTRUCTION, iter_labels
 from .signals import SIGNALS, copy_flags, question_kind, signal_value
-from .surprise import RollingWindow
+from .surprise import RollingWindow, topk_entropy, topk_entropy_bounds
 
 WINDOWS = (4, 8, 16, 32)
 STATISTICS = ("mean", "p90", "max")
 MIN_RECALL = 0.5
 MIN_PRECISION = 0.90  # "recall" objective: catch the most wrong replies while 90% of triggers are on wrong ones
+MAX_TOP_K = 20  # labels keep the top 20 logprobs (labeling.LABEL_TOP_LOGPROBS), the most a server sends
 OBJECTIVES = ("recall", "precision")
 
 
@@ -106,23 +107,65 @@ class Labelled:
     kind: str = ""  # question_kind of the question as the model saw it
 
 
-def prepare(records: Iterable[dict]) -> list[Labelled]:
+def check_top_k(top_k: int | None) -> None:
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K):
+        raise InputError(f"--top-k={top_k!r} must be a whole number from 1 to {MAX_TOP_K} (the most logprobs a "
+                         "server streams per token, and what labels keep); omit it to use the full distribution")
+
+
+def topk_entropies(record: dict, top_k: int, source: str = "--labels") -> list[float]:
+    """Per-token entropy estimated from the first `top_k` logprobs a label row kept (surprise.topk_entropy)."""
+    top = record.get("top_logprobs")
+    n = len(record.get("surprises") or [])
+    if top is None or len(top) != n:
+        raise InputError(f"{source} has no top-k logprobs for every token (row {record.get('id')!r}: labelled before "
+                         "`label` kept them), so --top-k cannot be computed; re-run `surprisegate label --data FILE "
+                         f"--out NEW_FOLDER` and calibrate on that folder, or drop --top-k={top_k}")
+    short = min((len(t) for t in top), default=top_k)
+    if short < top_k:
+        raise InputError(f"--top-k={top_k} but {source} kept only {short} logprobs for a token of row "
+                         f"{record.get('id')!r}; pass --top-k {short} or less, or re-run `surprisegate label`")
+    vocab = record.get("vocab_size")
+    try:
+        return [topk_entropy(t[:top_k], vocab) for t in top]
+    except InputError as err:
+        raise InputError(f"{source}, row {record.get('id')!r}: {err}") from None
+
+
+def prepare(records: Iterable[dict], top_k: int | None = None, source: str = "--labels",
+            allow_empty: bool = False) -> list[Labelled]:
+    """Label rows -> per-signal sequences. `top_k`: entropy estimated from that many top logprobs."""
+    check_top_k(top_k)
     out = []
     for r in records:
         if "surprises" not in r or not isinstance(r.get("correct"), bool):
             continue
         context = r["question"] + (" " + r["question"] if r.get("format") == "cloze" else "")
         flags = copy_flags(r.get("pieces") or [""] * len(r["surprises"]), context)
-        entropies = r.get("entropies") or [math.nan] * len(r["surprises"])
+        if top_k is not None:
+            entropies = topk_entropies(r, top_k, source)
+        else:
+            entropies = r.get("entropies") or [math.nan] * len(r["surprises"])
         seqs = {}
         for sig in SIGNALS:
             values = (signal_value(sig, s, h, c) for s, h, c in zip(r["surprises"], entropies, flags))
             seqs[sig] = [v for v in values if v is not None]  # novel signals skip copied tokens
         question = CLOZE_INSTRUCTION.format(question=r["question"]) if r.get("format") == "cloze" else r["question"]
         out.append(Labelled(r["id"], r["correct"], r.get("category") or "", seqs, question_kind(question)))
-    if not out:
+    if not out and not allow_empty:
         raise InputError("no usable labelled replies found; run `surprisegate label` first")
     return out
+
+
+def load_items(label_dirs: list[str | Path], top_k: int | None = None) -> list[Labelled]:
+    """Every labels folder's replies, pooled; a folder that lacks what --top-k needs is named in the error."""
+    check_top_k(top_k)
+    items: list[Labelled] = []
+    for d in label_dirs:
+        items.extend(prepare(iter_labels([d]), top_k, source=f"--labels={str(d)!r}", allow_empty=True))
+    if not items:
+        raise InputError("no usable labelled replies found; run `surprisegate label` first")
+    return items
 
 
 def reply_aggregates(values: list[float], tail_cut: float = 4.0) -> dict[str, float]:
@@ -350,10 +393,14 @@ def plot_curves(items: list[Labelled], chosen: dict, baseline: dict, out_dir: Pa
 
 def calibrate(label_dirs: list[str | Path], out_config: str | Path, base: Config | None = None,
               bootstrap: int = 500, objective: str = "precision", min_precision: float = MIN_PRECISION,
-              progress: Callable[[str], None] = lambda m: None) -> dict:
-    """Compute the report, write the chosen operating point into a TOML config, and plots beside it."""
-    items = prepare(iter_labels(label_dirs))
-    progress(f"{len(items)} labelled replies, {sum(not it.correct for it in items)} wrong")
+              progress: Callable[[str], None] = lambda m: None, top_k: int | None = None) -> dict:
+    """Compute the report, write the chosen operating point into a TOML config, and plots beside it.
+
+    `top_k`: compute the signals from the top K logprobs only (what a server streams); None: full distribution.
+    """
+    items = load_items(label_dirs, top_k)
+    progress(f"{len(items)} labelled replies, {sum(not it.correct for it in items)} wrong"
+             + (f"; entropy estimated from the top {top_k} logprobs" if top_k else ""))
     table = signal_table(items, bootstrap=bootstrap)
     progress("swept AUROC; sweeping trigger rules ...")
     points = sweep(items)
@@ -390,12 +437,15 @@ def calibrate(label_dirs: list[str | Path], out_config: str | Path, base: Config
     out.parent.mkdir(parents=True, exist_ok=True)
     header = (f"# written by surprisegate calibrate from {len(items)} labelled replies\n"
               f"# chosen: precision {chosen['precision']:.3f} at recall {chosen['recall']:.3f} "
-              f"(trigger rate {chosen['trigger_rate']:.3f})\n")
+              f"(trigger rate {chosen['trigger_rate']:.3f})\n"
+              + (f"# signals from the top {top_k} logprobs only (calibrate --top-k {top_k}): for a backend that "
+                 f"streams {top_k}\n" if top_k else ""))
     out.write_text(header + to_toml(config))
     plots = plot_curves(items, chosen, baseline, out.parent, kind_scores=kinds["scores"] if use_kinds else None)
     best_plain = next(r for r in table if r["signal"] == "surprise")
     kinds_report = {k: v for k, v in kinds.items() if k != "scores"}
     report = {
+        "top_k": top_k,
         "n": len(items),
         "wrong": int(sum(not it.correct for it in items)),
         "best": ({"signal": f"{kinds['rule']['signal']} {kinds['rule']['statistic']} W={kinds['rule']['window']} "
@@ -414,3 +464,119 @@ def calibrate(label_dirs: list[str | Path], out_config: str | Path, base: Config
     }
     (out.parent / "calibration.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+# ------------------------------------------------------------------------------------------------
+# the shipped rule on the full entropy vs entropy estimated from the top K (issue 10: signals from top-k)
+# ------------------------------------------------------------------------------------------------
+TOPK_COMPARED = (20, 8, 5)  # the most OpenAI / vLLM send; xAI's most; a small k
+BOUND_SLACK = 2e-3  # bits: label rows round logprobs and entropies to 4 decimals
+
+
+def _estimate_errors(records: list[dict], ks: Sequence[int]) -> dict[int, dict]:
+    """Per K: mean abs / mean signed error (bits) of the estimate vs the exact entropy, and how often the
+    exact entropy lies within the bounds (up to the rounding of label rows)."""
+    errs: dict[int, list[float]] = {k: [] for k in ks}
+    inside: dict[int, int] = {k: 0 for k in ks}
+    for r in records:
+        for h, top in zip(r.get("entropies") or [], r.get("top_logprobs") or []):
+            for k in ks:
+                lo, hi = topk_entropy_bounds(top[:k], r.get("vocab_size"))
+                errs[k].append(topk_entropy(top[:k], r.get("vocab_size")) - h)
+                inside[k] += lo - BOUND_SLACK <= h <= hi + BOUND_SLACK
+    out = {}
+    for k in ks:
+        e = np.asarray(errs[k])
+        out[k] = {"tokens": int(e.size), "mean_abs_error_bits": float(np.abs(e).mean()) if e.size else math.nan,
+                  "mean_error_bits": float(e.mean()) if e.size else math.nan,
+                  "p90_abs_error_bits": float(np.percentile(np.abs(e), 90)) if e.size else math.nan,
+                  "within_bounds": inside[k] / e.size if e.size else math.nan}
+    return out
+
+
+def topk_comparison(label_dirs: list[str | Path], ks: Sequence[int] = TOPK_COMPARED, base: Config | None = None,
+                    bootstrap: int = 500, progress: Callable[[str], None] = lambda m: None) -> dict:
+    """Reply-level AUROC of the shipped rule (base's signal, statistic, window, min_tokens) with per-kind
+    normalisation, cross-validated as `calibrate` does it (best beta by 5-fold CV AUROC, bootstrap CI),
+    on the full distribution and with entropy estimated from the top K logprobs, for each K in `ks`."""
+    for k in ks:
+        check_top_k(k)
+    base = base or Config()
+    rule = {"signal": base.signal, "statistic": base.statistic, "window": base.window, "min_tokens": base.min_tokens}
+    records = [r for d in label_dirs for r in iter_labels([d])]
+    rows = []
+    baseline = None
+    for k in (None, *ks):
+        items = load_items(label_dirs, k)
+        labels = np.array([0 if it.correct else 1 for it in items])
+        peaks = np.array([window_peak(it.sequences[rule["signal"]], rule["window"], rule["statistic"],
+                                      rule["min_tokens"]) for it in items])
+        lo, hi = bootstrap_auroc(peaks, labels, n=bootstrap)
+        kinds = calibrate_kinds(items, [rule])
+        fired = np.array([p > base.kind_thresholds.get(it.kind, base.threshold) for p, it in zip(peaks, items)])
+        shipped_precision, shipped_recall = precision_recall(fired, labels)
+        hp = kinds["highest_precision_point"]
+        rows.append({
+            "top_k": k, "n": len(items), "wrong": int(labels.sum()),
+            "plain_auroc": auroc(peaks, labels), "plain_ci": [lo, hi],
+            "per_kind_auroc_cv": kinds["auroc_cv"], "per_kind_ci": [kinds["ci_low"], kinds["ci_high"]],
+            "beta": kinds["beta"],
+            "precision_at_recall_0.5": {"precision": hp["precision"], "recall": hp["recall"],
+                                        "trigger_rate": hp["trigger_rate"]},
+            "shipped_thresholds_as_is": {"precision": shipped_precision, "recall": shipped_recall,
+                                         "trigger_rate": float(fired.mean())},
+        })
+        if baseline is None:
+            sp = np.array([window_peak(it.sequences["surprise"], 4, "mean", 4) for it in items])
+            blo, bhi = bootstrap_auroc(sp, labels, n=bootstrap)
+            baseline = {"signal": "surprise", "feature": "window_mean_4", "auroc": auroc(sp, labels), "ci": [blo, bhi]}
+        progress(f"{'full distribution' if k is None else f'top-{k}'}: per-kind CV AUROC {kinds['auroc_cv']:.3f}")
+    errors = _estimate_errors(records, ks)
+    for row in rows:
+        row["estimate"] = errors.get(row["top_k"]) if row["top_k"] else None
+    return {"labels": [str(d) for d in label_dirs], "rule": rule, "bootstrap": bootstrap,
+            "estimator": "surprise.topk_entropy: midpoint of surprise.topk_entropy_bounds (vocab_size from the labels)",
+            "baseline_surprise": baseline, "rows": rows}
+
+
+def topk_markdown(summary: dict) -> str:
+    """The comparison as a Markdown table (what the README shows)."""
+    rule = summary["rule"]
+    name = f"{rule['signal']} {rule['statistic']} W={rule['window']}"
+    n, wrong = summary["rows"][0]["n"], summary["rows"][0]["wrong"]
+    lines = [f"Labelled replies: {n} ({wrong} wrong); shipped rule {name} (min_tokens {rule['min_tokens']}), "
+             "reply-level AUROC with 95% bootstrap CI.", "",
+             f"| entropy from | estimate error, bits/token (mean abs; mean) | {name}, plain | "
+             f"**{name} + per-kind normalisation (5-fold cross-validated)** | precision at recall ≥ 0.5 | "
+             "shipped thresholds as they are: precision, recall (trigger rate) |",
+             "|---|---|---|---|---|---|"]
+    for row in summary["rows"]:
+        k = row["top_k"]
+        est = row["estimate"]
+        err = "exact" if k is None else f"{est['mean_abs_error_bits']:.3f}; {est['mean_error_bits']:+.3f}"
+        pr, sh = row["precision_at_recall_0.5"], row["shipped_thresholds_as_is"]
+        lines.append(f"| {'full distribution' if k is None else f'top-{k} logprobs (estimate)'} | {err} | "
+                     f"{row['plain_auroc']:.3f} [{row['plain_ci'][0]:.3f}, {row['plain_ci'][1]:.3f}] | "
+                     f"**{row['per_kind_auroc_cv']:.3f} [{row['per_kind_ci'][0]:.3f}, {row['per_kind_ci'][1]:.3f}]** | "
+                     f"{pr['precision']:.3f} at {pr['recall']:.3f} | "
+                     f"{sh['precision']:.3f}, {sh['recall']:.3f} ({sh['trigger_rate']:.2f}) |")
+    b = summary["baseline_surprise"]
+    lines += ["", f"Plain windowed surprise ({b['feature']}), exact at any k: {b['auroc']:.3f} "
+                  f"[{b['ci'][0]:.3f}, {b['ci'][1]:.3f}]. Entropy from the top k: `surprise.topk_entropy`, the "
+                  "midpoint of tight bounds (k-th probability caps the missing tokens; vocabulary size). "
+                  "Shipped thresholds: the config's per-kind thresholds, calibrated on the full entropy, "
+                  "applied to the estimate unchanged (recalibrate per k: `calibrate --top-k K`)."]
+    return "\n".join(lines) + "\n"
+
+
+def write_topk_comparison(label_dirs: list[str | Path], out_json: str | Path, ks: Sequence[int] = TOPK_COMPARED,
+                          bootstrap: int = 500, progress: Callable[[str], None] = lambda m: None) -> dict:
+    """`calibrate --compare-top-k`: the JSON summary at `out_json`, the Markdown table beside it (.md)."""
+    summary = topk_comparison(label_dirs, ks, bootstrap=bootstrap, progress=progress)
+    out = Path(out_json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2))
+    md = out.with_suffix(".md")
+    md.write_text(topk_markdown(summary))
+    summary["markdown"] = str(md)
+    return summary

@@ -201,14 +201,19 @@ class TerminalView:
 @click.option("--receipts", "receipts_path", type=click.Path(dir_okay=False), default=None,
               help="Receipts JSONL file [default: $SURPRISEGATE_HOME/receipts.jsonl].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming.")
+@click.option("--chat", "chat_file", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help='A conversation to continue instead of QUESTION: a JSON list of {"role", "content"} turns '
+                   "ending with the user's (- reads standard input).")
 def ask(question: str, memory: str, no_tools: bool, web_url: str | None, receipts_path: str | None, as_json: bool,
-        **kwargs) -> None:
-    """Answer QUESTION, streaming the reply and showing any intervention."""
+        chat_file: str | None, **kwargs) -> None:
+    """Answer QUESTION (or the last turn of a --chat), streaming the reply and showing any intervention."""
     from .controller import generate
-    from .prompting import chat_messages
+    from .prompting import conversation, last_user_turn
     from .receipts import ReceiptWriter
 
-    chat_messages(question)  # validates the question before anything slow happens
+    # Validated before anything slow happens.
+    messages = conversation(read_chat(chat_file) if chat_file else question)
+    question = last_user_turn(messages)
     config = resolve_config(kwargs)
     _check_memory(memory)
     arms = build_arms(config, memory, tools=not no_tools, web=web_url) if config.mode == "intervene" else {}
@@ -221,7 +226,7 @@ def ask(question: str, memory: str, no_tools: bool, web_url: str | None, receipt
     view = None if as_json else TerminalView(color=sys.stdout.isatty())
     if view:
         click.echo(view.paint(f"[{config.mode}] ", "2") + question.strip())
-    result = generate(backend, question, config, arms, on_event=view)
+    result = generate(backend, messages, config, arms, on_event=view)
     ReceiptWriter(receipts_file).append(result.receipt)
     if as_json:
         click.echo(json.dumps({"reply": result.text, "mode": config.mode, "rounds": result.rounds,
@@ -231,6 +236,20 @@ def ask(question: str, memory: str, no_tools: bool, web_url: str | None, receipt
                               ensure_ascii=False))
     else:
         click.echo(view.paint(f"receipt → {receipts_file}", "2"), err=True)
+
+
+def read_chat(path: str) -> list:
+    """A conversation from a JSON file (or - for standard input)."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise InputError(f"--chat={path!r} cannot be read ({err.strerror or err}); pass a JSON file of turns") from None
+    try:
+        chat = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError(f"--chat={path!r} is not JSON ({err.msg} at line {err.lineno}); pass a list of "
+                         '{"role": "user", "content": "..."} turns') from None
+    return chat
 
 
 # ---------------------------------------------------------------------------------------------
@@ -418,7 +437,8 @@ def _progress_bar(label: str):
 @click.option("--limit", type=int, default=None, help="Only the first N items.")
 @config_options
 def label(data: str, out_dir: str, limit: int | None, **kwargs) -> None:
-    """Run the model in detect mode over QA items, grade each reply, keep per-token signals (resumable)."""
+    """Run the model in detect mode over QA items, grade each reply, keep per-token signals and top-20 logprobs
+    (resumable)."""
     from .labeling import label as run_label, read_items
 
     read_items(data, 1)  # fail fast on a bad file before loading the model
@@ -431,24 +451,42 @@ def label(data: str, out_dir: str, limit: int | None, **kwargs) -> None:
 @main.command()
 @click.option("--labels", "label_dirs", required=True, multiple=True, type=click.Path(),
               help="Folder(s) written by `surprisegate label` (repeatable: pooled).")
-@click.option("--out", "out_config", required=True, type=click.Path(dir_okay=False), help="Config TOML to write.")
+@click.option("--out", "out_config", required=True, type=click.Path(dir_okay=False),
+              help="Config TOML to write (with --compare-top-k: the JSON summary).")
 @click.option("--bootstrap", default=500, show_default=True, type=int, help="Bootstrap resamples for AUROC CIs.")
 @click.option("--objective", type=click.Choice(["precision", "recall"]), default="precision", show_default=True,
               help="precision: highest precision at recall >= 0.5; recall: most wrong replies caught at precision "
                    ">= --min-precision (and recall >= 0.5), what the shipped defaults use (see README Results).")
 @click.option("--min-precision", default=0.90, show_default=True, type=float)
+@click.option("--top-k", callback=_number(int), metavar="K",
+              help="Compute the signals from the top K (1-20) logprobs only, as a server or API streams them: "
+                   "surprise stays exact, entropy is estimated. Default: full distribution.")
+@click.option("--compare-top-k", default=None, metavar="K,K,...",
+              help="e.g. 20,8,5: instead of calibrating, write the shipped rule's AUROC on the full entropy vs each "
+                   "top-K estimate to --out (JSON) and a .md table beside it.")
 @click.option("--json", "as_json", is_flag=True)
 def calibrate(label_dirs: tuple[str, ...], out_config: str, bootstrap: int, objective: str, min_precision: float,
-              as_json: bool) -> None:
+              top_k: int | None, compare_top_k: str | None, as_json: bool) -> None:
     """AUROC of each signal, sweep of trigger rules, chosen operating point written to a config, plots."""
-    from .calibrate import calibrate as run
+    from .calibrate import calibrate as run, write_topk_comparison
 
+    if compare_top_k is not None:
+        try:
+            ks = [int(k) for k in compare_top_k.split(",")]
+        except ValueError:
+            raise InputError(f"--compare-top-k={compare_top_k!r} is not a comma list of whole numbers; "
+                             "pass e.g. --compare-top-k 20,8,5") from None
+        summary = write_topk_comparison(list(label_dirs), out_config, ks, bootstrap=bootstrap,
+                                        progress=lambda m: click.echo(m, err=True))
+        click.echo(json.dumps(summary) if as_json else Path(summary["markdown"]).read_text())
+        return
     report = run(list(label_dirs), out_config, bootstrap=bootstrap, objective=objective, min_precision=min_precision,
-                 progress=lambda m: click.echo(m, err=True))
+                 progress=lambda m: click.echo(m, err=True), top_k=top_k)
     if as_json:
         click.echo(json.dumps({k: v for k, v in report.items() if k != "auroc_table"}))
         return
-    click.echo(f"{report['n']} replies, {report['wrong']} wrong")
+    click.echo(f"{report['n']} replies, {report['wrong']} wrong"
+               + (f"; signals from the top {top_k} logprobs" if top_k else ""))
     click.echo("signal         feature            AUROC   95% CI")
     for row in report["auroc_table"][:12]:
         click.echo(f"{row['signal']:<14} {row['feature']:<18} {row['auroc']:.3f}   [{row['ci_low']:.3f}, {row['ci_high']:.3f}]")

@@ -2,6 +2,10 @@
 
 Output: DIR/labels.jsonl, one object per item, appended durably. A rerun skips items already labelled,
 so a crash or Ctrl-C loses at most the item in flight.
+
+Each row keeps, per reply token, the top-20 logprobs (`top_logprobs`: [token id, natural-log prob] pairs,
+most likely first): what an inference server or cloud API streams, so `calibrate --top-k K` can measure
+the signals as they would be computed there. Keeping them only reads the logits: replies are unchanged.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from .grading import grade
 from .receipts import ReceiptWriter, read_receipts
 
 CLOZE_INSTRUCTION = "Complete the sentence: {question}"
+LABEL_TOP_LOGPROBS = 20  # the most any server sends (OpenAI, vLLM; xAI 8): calibrate --top-k K <= 20
 
 
 def read_items(path: str | Path, limit: int | None = None) -> list[dict]:
@@ -71,6 +76,8 @@ def label_item(backend, item: dict, config: Config) -> dict:
         "pieces": [backend.token_bytes(t).decode("utf-8", "replace") for t in extra.get("token_ids", [])],
         "surprises": extra.get("token_surprises", []),
         "entropies": extra.get("token_entropies", []),
+        "top_logprobs": extra.get("token_top_logprobs", []),
+        "vocab_size": getattr(backend, "n_vocab", None),  # bounds the entropy estimated from top-k
         "finish_reason": result.finish_reason,
         "seconds": round(time.monotonic() - started, 3),
     }
@@ -85,6 +92,9 @@ def done_ids(out_dir: Path) -> set[str]:
 
 # Settings that change what the model writes; a resumed run must not mix replies made under others.
 REPLY_KEYS = ("backend", "model", "system_prompt", "max_tokens", "temperature", "seed", "n_ctx")
+# What a labels folder records per token beside the reply: rows made with other values must not be mixed
+# (an old folder without top logprobs would give `calibrate --top-k` rows it cannot use).
+LABEL_KEYS = REPLY_KEYS + ("top_logprobs",)
 # What a run folder records beside the config, compared when present.
 _RUN_KEYS = ("data", "model", "arms", "flare_theta")
 
@@ -120,9 +130,9 @@ def label(data: str | Path, out_dir: str | Path, backend, config: Config, limit:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     items = read_items(data, limit)
-    config = config.replace(mode="detect")
+    config = config.replace(mode="detect", top_logprobs=LABEL_TOP_LOGPROBS)
     guard_resume(out / "label_config.json", {"data": str(Path(data).resolve()), "config": config.to_dict(),
-                                             "model": backend.model_id}, compare=REPLY_KEYS)
+                                             "model": backend.model_id}, compare=LABEL_KEYS)
     finished = done_ids(out)
     todo = [it for it in items if it["id"] not in finished]
     writer = ReceiptWriter(out / "labels.jsonl")

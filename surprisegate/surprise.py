@@ -12,6 +12,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from .errors import InputError
+
 LN2 = math.log(2.0)
 STATISTICS = ("mean", "p90", "max")
 
@@ -161,3 +163,102 @@ def window_trace(surprises: Sequence[float], size: int, statistic: str) -> list[
     """The rolling statistic after each token (used by calibration sweeps)."""
     window = RollingWindow(size, statistic)
     return [window.push(s) for s in surprises]
+
+
+# ------------------------------------------------------------------------------------------------
+# Entropy from the top-k logprobs only (what inference servers and cloud APIs stream)
+# ------------------------------------------------------------------------------------------------
+# When the vocabulary size is not known (a cloud API), the estimate assumes this many tokens: current
+# vocabularies hold 32k-256k, and each doubling moves the estimate by only (missing mass)/2 bits.
+DEFAULT_VOCAB_SIZE = 131_072
+# Top-k logprobs arrive rounded (4 decimals in our receipts, fewer from some APIs): probabilities may sum
+# a little above 1. Up to this much is rounding; more is a wrong input.
+TOPK_SUM_TOLERANCE = 1e-3
+
+
+def _topk_parts(top_logprobs: Sequence, vocab_size: int | None) -> tuple[float, float, float, float, int | None]:
+    """Validate; return (entropy of the top k in nats, missing mass m, p_k, log p_k, tokens left or None)."""
+    if isinstance(top_logprobs, np.ndarray):
+        top_logprobs = top_logprobs.tolist()
+    if not isinstance(top_logprobs, Sequence) or isinstance(top_logprobs, (str, bytes)) or len(top_logprobs) == 0:
+        raise InputError(f"top_logprobs={_short(top_logprobs)} holds no logprobs; pass the k >= 1 most likely "
+                         "tokens' natural-log probabilities, most likely first (surprise.top_logprobs(logits, k))")
+    values = []
+    for entry in top_logprobs:
+        value = entry[-1] if isinstance(entry, (list, tuple)) and entry else entry  # (token id, logprob) pairs
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise InputError(f"top_logprobs={_short(top_logprobs)} holds {entry!r}, not a logprob; pass natural-log "
+                             "probabilities (or [token id, logprob] pairs), most likely first") from None
+        if math.isnan(value) or value > TOPK_SUM_TOLERANCE:
+            raise InputError(f"top_logprobs={_short(top_logprobs)} holds {value!r}, which is not a natural-log "
+                             "probability (must be <= 0, -inf allowed); pass log p, not p or a logit")
+        values.append(min(value, 0.0))
+    if any(b > a for a, b in zip(values, values[1:])):
+        raise InputError(f"top_logprobs={_short(top_logprobs)} is not most likely first; sort it in descending "
+                         "order (surprise.top_logprobs returns it so)")
+    k = len(values)
+    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer))
+                                   or vocab_size < k):
+        raise InputError(f"vocab_size={vocab_size!r} must be a whole number of tokens >= k={k} (the top-k come from "
+                         "the vocabulary); pass the model's vocabulary size, or None if unknown")
+    probs = [math.exp(v) for v in values]
+    total = math.fsum(probs)
+    if total > 1.0 + TOPK_SUM_TOLERANCE:
+        raise InputError(f"top_logprobs={_short(top_logprobs)} sum to probability {total:.4f} > 1; pass the "
+                         "logprobs of one normalised distribution (log-softmax), not logits")
+    missing = max(0.0, 1.0 - total)
+    p_k, lp_k = probs[-1], values[-1]
+    rest = None if vocab_size is None else int(vocab_size) - k
+    if missing > TOPK_SUM_TOLERANCE and (p_k == 0.0 or rest == 0):
+        why = ("its k-th most likely token has probability 0" if p_k == 0.0
+               else f"vocab_size={vocab_size} leaves no other token to hold it")
+        raise InputError(f"top_logprobs={_short(top_logprobs)} leave probability {missing:.4f} unaccounted, but {why}; "
+                         "pass more of the distribution or the right vocab_size")
+    if p_k == 0.0 or rest == 0:
+        missing = 0.0  # within rounding of a complete distribution
+    head = -math.fsum(p * v for p, v in zip(probs, values) if p > 0.0)
+    return head, missing, p_k, lp_k, rest
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def topk_entropy_bounds(top_logprobs: Sequence, vocab_size: int | None = None) -> tuple[float, float]:
+    """Tight (lower, upper) bounds in bits on the entropy of a distribution known only by its top k.
+
+    `top_logprobs`: the k most likely tokens' natural-log probabilities, most likely first (floats, or
+    [token id, logprob] pairs as `top_logprobs(logits, k)` and receipts give them). The missing mass
+    m = 1 - sum(p) lies on tokens no likelier than the k-th (p_k). Lower bound: m packed into as few
+    tokens as that allows (floor(m / p_k) tokens at p_k and one remainder). Upper bound: m spread evenly
+    over the other vocab_size - k tokens; infinite when `vocab_size` is None. Both are exact when the top
+    k hold the whole distribution, and tighten as k grows.
+    """
+    head, m, p_k, lp_k, rest = _topk_parts(top_logprobs, vocab_size)
+    if m <= 0.0:
+        return head / LN2 + 0.0, head / LN2 + 0.0  # + 0.0: no -0.0 for a certain distribution
+    full = p_k * math.floor(m / p_k) if m / p_k < 2**52 else m  # mass of the tokens packed at p_k
+    remainder = max(0.0, m - full)
+    lower = head - full * lp_k - (remainder * math.log(remainder) if remainder > 0.0 else 0.0)
+    if rest is None:
+        return lower / LN2, math.inf
+    upper = head + m * math.log(rest / m)
+    return min(lower, upper) / LN2, upper / LN2  # min: inconsistent inputs (m > rest * p_k) stay ordered
+
+
+def topk_entropy(top_logprobs: Sequence, vocab_size: int | None = None) -> float:
+    """Estimated entropy in bits of a distribution known only by its top-k logprobs (see the bounds).
+
+    The midpoint of `topk_entropy_bounds` (vocab_size defaults to DEFAULT_VOCAB_SIZE). Chosen by measurement
+    on SmolLM2-135M's dev labels (factqa + wikidata, 38,337 tokens): mean abs error vs the exact entropy
+    0.18 / 0.35 / 0.49 bits at k = 20 / 8 / 5, against 0.42 / 0.67 / 0.84 for the lower bound, 0.78 / 1.35 /
+    1.79 for the upper, 1.12 / 1.54 / 1.80 for the top k renormalised and 1.11 / 1.47 / 1.67 for
+    head + m*log2(1/m); the shipped trigger's cross-validated AUROC moves by < 0.001 (results/calibration_topk).
+    """
+    if vocab_size is None:
+        vocab_size = max(DEFAULT_VOCAB_SIZE, len(top_logprobs) if hasattr(top_logprobs, "__len__") else 0)
+    lower, upper = topk_entropy_bounds(top_logprobs, vocab_size)
+    return (lower + upper) / 2.0

@@ -115,3 +115,116 @@ def test_prepare_skips_copied_tokens_for_novel_signals():
     assert isinstance(item, Labelled)
     assert item.sequences["novel"] == [5.0] and item.sequences["surprise"] == [1.0, 1.0, 1.0, 5.0]
     assert item.kind == "capital"
+
+
+# ------------------------------------------------------------------------------------------------
+# --top-k: signals from the top K logprobs only
+# ------------------------------------------------------------------------------------------------
+def synthetic_topk_labels(tmp_path, n=160, seed=0, vocab=300, keep=20, name="topk"):
+    """Replies from random logits: wrong replies come from flatter distributions; rows keep the top `keep`."""
+    from surprisegate.surprise import surprise_and_entropy, top_logprobs
+
+    rng = np.random.default_rng(seed)
+    out = tmp_path / name
+    out.mkdir()
+    with open(out / "labels.jsonl", "w") as fh:
+        for i in range(n):
+            hard = i % 2 == 0
+            correct = bool(rng.random() < (0.2 if hard else 0.7))
+            scale = 4.0 if correct else 1.5  # peaked logits: low entropy
+            surprises, entropies, top = [], [], []
+            for _ in range(6):
+                logits = rng.normal(0, scale, vocab)
+                token = int(logits.argmax())
+                s, h = surprise_and_entropy(logits, token)
+                surprises.append(round(s, 4))
+                entropies.append(round(h, 4))
+                top.append([[t, round(lp, 4)] for t, lp in top_logprobs(logits, keep)])
+            rec = {"id": f"q{i}", "question": "What is the capital of X?" if hard else "What is the currency of X?",
+                   "format": "qa", "category": "entity", "correct": correct, "answers": ["x"], "reply": "r",
+                   "pieces": [f" w{j}" for j in range(6)], "surprises": surprises, "entropies": entropies,
+                   "top_logprobs": top, "vocab_size": vocab}
+            fh.write(json.dumps(rec) + "\n")
+    return out
+
+
+def test_prepare_top_k_estimates_entropy_and_keeps_surprise_exact(tmp_path):
+    from surprisegate.calibrate import prepare
+    from surprisegate.surprise import topk_entropy
+
+    labels = synthetic_topk_labels(tmp_path, n=4)
+    records = [json.loads(l) for l in open(labels / "labels.jsonl")]
+    full = prepare(records)
+    for k in (20, 5, 1):
+        items = prepare(records, top_k=k)
+        for item, plain, r in zip(items, full, records):
+            assert item.sequences["surprise"] == plain.sequences["surprise"] == r["surprises"]
+            assert item.sequences["entropy"] == [topk_entropy(t[:k], r["vocab_size"]) for t in r["top_logprobs"]]
+    est = np.array([v for it in prepare(records, top_k=20) for v in it.sequences["entropy"]])
+    exact = np.array([v for it in full for v in it.sequences["entropy"]])
+    assert np.abs(est - exact).mean() < np.abs(np.array([v for it in prepare(records, top_k=1)
+                                                         for v in it.sequences["entropy"]]) - exact).mean()
+
+
+def test_calibrate_top_k_runs_on_estimated_entropy(tmp_path):
+    pytest.importorskip("matplotlib")
+    labels = synthetic_topk_labels(tmp_path)
+    report = calibrate([labels], tmp_path / "out" / "config.toml", bootstrap=20, top_k=8)
+    assert report["top_k"] == 8 and report["best"]["auroc"] > 0.8
+    assert "top 8 logprobs" in (tmp_path / "out" / "config.toml").read_text()
+    assert json.loads((tmp_path / "out" / "calibration.json").read_text())["top_k"] == 8
+    load_config(tmp_path / "out" / "config.toml", env={})
+
+
+def test_top_k_on_labels_without_top_logprobs_names_the_folder_and_the_fix(tmp_path):
+    from surprisegate.errors import InputError
+
+    old = synthetic_labels(tmp_path, n=10)  # labelled before `label` kept the top logprobs
+    with pytest.raises(InputError, match=r"--labels=.*labels'.* has no top-k logprobs.*re-run `surprisegate label"):
+        calibrate([old], tmp_path / "out" / "config.toml", bootstrap=5, top_k=20)
+    few = synthetic_topk_labels(tmp_path, n=4, keep=5, name="few")
+    with pytest.raises(InputError, match=r"--top-k=8 but --labels=.*few.* kept only 5 logprobs.*--top-k 5 or less"):
+        calibrate([few], tmp_path / "out" / "config.toml", bootstrap=5, top_k=8)
+    for bad in (0, 21, True, 2.5):
+        with pytest.raises(InputError, match=rf"--top-k={bad!r} must be a whole number from 1 to 20"):
+            calibrate([few], tmp_path / "out" / "config.toml", top_k=bad)
+
+
+def test_calibrate_cli_top_k_errors_cleanly(tmp_path):
+    from click.testing import CliRunner
+
+    from surprisegate.cli import main
+
+    old = synthetic_labels(tmp_path, n=10)
+    result = CliRunner().invoke(main, ["calibrate", "--labels", str(old), "--out", str(tmp_path / "c.toml"),
+                                       "--top-k", "20"])
+    assert result.exit_code == 2 and "re-run `surprisegate label" in result.output
+    assert "Traceback" not in result.output
+    result = CliRunner().invoke(main, ["calibrate", "--labels", str(old), "--out", str(tmp_path / "c.json"),
+                                       "--compare-top-k", "20,x"])
+    assert result.exit_code == 2 and "--compare-top-k='20,x' is not a comma list" in result.output
+
+
+def test_compare_top_k_writes_json_and_markdown(tmp_path):
+    from click.testing import CliRunner
+
+    from surprisegate.cli import main
+
+    a = synthetic_topk_labels(tmp_path, n=120, seed=1, name="a")
+    b = synthetic_topk_labels(tmp_path, n=120, seed=2, name="b")
+    out = tmp_path / "cmp" / "topk.json"
+    result = CliRunner().invoke(main, ["calibrate", "--labels", str(a), "--labels", str(b), "--out", str(out),
+                                       "--compare-top-k", "20,5", "--bootstrap", "20"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(out.read_text())
+    assert [r["top_k"] for r in summary["rows"]] == [None, 20, 5]
+    assert summary["rule"] == {"signal": "entropy", "statistic": "mean", "window": 4, "min_tokens": 4}
+    full, top20, top5 = summary["rows"]
+    assert full["n"] == top20["n"] == 240 and full["estimate"] is None
+    assert top20["estimate"]["within_bounds"] == 1.0 and top5["estimate"]["within_bounds"] == 1.0
+    assert top20["estimate"]["mean_abs_error_bits"] < top5["estimate"]["mean_abs_error_bits"]
+    for row in summary["rows"]:
+        assert 0.5 < row["per_kind_auroc_cv"] <= 1 and row["per_kind_ci"][0] <= row["per_kind_ci"][1]
+    md = out.with_suffix(".md").read_text()
+    assert "| top-20 logprobs (estimate) |" in md and "| full distribution | exact |" in md
+    assert md.strip() in result.output

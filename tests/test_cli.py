@@ -112,3 +112,24 @@ def test_eval_oracle_without_budget_or_off_fails_before_the_model_loads(runner, 
     assert_clean_error(runner.invoke(main, base + ["--modes", "off,oracle", "--oracle-calls", "-2"]),
                        "--oracle-calls=-2")
     assert "oracle" in runner.invoke(main, ["eval", "--help"]).output
+
+
+def test_ask_chat_errors_name_the_file_or_the_turn(runner, tmp_path):
+    bad = tmp_path / "chat.json"
+    bad.write_text("[{'role': 'user'}]")
+    assert_clean_error(runner.invoke(main, ["ask", "--chat", str(bad)]), "is not JSON", "turns")
+    bad.write_text(json.dumps([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]))
+    assert_clean_error(runner.invoke(main, ["ask", "--chat", str(bad)]), "messages[-1]", "user turn")
+    assert_clean_error(runner.invoke(main, ["ask", "--chat", str(tmp_path / "none.json")]), "cannot be read")
+
+
+@pytest.mark.slow
+def test_ask_continues_a_chat_from_standard_input(runner):
+    chat = [{"role": "user", "content": "Let's talk geography."}, {"role": "assistant", "content": "Sure!"},
+            {"role": "user", "content": "What is the capital of Burkina Faso?"}]
+    result = runner.invoke(main, ["ask", "--mode", "intervene", "--json", "--chat", "-"], input=json.dumps(chat))
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output.strip().splitlines()[-1])
+    receipt = next(json.loads(line) for line in open(out["receipt"], encoding="utf-8") if out["receipt_id"] in line)
+    assert receipt["messages"][1:] == chat and receipt["prompt"] == chat[-1]["content"]
+    assert "Ouagadougou" in out["reply"]

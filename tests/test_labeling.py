@@ -72,3 +72,44 @@ def test_label_refuses_to_mix_replies_of_other_settings(tmp_path):
     # the trigger settings do not change what the model writes: resuming with another threshold is fine
     again = label(data, out, ScriptedBackend(script), Config(system_prompt="", max_tokens=40, threshold=9.0))
     assert again["already_done"] == 2
+
+
+def test_label_keeps_top20_logprobs_per_token_without_changing_the_reply(tmp_path):
+    from surprisegate.labeling import LABEL_TOP_LOGPROBS, label_item
+
+    data = tmp_path / "items.jsonl"
+    write_items(data, n=2)
+    out = tmp_path / "out"
+    config = Config(system_prompt="", max_tokens=40)
+    label(data, out, ScriptedBackend(script), config)
+    rows = [json.loads(l) for l in open(out / "labels.jsonl")]
+    meta = json.loads((out / "label_config.json").read_text())
+    assert meta["config"]["top_logprobs"] == LABEL_TOP_LOGPROBS == 20
+    for row, item in zip(rows, read_items(data)):
+        top = row["top_logprobs"]
+        assert len(top) == len(row["token_ids"]) > 0
+        for pairs, token, s in zip(top, row["token_ids"], row["surprises"]):
+            assert len(pairs) == 20
+            ids, lps = [p[0] for p in pairs], [p[1] for p in pairs]
+            assert lps == sorted(lps, reverse=True) and all(lp <= 0 for lp in lps)
+            if token in ids:  # the chosen token's logprob is the one its surprise came from
+                assert -lps[ids.index(token)] / 0.6931471805599453 == pytest.approx(s, abs=1e-3)
+        # keeping top-k only reads the logits: the same reply, tokens and signals without it
+        plain = label_item(ScriptedBackend(script), item, config.replace(mode="detect", top_logprobs=0))
+        assert plain["top_logprobs"] == []
+        for key in ("reply", "token_ids", "surprises", "entropies", "correct"):
+            assert plain[key] == row[key]
+
+
+def test_label_refuses_to_resume_a_folder_labelled_without_top_logprobs(tmp_path):
+    data = tmp_path / "items.jsonl"
+    write_items(data, n=2)
+    out = tmp_path / "out"
+    config = Config(system_prompt="", max_tokens=40)
+    label(data, out, ScriptedBackend(script), config, limit=1)
+    meta_path = out / "label_config.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["config"]["top_logprobs"]  # what a folder labelled before top-k were kept records
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(InputError, match=r"top_logprobs: None -> 20.*pass a new --out"):
+        label(data, out, ScriptedBackend(script), config)

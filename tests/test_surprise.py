@@ -103,3 +103,97 @@ def test_window_trace_is_the_stream_of_statistics():
 def test_bad_window_arguments_name_the_value(size, statistic, match):
     with pytest.raises(ValueError, match=match):
         RollingWindow(size, statistic)
+
+
+# ------------------------------------------------------------------------------------------------
+# entropy from the top-k logprobs only
+# ------------------------------------------------------------------------------------------------
+from surprisegate.errors import InputError  # noqa: E402
+from surprisegate.surprise import (surprise_and_entropy, top_logprobs, topk_entropy,  # noqa: E402
+                                   topk_entropy_bounds)
+
+logit_lists = st.lists(st.floats(-30, 30, allow_nan=False, allow_infinity=False), min_size=1, max_size=60)
+TOL = 1e-9
+
+
+def exact_entropy(logits) -> float:
+    return surprise_and_entropy(np.asarray(logits, dtype=np.float64), 0)[1]
+
+
+@given(logit_lists)
+def test_topk_entropy_is_exact_when_k_covers_the_distribution(logits):
+    top = top_logprobs(np.array(logits), len(logits))
+    h = exact_entropy(logits)
+    lower, upper = topk_entropy_bounds(top, vocab_size=len(logits))
+    assert lower == pytest.approx(h, abs=1e-9) and upper == pytest.approx(h, abs=1e-9)
+    assert topk_entropy(top, vocab_size=len(logits)) == pytest.approx(h, abs=1e-9)
+    assert topk_entropy(top) == pytest.approx(h, abs=1e-6)  # vocab unknown: the top k hold all the mass
+
+
+@settings(max_examples=200)
+@given(logit_lists)
+def test_topk_bounds_hold_and_tighten_as_k_grows(logits):
+    x = np.array(logits)
+    h = exact_entropy(x)
+    v = len(logits)
+    previous = (-math.inf, math.inf)
+    for k in range(1, v + 1):
+        top = top_logprobs(x, k)
+        lower, upper = topk_entropy_bounds(top, vocab_size=v)
+        estimate = topk_entropy(top, vocab_size=v)
+        assert lower - TOL <= h <= upper + TOL
+        assert lower - TOL <= estimate <= upper + TOL and math.isfinite(estimate)
+        assert lower >= previous[0] - TOL and upper <= previous[1] + TOL  # more of the distribution: tighter
+        assert 0.0 <= lower and upper <= math.log2(v) + TOL
+        # vocab unknown: the same lower bound, no upper bound unless the top k hold all the mass
+        unknown_lower, unknown_upper = topk_entropy_bounds(top)
+        assert unknown_lower == pytest.approx(lower, abs=TOL) and unknown_upper >= upper - TOL
+        assert math.isfinite(topk_entropy(top))
+        previous = (lower, upper)
+
+
+def test_topk_entropy_takes_pairs_or_plain_logprobs():
+    logits = np.array([2.0, 1.0, 0.5, -1.0, -3.0])
+    pairs = top_logprobs(logits, 3)
+    plain = [lp for _, lp in pairs]
+    assert topk_entropy(pairs, 5) == topk_entropy(plain, 5) == topk_entropy(np.array(plain), 5)
+    assert topk_entropy([list(p) for p in pairs], 5) == topk_entropy(plain, 5)  # as receipts store them (JSON)
+
+
+def test_topk_entropy_edge_cases():
+    # k = 1, all the mass on it: certain
+    assert topk_entropy_bounds([0.0]) == (0.0, 0.0) and topk_entropy([0.0]) == 0.0
+    # -inf logprobs carry no mass
+    assert topk_entropy_bounds([math.log(0.5), math.log(0.5), -math.inf], 10) == (pytest.approx(1.0), pytest.approx(1.0))
+    # m ~ 0: rounding may make the top k sum a little above 1; that is a complete distribution
+    lower, upper = topk_entropy_bounds([-0.00001, -11.0], 1000)
+    assert lower == upper and 0 < lower < 0.01
+    # m ~ 1: the most likely token holds almost nothing, so the entropy is high but finite
+    lower, upper = topk_entropy_bounds([-20.0], 49152)
+    assert lower <= upper == pytest.approx(math.log2(49152), abs=1e-3)
+    assert math.isfinite(topk_entropy([-20.0])) and topk_entropy([-20.0]) > 15
+    # the same top-1, less on the second token: more missing mass, so more room for the tail
+    uppers = [topk_entropy_bounds([math.log(0.6), math.log(p)], 100)[1] for p in (0.4, 0.3, 0.2, 0.1, 0.01)]
+    assert all(b >= a - TOL for a, b in zip(uppers, uppers[1:]))
+    estimates = [topk_entropy([math.log(0.6), math.log(p)], 100) for p in (0.4, 0.3, 0.2, 0.1, 0.01)]
+    assert all(math.isfinite(e) and 0 <= e <= math.log2(100) for e in estimates)
+
+
+@pytest.mark.parametrize("top,vocab,match", [
+    ([], None, r"top_logprobs=\[\] holds no logprobs"),
+    (3.0, None, r"top_logprobs=3.0 holds no logprobs"),
+    ([0.5, 0.3], None, r"holds 0.5, which is not a natural-log probability.*pass log p"),
+    ([float("nan")], None, r"holds nan"),
+    ([-2.0, -1.0], None, r"is not most likely first; sort it"),
+    ([-0.1, -0.2], None, r"sum to probability 1.7236 > 1; pass the logprobs of one normalised distribution"),
+    ([-1.0, -math.inf], None, r"leave probability 0.6321 unaccounted, but its k-th most likely token has probability 0"),
+    ([-1.0], 1, r"vocab_size=1 leaves no other token"),
+    ([-1.0, -2.0], 1, r"vocab_size=1 must be a whole number of tokens >= k=2"),
+    ([-1.0], 2.5, r"vocab_size=2.5 must be a whole number"),
+    (["x"], None, r"holds 'x', not a logprob"),
+])
+def test_topk_entropy_bad_input_names_the_argument_and_the_fix(top, vocab, match):
+    with pytest.raises(InputError, match=match):
+        topk_entropy_bounds(top, vocab)
+    with pytest.raises(ValueError):  # InputError is a ValueError
+        topk_entropy(top, vocab)
