@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from surprisegate.grading import first_sentence, grade
-from surprisegate.labeling import read_items
+from surprisegate.research.labeling import read_items
 from surprisegate.receipts import dumps_line
 
 # The sentence stop before "USA." ended a sentence and Inc/Ltd/Co/Corp/No/months were abbreviations;

@@ -21,9 +21,10 @@ import json
 import sys
 from pathlib import Path
 
-from surprisegate.cli import _progress_bar, build_arms, load_backend_for
+from surprisegate.cli import _progress_bar
+from surprisegate.runtime import build_arms, load_backend
 from surprisegate.config import load_config
-from surprisegate.evaluate import FLARE_THETA, evaluate, summarise, trigger_efficiency
+from surprisegate.research.evaluate import FLARE_THETA, evaluate, summarise, trigger_efficiency
 from surprisegate.receipts import read_receipts
 
 
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     points: dict[str, dict] = {}
     # One model for every run: the operating points differ only in trigger settings, not in the model.
     defaults = load_config(None, {"threads": args.threads})
-    backend = load_backend_for(defaults)
+    backend = load_backend(defaults)
     runs = [(f"intervene {name}", name, "intervene", path or None, FLARE_THETA)
             for name, _, path in (spec.partition("=") for spec in args.point)]
     runs += [(f"flare θ={theta}", f"flare_theta_{theta}", "flare", None, theta) for theta in args.flare_theta]

@@ -14,14 +14,15 @@ from typing import Any
 import click
 
 from . import __version__
-from .config import Config, load_config, to_toml
+from .config import Config, flag_fields, load_config, to_toml
+from .runtime import build_arms, check_memory, home, load_backend
 from .errors import InputError, SurpriseGateError
 
 DEMO_QUESTION = "What is the capital of Burkina Faso?"
 
 
-def home() -> Path:
-    return Path(os.environ.get("SURPRISEGATE_HOME") or Path.home() / ".cache" / "surprisegate")
+def _say(message: str) -> None:
+    click.echo(message, err=True)
 
 
 class Group(click.Group):
@@ -67,78 +68,26 @@ def _number(kind):
     return convert
 
 
+_CONVERT = {int: _number(int), float: _number(float)}
+
+
 def config_options(f):
-    opts = [
-        click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML config file."),
-        click.option("--mode", type=str, help="off | detect | intervene (env: SURPRISE_CANARY=1, SURPRISE_INTERVENE=1)."),
-        click.option("--threshold", callback=_number(float), help="Trigger threshold in bits."),
-        click.option("--window", callback=_number(int), help="Rolling window size W in tokens."),
-        click.option("--statistic", type=str, help="mean | p90 | max."),
-        click.option("--signal", type=str, help="surprise | entropy | novel | novel_entropy."),
-        click.option("--min-tokens", callback=_number(int), help="Tokens in the window before it may trigger."),
-        click.option("--threads", callback=_number(int), help="CPU threads for the local backend (0 = all)."),
-        click.option("--max-rounds", callback=_number(int), help="Most grounding rounds per reply."),
-        click.option("--deadline", "round_deadline_s", callback=_number(float), help="Per-round deadline in seconds."),
-        click.option("--stream", type=str, help="holdback | emit."),
-        click.option("--backend", type=str, help="llamacpp | transformers."),
-        click.option("--model", type=str, help="GGUF file (llamacpp) or HF model dir / .gguf (transformers)."),
-        click.option("--max-tokens", callback=_number(int), help="Most tokens in the reply."),
-        click.option("--temperature", callback=_number(float), help="0 = greedy."),
-    ]
+    """The Config fields marked as flags (config.flag_fields: name, flag, type and help live there once)."""
+    opts = [click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML config file.")]
+    for name, flag, kind, help_text in flag_fields():
+        opts.append(click.option(flag, name, callback=_CONVERT.get(kind), metavar={int: "N", float: "NUMBER"}.get(kind, "TEXT"),
+                                 help=help_text + "."))
     for opt in reversed(opts):
         f = opt(f)
     return f
 
 
-CONFIG_KEYS = ("mode", "threshold", "window", "statistic", "signal", "min_tokens", "threads", "max_rounds", "round_deadline_s", "stream", "backend",
-               "model", "max_tokens", "temperature")
+CONFIG_KEYS = tuple(name for name, *_ in flag_fields())
 
 
 def resolve_config(kwargs: dict) -> Config:
     overrides = {k: kwargs.pop(k) for k in CONFIG_KEYS if k in kwargs}
     return load_config(kwargs.pop("config_file", None), overrides)
-
-
-def build_arms(config: Config, memory: str | None, tools: bool = True, web: str | None = None) -> dict:
-    arms: dict = {}
-    if memory and memory != "none":
-        from .arms.memory import MemoryArm
-        from .store.open import open_memory
-
-        target = str(ensure_demo(quiet=False)) if memory == "demo" else memory
-        arms["memory"] = MemoryArm(open_memory(target), floor=config.relevance_floor)
-    if tools:
-        from .arms.tools import ToolArm
-
-        arms["tool"] = ToolArm(roots=config.tool_roots, allowed_status_targets=config.tool_status_targets,
-                               python_sandbox=config.tool_python_sandbox, default_timezone=config.tool_timezone)
-    if web:
-        arms["web"] = build_web_arm(web)
-    return arms
-
-
-def _check_memory(memory: str) -> None:
-    """A missing SQLite file is a user mistake worth catching before the model loads."""
-    if memory in ("demo", "none") or "://" in memory or memory.startswith("milvus-lite:"):
-        return
-    if not Path(memory).exists():
-        raise InputError(f"--memory={memory!r} does not exist; build it with: surprisegate memory add --memory {memory} FILE.jsonl")
-
-
-def ensure_demo(quiet: bool = True) -> Path:
-    from .demo_kb import ensure_demo_memory
-
-    path = home() / "demo-memory.sqlite"
-    if not path.exists() and not quiet:
-        click.echo(f"building the demo knowledge base at {path} (once) ...", err=True)
-    return ensure_demo_memory(path)
-
-
-def load_backend_for(config: Config):
-    from .backends.registry import open_backend
-
-    return open_backend(config.backend, config.model or None, n_ctx=config.n_ctx, seed=config.seed,
-                        threads=config.threads)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,13 +164,9 @@ def ask(question: str, memory: str, no_tools: bool, web_url: str | None, receipt
     messages = conversation(read_chat(chat_file) if chat_file else question)
     question = last_user_turn(messages)
     config = resolve_config(kwargs)
-    _check_memory(memory)
-    arms = build_arms(config, memory, tools=not no_tools, web=web_url) if config.mode == "intervene" else {}
-    if "web" in arms:
-        problem = arms["web"].problem()
-        if problem:
-            click.echo(f"warning: web arm: {problem}", err=True)
-    backend = load_backend_for(config)
+    check_memory(memory)
+    arms = build_arms(config, memory, tools=not no_tools, web=web_url, say=_say) if config.mode == "intervene" else {}
+    backend = load_backend(config)
     receipts_file = Path(receipts_path) if receipts_path else home() / "receipts.jsonl"
     view = None if as_json else TerminalView(color=sys.stdout.isatty())
     if view:
@@ -265,9 +210,9 @@ def demo(question: str, receipts_path: str | None) -> None:
 
     receipts_file = Path(receipts_path) if receipts_path else home() / "demo-receipts.jsonl"
     base = load_config()
-    arms = build_arms(base, "demo")
+    arms = build_arms(base, "demo", say=_say)
     click.echo("loading the embedded model (SmolLM2-135M-Instruct, llama.cpp) ...", err=True)
-    backend = load_backend_for(base)
+    backend = load_backend(base)
     writer = ReceiptWriter(receipts_file)
     outcomes = {}
     for mode in ("off", "intervene"):
@@ -336,7 +281,7 @@ def memory_search(memory_path: str, k: int, search_mode: str | None, as_json: bo
     """Search the store; best first, with normalised relevance (0..1) and source."""
     from .store.open import open_memory
 
-    _check_memory(memory_path)
+    check_memory(memory_path)
     with open_memory(memory_path) as store:
         hits = store.search(query, k=k, mode=search_mode) if search_mode else store.search(query, k=k)
     if as_json:
@@ -356,7 +301,7 @@ def memory_stats(memory_path: str, as_json: bool) -> None:
     """Passages, sources, embedder, index sizes."""
     from .store.open import open_memory
 
-    _check_memory(memory_path)
+    check_memory(memory_path)
     with open_memory(memory_path) as store:
         stats = store.stats()
     click.echo(json.dumps(stats, default=str) if as_json else "\n".join(f"{k:>16}: {v}" for k, v in stats.items()))
@@ -369,7 +314,7 @@ def memory_remove(memory_path: str, source_prefix: str) -> None:
     """Remove every passage whose source starts with SOURCE_PREFIX (from every index, in one transaction)."""
     from .store.open import open_memory
 
-    _check_memory(memory_path)
+    check_memory(memory_path)
     with open_memory(memory_path) as store:
         removed = store.remove(source_prefix)
         click.echo(f"removed {removed} passages; {store.count()} left")
@@ -382,7 +327,7 @@ def memory_reindex(memory_path: str, full: bool) -> None:
     """Fill in missing vectors (e.g. a store built before dense search existed)."""
     from .store.open import open_memory
 
-    _check_memory(memory_path)
+    check_memory(memory_path)
     with open_memory(memory_path) as store:
         click.echo(f"embedded {store.reindex(full=full)} passages")
 
@@ -439,11 +384,11 @@ def _progress_bar(label: str):
 def label(data: str, out_dir: str, limit: int | None, **kwargs) -> None:
     """Run the model in detect mode over QA items, grade each reply, keep per-token signals and top-20 logprobs
     (resumable)."""
-    from .labeling import label as run_label, read_items
+    from .research.labeling import label as run_label, read_items
 
     read_items(data, 1)  # fail fast on a bad file before loading the model
     config = resolve_config(kwargs)
-    backend = load_backend_for(config)
+    backend = load_backend(config)
     summary = run_label(data, out_dir, backend, config, limit=limit, progress=_progress_bar("label"))
     click.echo(json.dumps(summary))
 
@@ -468,7 +413,7 @@ def label(data: str, out_dir: str, limit: int | None, **kwargs) -> None:
 def calibrate(label_dirs: tuple[str, ...], out_config: str, bootstrap: int, objective: str, min_precision: float,
               top_k: int | None, compare_top_k: str | None, as_json: bool) -> None:
     """AUROC of each signal, sweep of trigger rules, chosen operating point written to a config, plots."""
-    from .calibrate import calibrate as run, write_topk_comparison
+    from .research.calibrate import calibrate as run, write_topk_comparison
 
     if compare_top_k is not None:
         try:
@@ -519,28 +464,22 @@ def eval_cmd(data: str, modes: str, memory: str, web_url: str | None, no_tools: 
              sample: int | None, out_dir: str, flare_theta: float, oracle_calls: int | None, as_json: bool,
              **kwargs) -> None:
     """The A/B: accuracy, regressions, trigger rate, grounding calls, tokens and time per mode."""
-    from .evaluate import check_modes, evaluate
-    from .labeling import read_items
+    from .research.evaluate import check_modes, evaluate
+    from .research.labeling import read_items
 
     read_items(data, 1)
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
     check_modes(mode_list, flare_theta, oracle_calls)  # before the model loads
     config = resolve_config(kwargs)
-    _check_memory(memory)
-    arms = build_arms(config, memory, tools=not no_tools, web=web_url)
-    backend = load_backend_for(config)
+    check_memory(memory)
+    arms = build_arms(config, memory, tools=not no_tools, web=web_url, say=_say)
+    backend = load_backend(config)
     summary = evaluate(data, mode_list, backend, config, arms, out_dir, limit=limit, sample=sample,
                        progress=_progress_bar("eval"), flare_theta=flare_theta, oracle_calls=oracle_calls)
     if as_json:
         click.echo(json.dumps(summary))
     else:
         click.echo((Path(out_dir) / "report.md").read_text())
-
-
-def build_web_arm(url: str):
-    from .arms.web import build_web_arm as build
-
-    return build(url)
 
 
 @main.command("websearch-serve", context_settings={"ignore_unknown_options": True})
@@ -582,7 +521,7 @@ def bench() -> None:
 @click.option("--json", "as_json", is_flag=True)
 def bench_decode(tokens: int, repeats: int, as_json: bool) -> None:
     """detect-mode tokens/s ÷ plain llama-cpp-python greedy tokens/s, same model and prompt."""
-    from .bench import bench_decode as run
+    from .research.bench import bench_decode as run
 
     out = run(n_tokens=tokens, repeats=repeats, progress=lambda m: click.echo(m, err=True))
     click.echo(json.dumps(out) if as_json else _pretty(out))
@@ -594,7 +533,7 @@ def bench_decode(tokens: int, repeats: int, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def bench_rewind(context_tokens: int, repeats: int, as_json: bool) -> None:
     """(rewind 16 + inject 30 + re-decode 16) ÷ re-prefilling the whole context."""
-    from .bench import bench_rewind as run
+    from .research.bench import bench_rewind as run
 
     out = run(context_tokens=context_tokens, repeats=repeats, progress=lambda m: click.echo(m, err=True))
     click.echo(json.dumps(out) if as_json else _pretty(out))
@@ -607,7 +546,7 @@ def bench_rewind(context_tokens: int, repeats: int, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def bench_memory_cmd(n_passages: int, queries: int, milvus: bool, as_json: bool) -> None:
     """p50/p95/p99 query latency of the SQLite store (hybrid) at N synthetic passages, Milvus beside it."""
-    from .store.bench_memory import bench_memory
+    from .research.bench_memory import bench_memory
 
     milvus_bench = None
     if milvus:
@@ -615,7 +554,7 @@ def bench_memory_cmd(n_passages: int, queries: int, milvus: bool, as_json: bool)
             import milvus_lite  # noqa: F401
             import pymilvus  # noqa: F401
 
-            from .store.bench_milvus import bench_milvus_on as milvus_bench
+            from .research.bench_milvus import bench_milvus_on as milvus_bench
         except ImportError:
             click.echo("milvus-lite not installed: pip install 'surprisegate[milvus]'; SQLite only", err=True)
     out = bench_memory(n_passages=n_passages, queries=queries, progress=lambda m: click.echo(m, err=True),

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 def test_bench_decode_small():
     pytest.importorskip("llama_cpp")
-    from surprisegate.bench import bench_decode
+    from surprisegate.research.bench import bench_decode
 
     out = bench_decode(n_tokens=24, repeats=2)
     assert out["same_tokens"] is True  # detection only reads logits: same greedy tokens as plain llama.cpp
@@ -24,7 +24,7 @@ def test_bench_decode_small():
 
 def test_bench_rewind_small():
     pytest.importorskip("llama_cpp")
-    from surprisegate.bench import bench_rewind
+    from surprisegate.research.bench import bench_rewind
 
     out = bench_rewind(context_tokens=300, repeats=1)
     assert out["context_tokens"] == 300 and out["injected_tokens"] == 30 and out["rewound_tokens"] == 16

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from surprisegate.calibrate import (Labelled, auroc, calibrate, choose, fit_kind_model, kind_scores, kind_thresholds,
+from surprisegate.research.calibrate import (Labelled, auroc, calibrate, choose, fit_kind_model, kind_scores, kind_thresholds,
                                     window_peak)
 from surprisegate.config import load_config
 
@@ -107,7 +107,7 @@ def test_calibrate_writes_a_loadable_config_report_and_plots(tmp_path):
 
 
 def test_prepare_skips_copied_tokens_for_novel_signals():
-    from surprisegate.calibrate import prepare
+    from surprisegate.research.calibrate import prepare
 
     [item] = prepare([{"id": "a", "question": "What is the capital of Chad?", "correct": False,
                        "pieces": ["The", " capital", " is", " Ko"], "surprises": [1.0, 1.0, 1.0, 5.0],
@@ -149,7 +149,7 @@ def synthetic_topk_labels(tmp_path, n=160, seed=0, vocab=300, keep=20, name="top
 
 
 def test_prepare_top_k_estimates_entropy_and_keeps_surprise_exact(tmp_path):
-    from surprisegate.calibrate import prepare
+    from surprisegate.research.calibrate import prepare
     from surprisegate.surprise import topk_entropy
 
     labels = synthetic_topk_labels(tmp_path, n=4)

@@ -9,7 +9,7 @@ import pytest
 from surprisegate.arms import Evidence
 from surprisegate.config import Config
 from surprisegate.errors import InputError
-from surprisegate.evaluate import evaluate, summarise
+from surprisegate.research.evaluate import evaluate, summarise
 
 from scripted import ScriptedBackend, plan
 
@@ -91,7 +91,7 @@ def test_resuming_with_other_settings_is_refused_and_keeps_the_results(tmp_path)
 # ------------------------------------------------------------------------------------------------
 # oracle: the gate's path forced to ground on exactly the items `off` got wrong, at the gate's budget
 # ------------------------------------------------------------------------------------------------
-from surprisegate.evaluate import choose_oracle_items, trigger_efficiency  # noqa: E402
+from surprisegate.research.evaluate import choose_oracle_items, trigger_efficiency  # noqa: E402
 
 
 def mixed_script(context):

@@ -138,3 +138,12 @@ def test_the_package_has_no_import_cycle():
     cycle = find_cycle(import_graph())
     if cycle:
         pytest.fail("import cycle: " + " -> ".join(cycle))
+
+
+def test_the_runtime_never_imports_the_research_tooling():
+    # Evaluation and benchmarks live in surprisegate.research; only the CLI commands that run them reach in.
+    graph = import_graph()
+    leaks = {module: sorted(t for t in targets if t.startswith("surprisegate.research"))
+             for module, targets in graph.items()
+             if not module.startswith("surprisegate.research") and module != "surprisegate.cli"}
+    assert {m: t for m, t in leaks.items() if t} == {}

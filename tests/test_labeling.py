@@ -8,7 +8,7 @@ import pytest
 
 from surprisegate.config import Config
 from surprisegate.errors import InputError
-from surprisegate.labeling import label, prompt_for, read_items
+from surprisegate.research.labeling import label, prompt_for, read_items
 
 from scripted import ScriptedBackend, plan
 
@@ -75,7 +75,7 @@ def test_label_refuses_to_mix_replies_of_other_settings(tmp_path):
 
 
 def test_label_keeps_top20_logprobs_per_token_without_changing_the_reply(tmp_path):
-    from surprisegate.labeling import LABEL_TOP_LOGPROBS, label_item
+    from surprisegate.research.labeling import LABEL_TOP_LOGPROBS, label_item
 
     data = tmp_path / "items.jsonl"
     write_items(data, n=2)

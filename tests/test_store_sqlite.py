@@ -644,7 +644,7 @@ def test_rare_phrases_pick_candidates_without_changing_bm25(store, monkeypatch):
 @pytest.mark.slow
 @needs_wordllama
 def test_hybrid_search_at_a_hundred_thousand_passages():
-    from surprisegate.store.bench_memory import TARGET_P95_MS, bench_memory
+    from surprisegate.research.bench_memory import TARGET_P95_MS, bench_memory
 
     lines = []
     result = bench_memory(n_passages=100_000, queries=200, progress=lines.append)

@@ -43,13 +43,13 @@ def test_old_points_keep_the_old_table_and_oracle_points_add_two_columns(tmp_pat
 
 
 def test_oracle_flag_runs_the_oracle_at_each_points_own_budget(tmp_path, monkeypatch):
-    from surprisegate.evaluate import evaluate
+    from surprisegate.research.evaluate import evaluate
 
     from scripted import ScriptedBackend
     from test_evaluate import Memory, config, mixed_items, mixed_script
 
     data = mixed_items(tmp_path)
-    monkeypatch.setattr(tradeoff, "load_backend_for", lambda c: ScriptedBackend(mixed_script))
+    monkeypatch.setattr(tradeoff, "load_backend", lambda c: ScriptedBackend(mixed_script))
     monkeypatch.setattr(tradeoff, "build_arms", lambda c, memory, web=None: {"memory": Memory()})
     base = tmp_path / "base"
     evaluate(data, ["off", "always"], ScriptedBackend(mixed_script), config(), {"memory": Memory()}, base)

@@ -28,18 +28,18 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 
-from .arms import Arm, Evidence, Query
-from .config import Config, evidence_text
-from .backends import Sampling
-from .controller import generate
-from .grounding import arm_order, ground_round
-from .errors import InputError
-from .grading import grade
+from ..arms import Arm, Evidence, Query
+from ..config import Config, evidence_text
+from ..backends import Sampling
+from ..controller import generate
+from ..grounding import arm_order, ground_round
+from ..errors import InputError
+from ..grading import grade
 from .labeling import guard_resume, prompt_for, read_items
-from .prompting import PromptLayout, chat_messages
-from .receipts import ReceiptWriter, read_receipts
-from .router import route
-from .text import ends_sentence
+from ..prompting import PromptLayout, chat_messages
+from ..receipts import ReceiptWriter, read_receipts
+from ..router import route
+from ..text import ends_sentence
 
 MODES = ("off", "detect", "intervene", "always", "flare", "oracle")
 FLARE_THETA = 0.4  # FLARE's probability threshold for a "low-confidence" token (paper default range 0.4-0.8)

@@ -20,11 +20,12 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from .config import Config, to_toml
-from .errors import InputError
+from ..config import Config, to_toml
+from ..errors import InputError
 from .labeling import CLOZE_INSTRUCTION, iter_labels
-from .signals import SIGNALS, copy_flags, question_kind, signal_value
-from .surprise import RollingWindow, topk_entropy, topk_entropy_bounds
+from ..signals import SIGNALS, copy_flags, question_kind, signal_value
+from ..surprise import topk_entropy, topk_entropy_bounds
+from ..trigger import window_peak  # the loop's own rule: calibration thresholds what the loop compares
 
 WINDOWS = (4, 8, 16, 32)
 STATISTICS = ("mean", "p90", "max")
@@ -174,20 +175,6 @@ def reply_aggregates(values: list[float], tail_cut: float = 4.0) -> dict[str, fl
     a = np.asarray(values, dtype=float)
     return {"mean": float(a.mean()), "p90": float(np.percentile(a, 90)), "max": float(a.max()),
             "tail_mass": float((a > tail_cut).mean())}
-
-
-def window_peak(values: list[float], window: int, statistic: str, min_tokens: int) -> float:
-    """Highest rolling statistic over windows holding at least min(min_tokens, window) tokens."""
-    w = RollingWindow(window, statistic)
-    need = min(min_tokens, window)
-    peak = -math.inf
-    for v in values:
-        stat = w.push(v)
-        if len(w) >= need:
-            peak = max(peak, stat)
-    if peak == -math.inf:  # never eligible (too few values): the trigger could not have fired
-        return 0.0
-    return peak
 
 
 # ------------------------------------------------------------------------------------------------

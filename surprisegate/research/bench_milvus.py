@@ -39,7 +39,7 @@ def bench_milvus_on(
     uri: str | None = None,
 ) -> dict:
     """Store `passages`, then time one search per question in each mode the store offers."""
-    from .open import open_memory
+    from ..store.open import open_memory
 
     with tempfile.TemporaryDirectory(prefix="surprisegate-bench-milvus-") as folder:
         store_uri = uri or f"milvus-lite:{Path(folder) / 'bench.db'}#bench"

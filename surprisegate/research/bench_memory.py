@@ -129,7 +129,7 @@ def bench_memory(
     `milvus_bench(passages, questions, progress)`, when given, runs the same passages and questions
     against Milvus and its dict fills the "milvus" slot.
     """
-    from .sqlite import SEARCH_MODES, SQLiteMemory
+    from ..store.sqlite import SEARCH_MODES, SQLiteMemory
 
     passages, questions = synthetic_world(n_passages, seed)
     asked = random.Random(seed + 1).sample(questions, min(queries, len(questions)))

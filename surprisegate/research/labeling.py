@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .config import Config
-from .errors import InputError
-from .grading import grade
-from .receipts import ReceiptWriter, read_receipts
+from ..config import Config
+from ..errors import InputError
+from ..grading import grade
+from ..receipts import ReceiptWriter, read_receipts
 
 CLOZE_INSTRUCTION = "Complete the sentence: {question}"
 LABEL_TOP_LOGPROBS = 20  # the most any server sends (OpenAI, vLLM; xAI 8): calibrate --top-k K <= 20
@@ -55,7 +55,7 @@ def prompt_for(item: dict) -> tuple[str, str]:
 
 
 def label_item(backend, item: dict, config: Config) -> dict:
-    from .controller import generate
+    from ..controller import generate
 
     question, prefix = prompt_for(item)
     started = time.monotonic()

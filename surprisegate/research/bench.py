@@ -13,8 +13,8 @@ import statistics
 import time
 from typing import Callable
 
-from .config import Config
-from .prompting import PromptLayout, chat_messages
+from ..config import Config
+from ..prompting import PromptLayout, chat_messages
 
 DECODE_PROMPT = "Write a long, detailed essay about the history of the Roman Empire, from its founding to its fall."
 
@@ -24,9 +24,9 @@ def _noop(_: str) -> None:
 
 
 def bench_decode(n_tokens: int = 256, repeats: int = 5, progress: Callable[[str], None] = _noop) -> dict:
-    from .backends.llamacpp import from_llamacpp
-    from .controller import stream
-    from .events import Done, Token
+    from ..backends.llamacpp import from_llamacpp
+    from ..controller import stream
+    from ..events import Done, Token
 
     backend = from_llamacpp(None, n_ctx=2048)
     llama = backend._llama
@@ -93,8 +93,8 @@ def _filler_text(n_sentences: int) -> str:
 
 def bench_rewind(context_tokens: int = 1500, repeats: int = 5, span: int = 16, segment_tokens: int = 30,
                  progress: Callable[[str], None] = _noop) -> dict:
-    from .backends import Sampling
-    from .backends.llamacpp import from_llamacpp
+    from ..backends import Sampling
+    from ..backends.llamacpp import from_llamacpp
 
     backend = from_llamacpp(None, n_ctx=max(2048, context_tokens + 256))
     tokens = backend.tokenize(_filler_text(400))

@@ -1,6 +1,6 @@
 """Retrieval quality of the memory store's three search modes, side by side.
 
-    python -m surprisegate.store.eval_memory [QUESTIONS.jsonl] [PASSAGES.jsonl]
+    python -m surprisegate.research.eval_memory [QUESTIONS.jsonl] [PASSAGES.jsonl]
 
 Builds a store from the passages (default: shared/data/factkb_passages.jsonl) in a temporary folder
 and asks every question (default: shared/data/factqa_dev.jsonl). A question counts as found when one
@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .sqlite import SEARCH_MODES, SQLiteMemory
+from ..store.sqlite import SEARCH_MODES, SQLiteMemory
 
 SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 DEFAULT_QUESTIONS = SHARED_DATA / "factqa_dev.jsonl"
