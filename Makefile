@@ -19,3 +19,9 @@ test-fast: setup
 bench: setup
 	.venv/bin/surprisegate bench decode --json
 	.venv/bin/surprisegate bench rewind --json
+
+# llama.cpp's llama-server built from source with the wheel's CPU flags, cached in ~/.cache/surprisegate/bin
+# (SURPRISEGATE_BIN overrides; about 7.5 minutes once). For `--backend llama-server://...` and its tests.
+.PHONY: llama-server
+llama-server:
+	@bash scripts/build_llama_server.sh

@@ -43,8 +43,10 @@ CONTRACT_BACKENDS = {
     "scripted": lambda request: scripted_contract_backend(),
     "llamacpp": _llamacpp,
     "transformers": _transformers,
+    # The real llama.cpp server (`make llama-server`) on a free loopback port: tests/test_backend_llama_server.py.
+    "llama-server": lambda request: importlib.import_module("test_backend_llama_server").contract_backend(request),
 }
-SLOW = {"llamacpp", "transformers"}
+SLOW = {"llamacpp", "transformers", "llama-server"}
 
 
 @pytest.fixture(scope="module", params=[pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n

@@ -33,7 +33,7 @@ BACKENDS: dict[str, BackendEntry] = {e.name: e for e in (
                  "GGUF path (default: the embedded SmolLM2-135M-Instruct)"),
     BackendEntry("transformers", "in-process", True, "surprisegate.backends.transformers:from_transformers",
                  "Hugging Face model directory (default: the embedded model's directory, if converted)"),
-    BackendEntry("llama-server", "server", True, "", "optional: the server's own model"),
+    BackendEntry("llama-server", "server", True, "surprisegate.backends.llama_server:from_llama_server", "optional: the server's own model"),
     BackendEntry("vllm", "server", True, "", "served model name"),
     BackendEntry("sglang", "server", True, "", "served model name"),
     BackendEntry("ollama", "server", True, "", "model name"),
