@@ -375,7 +375,7 @@ def shared_server(config) -> LlamaServerProcess:
             model = embedded_model_path()
         except Exception as err:
             pytest.skip(f"embedded model unavailable: {err}")
-        log = Path(config.cache.mkdir("llama-server")) / "server.log" if config.cache else None
+        log = Path(config.cache.mkdir("llama-server")) / "server.log" if getattr(config, "cache", None) else None
         process = LlamaServerProcess(model, binary=binary, n_ctx=4096, parallel=1, log_path=log)
         process.start()
         _SHARED["process"] = process
