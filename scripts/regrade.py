@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 
 from surprisegate.grading import first_sentence, grade
-from surprisegate.research.labeling import read_items
 from surprisegate.receipts import dumps_line
+from surprisegate.research.labeling import read_items
 
 # The sentence stop before "USA." ended a sentence and Inc/Ltd/Co/Corp/No/months were abbreviations;
 # only used to show the "before" sentence.
@@ -59,9 +59,16 @@ def regrade_file(path: Path, items: dict[str, dict], write: bool = False) -> dic
         now = grade(reply, item).correct
         moved.setdefault(row.get("mode", "?"), [])
         if now != was:
-            moved[row.get("mode", "?")].append({
-                "id": row["id"], "question": row.get("question", item.get("question")), "was": was, "now": now,
-                "before": previous_first_sentence(reply), "after": first_sentence(reply)})
+            moved[row.get("mode", "?")].append(
+                {
+                    "id": row["id"],
+                    "question": row.get("question", item.get("question")),
+                    "was": was,
+                    "now": now,
+                    "before": previous_first_sentence(reply),
+                    "after": first_sentence(reply),
+                }
+            )
             row["correct"] = now
             out.append(dumps_line(row).rstrip("\n").encode("utf-8"))
         else:
@@ -98,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {path}")
         unknown = moved.pop("?", [])
         if unknown:
-            print(f"  {len(unknown)} line(s) kept as they are: not JSON, or no item with that id in --data",
-                  file=sys.stderr)
+            print(
+                f"  {len(unknown)} line(s) kept as they are: not JSON, or no item with that id in --data",
+                file=sys.stderr,
+            )
         for mode, rows in moved.items():
             down = [r for r in rows if r["was"]]
             up = [r for r in rows if not r["was"]]

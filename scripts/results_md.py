@@ -1,7 +1,7 @@
 """Render the README's Results tables from the saved calibration and eval summaries.
 
-    python scripts/results_md.py results/   > results/RESULTS.md
-    python scripts/results_md.py results/ --readme README.md   # also replace the README's generated block
+python scripts/results_md.py results/   > results/RESULTS.md
+python scripts/results_md.py results/ --readme README.md   # also replace the README's generated block
 """
 
 from __future__ import annotations
@@ -28,28 +28,45 @@ def calibration_md(cal: dict) -> list[str]:
     table = cal.get("auroc_table") or cal.get("auroc_table_top") or []
     aggregates = [r for r in table if r["signal"] == "surprise" and r["feature"] in ("mean", "p90", "max", "tail_mass")]
     for row in aggregates:
-        lines.append(f"| surprise, whole-reply {row['feature']} | {row['auroc']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] |")
+        lines.append(
+            f"| surprise, whole-reply {row['feature']} | {row['auroc']:.3f} [{row['ci_low']:.3f}, "
+            f"{row['ci_high']:.3f}] |"
+        )
     for row in table[:5]:
-        lines.append(f"| {row['signal']} {row['feature']} | {row['auroc']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] |")
-    lines.append(f"| **chosen: {rule['signal']} {rule['statistic']} W={rule['window']} + per-kind normalisation "
-                 f"(5-fold cross-validated)** | **{pk['auroc_cv']:.3f} [{pk['ci_low']:.3f}, {pk['ci_high']:.3f}]** |")
-    point = (f"Operating point of the chosen signal (cross-validated scores): highest precision at recall ≥ 0.5 = "
-             f"precision {hp['precision']:.3f} at recall {hp['recall']:.3f} (trigger rate {hp['trigger_rate']:.2f})")
+        lines.append(
+            f"| {row['signal']} {row['feature']} | {row['auroc']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] |"
+        )
+    lines.append(
+        f"| **chosen: {rule['signal']} {rule['statistic']} W={rule['window']} + per-kind normalisation "
+        f"(5-fold cross-validated)** | **{pk['auroc_cv']:.3f} [{pk['ci_low']:.3f}, {pk['ci_high']:.3f}]** |"
+    )
+    point = (
+        f"Operating point of the chosen signal (cross-validated scores): highest precision at recall ≥ 0.5 = "
+        f"precision {hp['precision']:.3f} at recall {hp['recall']:.3f} (trigger rate {hp['trigger_rate']:.2f})"
+    )
     if cal.get("objective") == "recall":
-        point += (f"; written to the config (most recall at precision ≥ {cal.get('min_precision')}) = precision "
-                  f"{ch['precision']:.3f} at recall {ch['recall']:.3f} (trigger rate {ch['trigger_rate']:.2f})")
+        point += (
+            f"; written to the config (most recall at precision ≥ {cal.get('min_precision')}) = precision "
+            f"{ch['precision']:.3f} at recall {ch['recall']:.3f} (trigger rate {ch['trigger_rate']:.2f})"
+        )
     return lines + ["", point + "."]
 
 
 def eval_md(name: str, summary: dict) -> list[str]:
-    lines = [f"**{name}**", "",
-             "| mode | n | accuracy | regressions | trigger rate | precision | recall | grounding calls | tokens decoded | tokens prefilled | seconds |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"**{name}**",
+        "",
+        "| mode | n | accuracy | regressions | trigger rate | precision | recall | grounding calls | tokens "
+        "decoded | tokens prefilled | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for m, s in summary["modes"].items():
-        lines.append(f"| {m} | {s['n']} | {s['accuracy']:.2f} | {s['regressions']} | {s['trigger_rate']:.2f} | "
-                     f"{s['intervention_precision'] if s['intervention_precision'] is not None else '–'} | "
-                     f"{s['intervention_recall'] if s['intervention_recall'] is not None else '–'} | "
-                     f"{s['grounding_calls']} | {s['tokens_decoded']} | {s['tokens_prefilled']} | {s['seconds']:.0f} |")
+        lines.append(
+            f"| {m} | {s['n']} | {s['accuracy']:.2f} | {s['regressions']} | {s['trigger_rate']:.2f} | "
+            f"{s['intervention_precision'] if s['intervention_precision'] is not None else '–'} | "
+            f"{s['intervention_recall'] if s['intervention_recall'] is not None else '–'} | "
+            f"{s['grounding_calls']} | {s['tokens_decoded']} | {s['tokens_prefilled']} | {s['seconds']:.0f} |"
+        )
     if "oracle" in summary:
         lines += ["", oracle_md(summary["oracle"])]
     return lines + [""]
@@ -58,10 +75,15 @@ def eval_md(name: str, summary: dict) -> list[str]:
 def oracle_md(oracle: dict) -> str:
     """Below the A/B table: how much of the oracle's gain the gate's trigger got with as many grounded replies."""
     efficiency = "–" if oracle["efficiency"] is None else f"{oracle['efficiency']:.2f}"
-    budget = (f"as many replies as intervene grounded ({oracle['budget']})" if oracle["calls_source"] == "intervene"
-              else f"{oracle['budget']} replies (--oracle-calls)")
-    return (f"Oracle: grounds only replies `off` got wrong, {budget}. Trigger efficiency (intervene's accuracy gain "
-            f"÷ the oracle's): **{efficiency}**.")
+    budget = (
+        f"as many replies as intervene grounded ({oracle['budget']})"
+        if oracle["calls_source"] == "intervene"
+        else f"{oracle['budget']} replies (--oracle-calls)"
+    )
+    return (
+        f"Oracle: grounds only replies `off` got wrong, {budget}. Trigger efficiency (intervene's accuracy gain "
+        f"÷ the oracle's): **{efficiency}**."
+    )
 
 
 BEGIN, END = "<!-- results:begin (scripts/results_md.py) -->", "<!-- results:end -->"
@@ -79,8 +101,10 @@ def splice(readme: Path, block: str) -> None:
 def main(root: str, readme: str | None = None) -> None:
     base = Path(root)
     out: list[str] = []
-    for folder, title in (("calibration_factqa_wikidata", "Detection on factqa_dev + wikidata_cloze_dev pooled"),
-                          ("calibration", "Shipped calibration (factqa + wikidata + 150 arith items)")):
+    for folder, title in (
+        ("calibration_factqa_wikidata", "Detection on factqa_dev + wikidata_cloze_dev pooled"),
+        ("calibration", "Shipped calibration (factqa + wikidata + 150 arith items)"),
+    ):
         cal = base / folder / "calibration.json"
         if cal.exists():
             out += [f"### {title}", ""] + calibration_md(json.loads(cal.read_text())) + [""]
@@ -90,8 +114,14 @@ def main(root: str, readme: str | None = None) -> None:
         for path in evals:
             out += eval_md(path.parent.name, json.loads(path.read_text()))
     for path in sorted((base / "tradeoff").glob("*/tradeoff.md")):
-        out += [f"### Operating points on {path.parent.name}: accuracy against grounding calls and tokens", "",
-                path.read_text().rstrip(), "", f"![trade-off]({path.parent.relative_to(base.parent)}/tradeoff.png)", ""]
+        out += [
+            f"### Operating points on {path.parent.name}: accuracy against grounding calls and tokens",
+            "",
+            path.read_text().rstrip(),
+            "",
+            f"![trade-off]({path.parent.relative_to(base.parent)}/tradeoff.png)",
+            "",
+        ]
     print("\n".join(out))
     if readme:
         splice(Path(readme), "\n".join(out))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,8 @@ import click
 
 from . import __version__
 from .config import Config, flag_fields, load_config, to_toml
-from .runtime import build_arms, check_memory, home, load_backend
 from .errors import InputError, SurpriseGateError
+from .runtime import build_arms, check_memory, home, load_backend
 
 DEMO_QUESTION = "What is the capital of Burkina Faso?"
 
@@ -42,8 +43,11 @@ class Group(click.Group):
         except Exception as err:  # a bug, not a user mistake: short message, traceback on request
             if os.environ.get("SURPRISEGATE_DEBUG") == "1":
                 raise
-            click.echo(f"internal error: {type(err).__name__}: {err} (set SURPRISEGATE_DEBUG=1 for the traceback "
-                       "and please report it)", err=True)
+            click.echo(
+                f"internal error: {type(err).__name__}: {err} (set SURPRISEGATE_DEBUG=1 for the traceback "
+                "and please report it)",
+                err=True,
+            )
             ctx.exit(70)
 
 
@@ -63,8 +67,11 @@ def _number(kind):
         try:
             return kind(value)
         except ValueError:
-            raise InputError(f"--{param.name.replace('_', '-')}={value!r} is not a {'whole number' if kind is int else 'number'}; "
-                             f"pass e.g. --{param.name.replace('_', '-')} {'16' if kind is int else '2.5'}") from None
+            raise InputError(
+                f"--{param.name.replace('_', '-')}={value!r} is not a {'whole number' if kind is int else 'number'}; "
+                f"pass e.g. --{param.name.replace('_', '-')} {'16' if kind is int else '2.5'}"
+            ) from None
+
     return convert
 
 
@@ -75,8 +82,15 @@ def config_options(f):
     """The Config fields marked as flags (config.flag_fields: name, flag, type and help live there once)."""
     opts = [click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML config file.")]
     for name, flag, kind, help_text in flag_fields():
-        opts.append(click.option(flag, name, callback=_CONVERT.get(kind), metavar={int: "N", float: "NUMBER"}.get(kind, "TEXT"),
-                                 help=help_text + "."))
+        opts.append(
+            click.option(
+                flag,
+                name,
+                callback=_CONVERT.get(kind),
+                metavar={int: "N", float: "NUMBER"}.get(kind, "TEXT"),
+                help=help_text + ".",
+            )
+        )
     for opt in reversed(opts):
         f = opt(f)
     return f
@@ -114,26 +128,50 @@ class TerminalView:
             self.pieces.append(event.text)
             click.echo(event.text, nl=False)
         elif isinstance(event, Trigger):
-            click.echo(self.paint(
-                f"\n  ⚠ round {event.round}: {event.statistic} {event.value:.2f} > {event.threshold:.2f} bits "
-                f"on {event.span_text.strip()!r}", "33"))
+            click.echo(
+                self.paint(
+                    f"\n  ⚠ round {event.round}: {event.statistic} {event.value:.2f} > {event.threshold:.2f} bits "
+                    f"on {event.span_text.strip()!r}",
+                    "33",
+                )
+            )
         elif isinstance(event, Grounding):
             if event.found:
-                click.echo(self.paint(f"  ↳ {event.span_class} span, arms {' → '.join(event.arm_order)}: "
-                                      f"grounded by {event.source}: {event.evidence!r}", "36"))
+                click.echo(
+                    self.paint(
+                        f"  ↳ {event.span_class} span, arms {' → '.join(event.arm_order)}: "
+                        f"grounded by {event.source}: {event.evidence!r}",
+                        "36",
+                    )
+                )
             else:
-                click.echo(self.paint(f"  ↳ {event.span_class} span, arms {' → '.join(event.arm_order) or '(none)'}: "
-                                      f"{event.reason}; resuming unmodified", "2"))
+                click.echo(
+                    self.paint(
+                        f"  ↳ {event.span_class} span, arms {' → '.join(event.arm_order) or '(none)'}: "
+                        f"{event.reason}; resuming unmodified",
+                        "2",
+                    )
+                )
                 click.echo(self.shown, nl=False)
         elif isinstance(event, Rewind):
             if event.n_tokens:  # emit streaming: those tokens were shown; retract them
-                del self.pieces[len(self.pieces) - event.n_tokens:]
+                del self.pieces[len(self.pieces) - event.n_tokens :]
             if event.reverted:
-                click.echo(self.paint(f"  ⟲ the rewrite {event.dropped_text.strip()!r} used none of the evidence; "
-                                      "keeping the reply written without it", "35"))
+                click.echo(
+                    self.paint(
+                        f"  ⟲ the rewrite {event.dropped_text.strip()!r} used none of the evidence; "
+                        "keeping the reply written without it",
+                        "35",
+                    )
+                )
             else:
-                click.echo(self.paint(f"  ⟲ dropped {event.dropped_text.strip()!r}, injected {event.injected_tokens} "
-                                      "tokens of evidence; rewriting", "35"))
+                click.echo(
+                    self.paint(
+                        f"  ⟲ dropped {event.dropped_text.strip()!r}, injected {event.injected_tokens} "
+                        "tokens of evidence; rewriting",
+                        "35",
+                    )
+                )
             click.echo(self.shown, nl=False)
         elif isinstance(event, Done):
             click.echo()
@@ -142,19 +180,45 @@ class TerminalView:
 @main.command()
 @click.argument("question", required=False, default="")
 @config_options
-@click.option("--memory", default="demo", show_default=True,
-              help="Memory store (SQLite file); 'demo' = built-in demo knowledge base; 'none' = no memory arm.")
+@click.option(
+    "--memory",
+    default="demo",
+    show_default=True,
+    help="Memory store (SQLite file); 'demo' = built-in demo knowledge base; 'none' = no memory arm.",
+)
 @click.option("--no-tools", is_flag=True, help="Disable the tool arm.")
-@click.option("--web", "web_url", default=None,
-              help="Web arm: a SearxNG-compatible URL, or brave | tavily | wikipedia (keys from env).")
-@click.option("--receipts", "receipts_path", type=click.Path(dir_okay=False), default=None,
-              help="Receipts JSONL file [default: $SURPRISEGATE_HOME/receipts.jsonl].")
+@click.option(
+    "--web",
+    "web_url",
+    default=None,
+    help="Web arm: a SearxNG-compatible URL, or brave | tavily | wikipedia (keys from env).",
+)
+@click.option(
+    "--receipts",
+    "receipts_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Receipts JSONL file [default: $SURPRISEGATE_HOME/receipts.jsonl].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming.")
-@click.option("--chat", "chat_file", type=click.Path(dir_okay=False, allow_dash=True), default=None,
-              help='A conversation to continue instead of QUESTION: a JSON list of {"role", "content"} turns '
-                   "ending with the user's (- reads standard input).")
-def ask(question: str, memory: str, no_tools: bool, web_url: str | None, receipts_path: str | None, as_json: bool,
-        chat_file: str | None, **kwargs) -> None:
+@click.option(
+    "--chat",
+    "chat_file",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    default=None,
+    help='A conversation to continue instead of QUESTION: a JSON list of {"role", "content"} turns '
+    "ending with the user's (- reads standard input).",
+)
+def ask(
+    question: str,
+    memory: str,
+    no_tools: bool,
+    web_url: str | None,
+    receipts_path: str | None,
+    as_json: bool,
+    chat_file: str | None,
+    **kwargs,
+) -> None:
     """Answer QUESTION (or the last turn of a --chat), streaming the reply and showing any intervention."""
     from .controller import generate
     from .prompting import conversation, last_user_turn
@@ -173,12 +237,23 @@ def ask(question: str, memory: str, no_tools: bool, web_url: str | None, receipt
         click.echo(view.paint(f"[{config.mode}] ", "2") + question.strip())
     result = generate(backend, messages, config, arms, on_event=view)
     ReceiptWriter(receipts_file).append(result.receipt)
-    if as_json:
-        click.echo(json.dumps({"reply": result.text, "mode": config.mode, "rounds": result.rounds,
-                               "finish_reason": result.finish_reason, "n_tokens": result.n_tokens,
-                               "surprise": result.receipt.get("surprise"), "canary": result.receipt.get("canary"),
-                               "receipt": str(receipts_file), "receipt_id": result.receipt.get("reply_id")},
-                              ensure_ascii=False))
+    if view is None:  # --json
+        click.echo(
+            json.dumps(
+                {
+                    "reply": result.text,
+                    "mode": config.mode,
+                    "rounds": result.rounds,
+                    "finish_reason": result.finish_reason,
+                    "n_tokens": result.n_tokens,
+                    "surprise": result.receipt.get("surprise"),
+                    "canary": result.receipt.get("canary"),
+                    "receipt": str(receipts_file),
+                    "receipt_id": result.receipt.get("reply_id"),
+                },
+                ensure_ascii=False,
+            )
+        )
     else:
         click.echo(view.paint(f"receipt → {receipts_file}", "2"), err=True)
 
@@ -192,8 +267,10 @@ def read_chat(path: str) -> list:
     try:
         chat = json.loads(text)
     except json.JSONDecodeError as err:
-        raise InputError(f"--chat={path!r} is not JSON ({err.msg} at line {err.lineno}); pass a list of "
-                         '{"role": "user", "content": "..."} turns') from None
+        raise InputError(
+            f"--chat={path!r} is not JSON ({err.msg} at line {err.lineno}); pass a list of "
+            '{"role": "user", "content": "..."} turns'
+        ) from None
     return chat
 
 
@@ -263,8 +340,10 @@ def memory_add(memory_path: str, text_field: str, id_field: str, title_field: st
             else:
                 report = store.add_text_files([p])
             embedded = getattr(report, "embedded", None)
-            click.echo(f"{f}: added {report.added}, duplicates skipped {report.skipped_duplicates}, "
-                       f"errors {len(report.errors)}" + (f", vectors {embedded}" if embedded is not None else ""))
+            click.echo(
+                f"{f}: added {report.added}, duplicates skipped {report.skipped_duplicates}, "
+                f"errors {len(report.errors)}" + (f", vectors {embedded}" if embedded is not None else "")
+            )
             for line_no, message in report.errors[:20]:
                 click.echo(f"  line {line_no}: {message}", err=True)
         click.echo(f"{memory_path}: {store.count()} passages")
@@ -273,8 +352,13 @@ def memory_add(memory_path: str, text_field: str, id_field: str, title_field: st
 @memory.command("search")
 @click.option("--memory", "memory_path", required=True)
 @click.option("-k", "k", default=5, show_default=True, type=int)
-@click.option("--mode", "search_mode", type=click.Choice(["hybrid", "bm25", "dense"]), default=None,
-              help="Search mode [default: the store's, hybrid].")
+@click.option(
+    "--mode",
+    "search_mode",
+    type=click.Choice(["hybrid", "bm25", "dense"]),
+    default=None,
+    help="Search mode [default: the store's, hybrid].",
+)
 @click.option("--json", "as_json", is_flag=True)
 @click.argument("query")
 def memory_search(memory_path: str, k: int, search_mode: str | None, as_json: bool, query: str) -> None:
@@ -285,8 +369,12 @@ def memory_search(memory_path: str, k: int, search_mode: str | None, as_json: bo
     with open_memory(memory_path) as store:
         hits = store.search(query, k=k, mode=search_mode) if search_mode else store.search(query, k=k)
     if as_json:
-        click.echo(json.dumps([{"text": h.text, "score": round(h.score, 4), "source": h.source, "title": h.title}
-                               for h in hits], ensure_ascii=False))
+        click.echo(
+            json.dumps(
+                [{"text": h.text, "score": round(h.score, 4), "source": h.source, "title": h.title} for h in hits],
+                ensure_ascii=False,
+            )
+        )
         return
     if not hits:
         click.echo("no hits")
@@ -384,7 +472,8 @@ def _progress_bar(label: str):
 def label(data: str, out_dir: str, limit: int | None, **kwargs) -> None:
     """Run the model in detect mode over QA items, grade each reply, keep per-token signals and top-20 logprobs
     (resumable)."""
-    from .research.labeling import label as run_label, read_items
+    from .research.labeling import label as run_label
+    from .research.labeling import read_items
 
     read_items(data, 1)  # fail fast on a bad file before loading the model
     config = resolve_config(kwargs)
@@ -394,75 +483,150 @@ def label(data: str, out_dir: str, limit: int | None, **kwargs) -> None:
 
 
 @main.command()
-@click.option("--labels", "label_dirs", required=True, multiple=True, type=click.Path(),
-              help="Folder(s) written by `surprisegate label` (repeatable: pooled).")
-@click.option("--out", "out_config", required=True, type=click.Path(dir_okay=False),
-              help="Config TOML to write (with --compare-top-k: the JSON summary).")
+@click.option(
+    "--labels",
+    "label_dirs",
+    required=True,
+    multiple=True,
+    type=click.Path(),
+    help="Folder(s) written by `surprisegate label` (repeatable: pooled).",
+)
+@click.option(
+    "--out",
+    "out_config",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Config TOML to write (with --compare-top-k: the JSON summary).",
+)
 @click.option("--bootstrap", default=500, show_default=True, type=int, help="Bootstrap resamples for AUROC CIs.")
-@click.option("--objective", type=click.Choice(["precision", "recall"]), default="precision", show_default=True,
-              help="precision: highest precision at recall >= 0.5; recall: most wrong replies caught at precision "
-                   ">= --min-precision (and recall >= 0.5), what the shipped defaults use (see README Results).")
+@click.option(
+    "--objective",
+    type=click.Choice(["precision", "recall"]),
+    default="precision",
+    show_default=True,
+    help="precision: highest precision at recall >= 0.5; recall: most wrong replies caught at precision "
+    ">= --min-precision (and recall >= 0.5), what the shipped defaults use (see README Results).",
+)
 @click.option("--min-precision", default=0.90, show_default=True, type=float)
-@click.option("--top-k", callback=_number(int), metavar="K",
-              help="Compute the signals from the top K (1-20) logprobs only, as a server or API streams them: "
-                   "surprise stays exact, entropy is estimated. Default: full distribution.")
-@click.option("--compare-top-k", default=None, metavar="K,K,...",
-              help="e.g. 20,8,5: instead of calibrating, write the shipped rule's AUROC on the full entropy vs each "
-                   "top-K estimate to --out (JSON) and a .md table beside it.")
+@click.option(
+    "--top-k",
+    callback=_number(int),
+    metavar="K",
+    help="Compute the signals from the top K (1-20) logprobs only, as a server or API streams them: "
+    "surprise stays exact, entropy is estimated. Default: full distribution.",
+)
+@click.option(
+    "--compare-top-k",
+    default=None,
+    metavar="K,K,...",
+    help="e.g. 20,8,5: instead of calibrating, write the shipped rule's AUROC on the full entropy vs each "
+    "top-K estimate to --out (JSON) and a .md table beside it.",
+)
 @click.option("--json", "as_json", is_flag=True)
-def calibrate(label_dirs: tuple[str, ...], out_config: str, bootstrap: int, objective: str, min_precision: float,
-              top_k: int | None, compare_top_k: str | None, as_json: bool) -> None:
+def calibrate(
+    label_dirs: tuple[str, ...],
+    out_config: str,
+    bootstrap: int,
+    objective: str,
+    min_precision: float,
+    top_k: int | None,
+    compare_top_k: str | None,
+    as_json: bool,
+) -> None:
     """AUROC of each signal, sweep of trigger rules, chosen operating point written to a config, plots."""
-    from .research.calibrate import calibrate as run, write_topk_comparison
+    from .research.calibrate import calibrate as run
+    from .research.calibrate import write_topk_comparison
 
     if compare_top_k is not None:
         try:
             ks = [int(k) for k in compare_top_k.split(",")]
         except ValueError:
-            raise InputError(f"--compare-top-k={compare_top_k!r} is not a comma list of whole numbers; "
-                             "pass e.g. --compare-top-k 20,8,5") from None
-        summary = write_topk_comparison(list(label_dirs), out_config, ks, bootstrap=bootstrap,
-                                        progress=lambda m: click.echo(m, err=True))
+            raise InputError(
+                f"--compare-top-k={compare_top_k!r} is not a comma list of whole numbers; "
+                "pass e.g. --compare-top-k 20,8,5"
+            ) from None
+        summary = write_topk_comparison(
+            list(label_dirs), out_config, ks, bootstrap=bootstrap, progress=lambda m: click.echo(m, err=True)
+        )
         click.echo(json.dumps(summary) if as_json else Path(summary["markdown"]).read_text())
         return
-    report = run(list(label_dirs), out_config, bootstrap=bootstrap, objective=objective, min_precision=min_precision,
-                 progress=lambda m: click.echo(m, err=True), top_k=top_k)
+    report = run(
+        list(label_dirs),
+        out_config,
+        bootstrap=bootstrap,
+        objective=objective,
+        min_precision=min_precision,
+        progress=lambda m: click.echo(m, err=True),
+        top_k=top_k,
+    )
     if as_json:
         click.echo(json.dumps({k: v for k, v in report.items() if k != "auroc_table"}))
         return
-    click.echo(f"{report['n']} replies, {report['wrong']} wrong"
-               + (f"; signals from the top {top_k} logprobs" if top_k else ""))
+    click.echo(
+        f"{report['n']} replies, {report['wrong']} wrong"
+        + (f"; signals from the top {top_k} logprobs" if top_k else "")
+    )
     click.echo("signal         feature            AUROC   95% CI")
     for row in report["auroc_table"][:12]:
-        click.echo(f"{row['signal']:<14} {row['feature']:<18} {row['auroc']:.3f}   [{row['ci_low']:.3f}, {row['ci_high']:.3f}]")
+        click.echo(
+            f"{row['signal']:<14} {row['feature']:<18} {row['auroc']:.3f}   [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+        )
     b = report["best_plain_surprise"]
     click.echo(f"baseline (plain surprise) best: {b['feature']} {b['auroc']:.3f}")
     c = report["chosen"]
-    click.echo(f"chosen trigger: {c['signal']} {c['statistic']} W={c['window']} min_tokens={c['min_tokens']} "
-               f"threshold={c['threshold']} → precision {c['precision']:.3f}, recall {c['recall']:.3f}")
+    click.echo(
+        f"chosen trigger: {c['signal']} {c['statistic']} W={c['window']} min_tokens={c['min_tokens']} "
+        f"threshold={c['threshold']} → precision {c['precision']:.3f}, recall {c['recall']:.3f}"
+    )
     click.echo(f"config → {report['config']}; plots → {', '.join(report['plots'])}")
 
 
 @main.command("eval")
 @click.option("--data", required=True, type=click.Path(dir_okay=False))
-@click.option("--modes", default="off,detect,intervene", show_default=True,
-              help="Comma list of off,detect,intervene,always,flare,oracle (oracle: ground exactly the items off got "
-                   "wrong, as many as intervene grounded or --oracle-calls; needs off).")
-@click.option("--memory", default="none", show_default=True, help="Memory store for the memory arm ('none' = no memory).")
+@click.option(
+    "--modes",
+    default="off,detect,intervene",
+    show_default=True,
+    help="Comma list of off,detect,intervene,always,flare,oracle (oracle: ground exactly the items off got "
+    "wrong, as many as intervene grounded or --oracle-calls; needs off).",
+)
+@click.option(
+    "--memory", default="none", show_default=True, help="Memory store for the memory arm ('none' = no memory)."
+)
 @click.option("--web", "web_url", default=None, help="SearxNG-compatible search URL for the web arm.")
 @click.option("--no-tools", is_flag=True)
 @click.option("--limit", type=int, default=None, help="Only the first N items.")
 @click.option("--sample", type=int, default=None, help="A seeded random subset of N items (after --limit).")
 @click.option("--out", "out_dir", default="eval-out", show_default=True, type=click.Path(file_okay=False))
-@click.option("--flare-theta", default=0.4, show_default=True, type=float,
-              help="FLARE baseline: a token with probability below this triggers retrieval.")
-@click.option("--oracle-calls", type=int, default=None,
-              help="Replies the oracle may ground (default: as many as intervene grounded in this run).")
+@click.option(
+    "--flare-theta",
+    default=0.4,
+    show_default=True,
+    type=float,
+    help="FLARE baseline: a token with probability below this triggers retrieval.",
+)
+@click.option(
+    "--oracle-calls",
+    type=int,
+    default=None,
+    help="Replies the oracle may ground (default: as many as intervene grounded in this run).",
+)
 @click.option("--json", "as_json", is_flag=True)
 @config_options
-def eval_cmd(data: str, modes: str, memory: str, web_url: str | None, no_tools: bool, limit: int | None,
-             sample: int | None, out_dir: str, flare_theta: float, oracle_calls: int | None, as_json: bool,
-             **kwargs) -> None:
+def eval_cmd(
+    data: str,
+    modes: str,
+    memory: str,
+    web_url: str | None,
+    no_tools: bool,
+    limit: int | None,
+    sample: int | None,
+    out_dir: str,
+    flare_theta: float,
+    oracle_calls: int | None,
+    as_json: bool,
+    **kwargs,
+) -> None:
     """The A/B: accuracy, regressions, trigger rate, grounding calls, tokens and time per mode."""
     from .research.evaluate import check_modes, evaluate
     from .research.labeling import read_items
@@ -474,8 +638,19 @@ def eval_cmd(data: str, modes: str, memory: str, web_url: str | None, no_tools: 
     check_memory(memory)
     arms = build_arms(config, memory, tools=not no_tools, web=web_url, say=_say)
     backend = load_backend(config)
-    summary = evaluate(data, mode_list, backend, config, arms, out_dir, limit=limit, sample=sample,
-                       progress=_progress_bar("eval"), flare_theta=flare_theta, oracle_calls=oracle_calls)
+    summary = evaluate(
+        data,
+        mode_list,
+        backend,
+        config,
+        arms,
+        out_dir,
+        limit=limit,
+        sample=sample,
+        progress=_progress_bar("eval"),
+        flare_theta=flare_theta,
+        oracle_calls=oracle_calls,
+    )
     if as_json:
         click.echo(json.dumps(summary))
     else:
@@ -548,7 +723,7 @@ def bench_memory_cmd(n_passages: int, queries: int, milvus: bool, as_json: bool)
     """p50/p95/p99 query latency of the SQLite store (hybrid) at N synthetic passages, Milvus beside it."""
     from .research.bench_memory import bench_memory
 
-    milvus_bench = None
+    milvus_bench: Callable[..., dict] | None = None
     if milvus:
         try:
             import milvus_lite  # noqa: F401
@@ -557,8 +732,9 @@ def bench_memory_cmd(n_passages: int, queries: int, milvus: bool, as_json: bool)
             from .research.bench_milvus import bench_milvus_on as milvus_bench
         except ImportError:
             click.echo("milvus-lite not installed: pip install 'surprisegate[milvus]'; SQLite only", err=True)
-    out = bench_memory(n_passages=n_passages, queries=queries, progress=lambda m: click.echo(m, err=True),
-                       milvus_bench=milvus_bench)
+    out = bench_memory(
+        n_passages=n_passages, queries=queries, progress=lambda m: click.echo(m, err=True), milvus_bench=milvus_bench
+    )
     click.echo(json.dumps(out, default=str) if as_json else _pretty(out))
 
 

@@ -11,9 +11,10 @@ import dataclasses
 import math
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from . import calibrated
 from .backends.registry import parse_backend
@@ -30,73 +31,142 @@ ARM_NAMES = ("memory", "web", "tool")
 @dataclass(frozen=True)
 class Config:
     # --- detection ---
-    mode: str = field(default="off", metadata={"flag": True, "help": "off | detect | intervene (env: SURPRISE_CANARY=1 is detect, SURPRISE_INTERVENE=1 intervene)"})
-    signal: str = field(default=calibrated.SIGNAL, metadata={"flag": True, 
-        "help": "per-token value in the window: surprise | entropy | novel (surprise of tokens not copied from "
-                "the question) | novel_entropy"})
-    statistic: str = field(default=calibrated.STATISTIC, metadata={"flag": True, "help": "rolling statistic: mean | p90 | max"})
+    mode: str = field(
+        default="off",
+        metadata={
+            "flag": True,
+            "help": "off | detect | intervene (env: SURPRISE_CANARY=1 is detect, SURPRISE_INTERVENE=1 intervene)",
+        },
+    )
+    signal: str = field(
+        default=calibrated.SIGNAL,
+        metadata={
+            "flag": True,
+            "help": "per-token value in the window: surprise | entropy | novel (surprise of tokens not copied from "
+            "the question) | novel_entropy",
+        },
+    )
+    statistic: str = field(
+        default=calibrated.STATISTIC, metadata={"flag": True, "help": "rolling statistic: mean | p90 | max"}
+    )
     # The operating point `surprisegate calibrate` measured on the dev labels (see calibrated.py).
     window: int = field(default=calibrated.WINDOW, metadata={"flag": True, "help": "rolling window size W in tokens"})
-    threshold: float = field(default=calibrated.THRESHOLD, metadata={"flag": True, 
-        "help": "trigger when window statistic (bits) exceeds this (kinds without their own threshold)"})
-    min_tokens: int = field(default=calibrated.MIN_TOKENS, metadata={"flag": True, 
-        "help": "tokens in the window before it may trigger (capped at window)"})
-    kind_thresholds: dict = field(default_factory=lambda: dict(calibrated.KIND_THRESHOLDS), metadata={
-        "help": "per-kind-of-question thresholds (bits) learned by calibrate; other kinds use threshold"})
-    top_logprobs: int = field(default=0, metadata={
-        "help": "keep the k most likely tokens' logprobs (natural log) of every reply token in the receipt, "
-                "0..20 (`label` keeps 20: what a server can send)"})
+    threshold: float = field(
+        default=calibrated.THRESHOLD,
+        metadata={
+            "flag": True,
+            "help": "trigger when window statistic (bits) exceeds this (kinds without their own threshold)",
+        },
+    )
+    min_tokens: int = field(
+        default=calibrated.MIN_TOKENS,
+        metadata={"flag": True, "help": "tokens in the window before it may trigger (capped at window)"},
+    )
+    kind_thresholds: dict = field(
+        default_factory=lambda: dict(calibrated.KIND_THRESHOLDS),
+        metadata={"help": "per-kind-of-question thresholds (bits) learned by calibrate; other kinds use threshold"},
+    )
+    top_logprobs: int = field(
+        default=0,
+        metadata={
+            "help": "keep the k most likely tokens' logprobs (natural log) of every reply token in the receipt, "
+            "0..20 (`label` keeps 20: what a server can send)"
+        },
+    )
     tail_cut: float = field(default=4.0, metadata={"help": "bits above which a token counts toward tail mass"})
     # --- intervention ---
     max_rounds: int = field(default=2, metadata={"flag": True, "help": "most grounding rounds per reply"})
-    round_deadline_s: float = field(default=2.0, metadata={"flag": "--deadline", "help": "hard deadline for a whole grounding round (s)"})
+    round_deadline_s: float = field(
+        default=2.0, metadata={"flag": "--deadline", "help": "hard deadline for a whole grounding round (s)"}
+    )
     arm_order_computable: tuple[str, ...] = field(
-        default=("memory", "tool", "web"), metadata={"help": "arm order for computable spans"})
+        default=("memory", "tool", "web"), metadata={"help": "arm order for computable spans"}
+    )
     arm_order_other: tuple[str, ...] = field(
-        default=("memory", "web", "tool"), metadata={"help": "arm order for entity/other spans"})
-    relevance_floor: float = field(default=0.6, metadata={"help": "memory hits scoring below this count as nothing found"})
+        default=("memory", "web", "tool"), metadata={"help": "arm order for entity/other spans"}
+    )
+    relevance_floor: float = field(
+        default=0.6, metadata={"help": "memory hits scoring below this count as nothing found"}
+    )
     # factqa_dev: the memory arm's right evidence covers its question by >= 0.74 (1304 of 1307 by >= 0.75);
     # on halueval_qa_dev its one hit, a passage about a neighbouring entity, covered 0.65 and the web held the answer.
-    arbitration_margin: float = field(default=0.75, metadata={
-        "help": "evidence covering the question by less than this (0..1) lets the next arm be asked too; "
-                "the better evidence is kept (0: the first arm with evidence wins)"})
-    ground_closed_questions: bool = field(default=False, metadata={
-        "help": "ground yes/no and either-or questions too (off: one snippet rarely settles them; README Results)"})
-    revert_unused_evidence: bool = field(default=True, metadata={
-        "help": "when the rewritten sentence repeats none of the evidence's own words or numbers, keep the "
-                "reply written without it (the rewrite ignored the evidence; README Results)"})
-    retry_failed_rewrite: bool = field(default=True, metadata={
-        "help": "before dropping a rewrite that failed its check, try once more with the evidence still in "
-                "context: past a premature end of turn, or from the rewind point with the failed first token "
-                "banned"})
+    arbitration_margin: float = field(
+        default=0.75,
+        metadata={
+            "help": "evidence covering the question by less than this (0..1) lets the next arm be asked too; "
+            "the better evidence is kept (0: the first arm with evidence wins)"
+        },
+    )
+    ground_closed_questions: bool = field(
+        default=False,
+        metadata={
+            "help": "ground yes/no and either-or questions too (off: one snippet rarely settles them; README Results)"
+        },
+    )
+    revert_unused_evidence: bool = field(
+        default=True,
+        metadata={
+            "help": "when the rewritten sentence repeats none of the evidence's own words or numbers, keep the "
+            "reply written without it (the rewrite ignored the evidence; README Results)"
+        },
+    )
+    retry_failed_rewrite: bool = field(
+        default=True,
+        metadata={
+            "help": "before dropping a rewrite that failed its check, try once more with the evidence still in "
+            "context: past a premature end of turn, or from the rewind point with the failed first token "
+            "banned"
+        },
+    )
     tool_roots: tuple[str, ...] = field(default=(), metadata={"help": "folders the file tool may read"})
-    tool_status_targets: tuple[str, ...] = field(default=(), metadata={
-        "help": "host:port or URLs the live-status tool may check"})
+    tool_status_targets: tuple[str, ...] = field(
+        default=(), metadata={"help": "host:port or URLs the live-status tool may check"}
+    )
     tool_python_sandbox: str = field(default="auto", metadata={"help": "auto | bwrap | rlimits (python snippets)"})
     tool_timezone: str = field(default="UTC", metadata={"help": "zone for 'today' questions"})
-    injection: str = field(default="system_turn", metadata={
-        "help": "system_turn: evidence turn before a fresh assistant turn | close_reopen: close the open turn, "
-                "system turn, reopen | inline"})
+    injection: str = field(
+        default="system_turn",
+        metadata={
+            "help": "system_turn: evidence turn before a fresh assistant turn | close_reopen: close the open turn, "
+            "system turn, reopen | inline"
+        },
+    )
     # Measured on SmolLM2-135M, 100 seeded items each, `always`: factqa 0.82 -> 0.88 (5 -> 3 broken),
     # halueval 0.43 -> 0.41 (5 -> 3 broken) against "Fact: {evidence}": the instruction keeps it answering.
     evidence_template: str = field(
         default="{evidence}\nAnswer the user's question in one short sentence, using the text above.",
-        metadata={"help": "text of the injected segment; {evidence}, {claim} and {source} are filled in"})
+        metadata={"help": "text of the injected segment; {evidence}, {claim} and {source} are filled in"},
+    )
     # A verified tool result is a bare value ("The answer is 1."): asked to answer "using the text above",
     # the model asked for the question instead (arith always 0.62 -> 0.40), so tools keep the plain form.
     tool_evidence_template: str = field(
-        default="Fact: {evidence}",
-        metadata={"help": "the same, for a verified tool result (observable 1.0)"})
+        default="Fact: {evidence}", metadata={"help": "the same, for a verified tool result (observable 1.0)"}
+    )
     # --- streaming ---
-    stream: str = field(default="holdback", metadata={"flag": True, 
-        "help": "holdback: show a token once it left the window (can't be rewound) | emit: at once, with rewind events"})
+    stream: str = field(
+        default="holdback",
+        metadata={
+            "flag": True,
+            "help": (
+                "holdback: show a token once it left the window (can't be rewound) | emit: at once, with rewind events"
+            ),
+        },
+    )
     # --- decoding ---
-    backend: str = field(default="llamacpp", metadata={"flag": True, 
-        "help": "llamacpp | transformers (in-process), or a server URI such as llama-server://HOST:PORT"})
-    model: str = field(default="", metadata={"flag": True, "help": "GGUF path or HF model dir; empty = embedded SmolLM2-135M"})
+    backend: str = field(
+        default="llamacpp",
+        metadata={
+            "flag": True,
+            "help": "llamacpp | transformers (in-process), or a server URI such as llama-server://HOST:PORT",
+        },
+    )
+    model: str = field(
+        default="", metadata={"flag": True, "help": "GGUF path or HF model dir; empty = embedded SmolLM2-135M"}
+    )
     system_prompt: str = field(
         default="You are a helpful assistant. Answer the question in one short sentence.",
-        metadata={"help": "system turn of every prompt"})
+        metadata={"help": "system turn of every prompt"},
+    )
     max_tokens: int = field(default=64, metadata={"flag": True, "help": "most tokens in a reply"})
     temperature: float = field(default=0.0, metadata={"flag": True, "help": "0 = greedy"})
     seed: int = field(default=0, metadata={"help": "sampling seed (temperature > 0)"})
@@ -110,7 +180,7 @@ class Config:
         d = dataclasses.asdict(self)
         return {k: list(v) if isinstance(v, tuple) else (dict(v) if isinstance(v, dict) else v) for k, v in d.items()}
 
-    def replace(self, **changes: Any) -> "Config":
+    def replace(self, **changes: Any) -> Config:
         return _build(self.to_dict() | changes, origin="argument")
 
 
@@ -147,15 +217,24 @@ def _validate(c: Config) -> None:
     choice("injection", INJECTIONS)
     choice("tool_python_sandbox", ("auto", "bwrap", "rlimits"))
     if not 0 <= c.top_logprobs <= 20:
-        _fail("top_logprobs", c.top_logprobs, "use a whole number from 0 (none) to 20, the most a server sends",
-              "argument")
+        _fail(
+            "top_logprobs",
+            c.top_logprobs,
+            "use a whole number from 0 (none) to 20, the most a server sends",
+            "argument",
+        )
     if not 1 <= c.window <= 512:
         _fail("window", c.window, "use a whole number of tokens between 1 and 512, e.g. 16", "argument")
     if not isinstance(c.kind_thresholds, dict) or not all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            for k, v in c.kind_thresholds.items()):
-        _fail("kind_thresholds", c.kind_thresholds, "use a table of question kind = bits, e.g. {capital = 2.1}",
-              "argument")
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        for k, v in c.kind_thresholds.items()
+    ):
+        _fail(
+            "kind_thresholds",
+            c.kind_thresholds,
+            "use a table of question kind = bits, e.g. {capital = 2.1}",
+            "argument",
+        )
     if not math.isfinite(c.threshold):
         _fail("threshold", c.threshold, "use a finite number of bits, e.g. 2.5", "argument")
     if not 1 <= c.min_tokens <= 512:
@@ -167,8 +246,12 @@ def _validate(c: Config) -> None:
     if not 0.0 <= c.relevance_floor <= 1.0:
         _fail("relevance_floor", c.relevance_floor, "use a number between 0 and 1, e.g. 0.6", "argument")
     if not 0.0 <= c.arbitration_margin <= 1.0:
-        _fail("arbitration_margin", c.arbitration_margin, "use a number between 0 and 1, e.g. 0.75 (0 turns it off)",
-              "argument")
+        _fail(
+            "arbitration_margin",
+            c.arbitration_margin,
+            "use a number between 0 and 1, e.g. 0.75 (0 turns it off)",
+            "argument",
+        )
     for key in ("arm_order_computable", "arm_order_other"):
         order = getattr(c, key)
         if not order or any(a not in ARM_NAMES for a in order) or len(set(order)) != len(order):
@@ -199,7 +282,9 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
     """Turn a TOML/env/flag value into the field's type, or fail naming key, value and fix."""
     if key not in _FIELD_TYPES:
         known = ", ".join(sorted(_FIELD_TYPES))
-        raise ConfigError(f"unknown config key {key!r}{'' if origin == 'argument' else f' (in {origin})'}; known keys: {known}")
+        raise ConfigError(
+            f"unknown config key {key!r}{'' if origin == 'argument' else f' (in {origin})'}; known keys: {known}"
+        )
     default = _FIELD_TYPES[key].default
     try:
         if isinstance(default, bool):

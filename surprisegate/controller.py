@@ -18,8 +18,9 @@ import codecs
 import math
 import time
 import uuid
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
+from typing import Any
 
 from .arms import Arm, Evidence, Query
 from .backends import Sampling, SteerableBackend, Step
@@ -33,6 +34,7 @@ from .support import cut_short, rewrite_problem
 from .surprise import aggregates
 from .text import current_sentence, sentence_end, sentence_start
 from .trigger import TriggerPolicy
+
 
 # --------------------------------------------------------------------------------------------
 # the reply state
@@ -69,17 +71,23 @@ class _Reply:
 
     def tail(self, start: int) -> str:
         """The text of the reply from token `start` on."""
-        return self.text()[len(self.text(start)):]
+        return self.text()[len(self.text(start)) :]
 
     def cut(self, n: int) -> None:
         del self.tokens[n:], self.surprises[n:], self.entropies[n:], self.window_stats[n:], self.pieces[n:]
         del self.top[n:]
 
-    def copy(self, n: int) -> "_Reply":
-        return _Reply(self.tokens[:n], self.surprises[:n], self.entropies[:n], self.window_stats[:n], self.pieces[:n],
-                      self.top[:n])
+    def copy(self, n: int) -> _Reply:
+        return _Reply(
+            self.tokens[:n],
+            self.surprises[:n],
+            self.entropies[:n],
+            self.window_stats[:n],
+            self.pieces[:n],
+            self.top[:n],
+        )
 
-    def restore(self, kept: "_Reply") -> None:
+    def restore(self, kept: _Reply) -> None:
         for name in ("tokens", "surprises", "entropies", "window_stats", "pieces", "top"):
             getattr(self, name)[:] = getattr(kept, name)
 
@@ -93,7 +101,7 @@ class _Snapshot:
     turn_start: int
 
     @classmethod
-    def take(cls, reply: _Reply, n_reply: int, context: _Context) -> "_Snapshot":
+    def take(cls, reply: _Reply, n_reply: int, context: _Context) -> _Snapshot:
         return cls(reply.copy(n_reply), list(context.tokens), context.turn_start)
 
 
@@ -118,13 +126,19 @@ def _rewrite_verdict(reply: _Reply, unchecked: _Unchecked, question: str, final:
     end = sentence_end(text, at)
     if end is None and not final:
         return False, None
-    sentence = text[sentence_start(text, at): end]
+    sentence = text[sentence_start(text, at) : end]
     return True, rewrite_problem(sentence, unchecked.evidence, question)
 
 
 def _trigger_dict(t: Trigger) -> dict:
-    return {"token_index": t.token_index, "statistic": t.statistic, "value": round(t.value, 4),
-            "threshold": t.threshold, "span_start": t.span_start, "span_text": t.span_text}
+    return {
+        "token_index": t.token_index,
+        "statistic": t.statistic,
+        "value": round(t.value, 4),
+        "threshold": t.threshold,
+        "span_start": t.span_start,
+        "span_text": t.span_text,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -155,7 +169,7 @@ class _Emitter:
         if not self.holdback:
             self.emitted = min(self.emitted, n)
             self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-            self._decoder.decode(b"".join(reply.pieces[:self.emitted]), final=False)
+            self._decoder.decode(b"".join(reply.pieces[: self.emitted]), final=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -182,8 +196,9 @@ def stream(
         from .router import route
 
         router = route
-    loop = _ReplyLoop(backend, conversation(messages, config.system_prompt), config, dict(arms or {}), router,
-                      assistant_prefix)
+    loop = _ReplyLoop(
+        backend, conversation(messages, config.system_prompt), config, dict(arms or {}), router, assistant_prefix
+    )
     try:
         yield from loop.run()
     finally:
@@ -193,8 +208,15 @@ def stream(
 class _ReplyLoop:
     """One reply: its session on the backend, its reply state, trigger policy, emitter and rounds."""
 
-    def __init__(self, backend: SteerableBackend, messages: list[dict[str, str]], config: Config,
-                 arms: dict[str, Arm], router: Callable[..., Any], assistant_prefix: str) -> None:
+    def __init__(
+        self,
+        backend: SteerableBackend,
+        messages: list[dict[str, str]],
+        config: Config,
+        arms: dict[str, Arm],
+        router: Callable[..., Any],
+        assistant_prefix: str,
+    ) -> None:
         self.backend, self.config, self.arms, self.router = backend, config, arms, router
         self.messages = messages
         self.question = last_user_turn(messages)
@@ -251,8 +273,9 @@ class _ReplyLoop:
         yield from self.emitter.upto(reply, len(reply.tokens), final=True)
         yield self._done()
 
-    def _continue_from(self, tokens: list[int], batch_until: int | None = None,
-                       banned: frozenset[int] = frozenset()) -> None:
+    def _continue_from(
+        self, tokens: list[int], batch_until: int | None = None, banned: frozenset[int] = frozenset()
+    ) -> None:
         """Abort the current steps and continue the session from `tokens`."""
         close = getattr(self.steps, "close", None)
         if close is not None:
@@ -263,8 +286,9 @@ class _ReplyLoop:
         """The window statistic after this step, and whether an eligible window crossed the threshold."""
         if not self.scored:
             return math.nan, False
-        return self.policy.push(len(self.reply.tokens), step.piece.decode("utf-8", "replace"),
-                                step.surprise, step.entropy)
+        return self.policy.push(
+            len(self.reply.tokens), step.piece.decode("utf-8", "replace"), step.surprise, step.entropy
+        )
 
     def _may_trigger(self) -> bool:
         return len(self.rounds) + len(self.would_trigger) < self.config.max_rounds and not self.reverted
@@ -287,9 +311,15 @@ class _ReplyLoop:
     def _on_trigger(self, value: float) -> Generator[Event, None, bool]:
         """Record (detect) or act on (intervene) a crossing; True when the reply was rewound."""
         reply, policy = self.reply, self.policy
-        trigger = Trigger(token_index=len(reply.tokens) - 1, statistic=policy.statistic_name, value=value,
-                          threshold=policy.threshold, span_start=policy.span_start,
-                          span_text=reply.tail(policy.span_start), round=len(self.rounds) + len(self.would_trigger) + 1)
+        trigger = Trigger(
+            token_index=len(reply.tokens) - 1,
+            statistic=policy.statistic_name,
+            value=value,
+            threshold=policy.threshold,
+            span_start=policy.span_start,
+            span_text=reply.tail(policy.span_start),
+            round=len(self.rounds) + len(self.would_trigger) + 1,
+        )
         if not self.intervening:
             self.would_trigger.append(_trigger_dict(trigger))
             policy.reset()
@@ -297,8 +327,11 @@ class _ReplyLoop:
         yield trigger
         before = None
         if self.config.revert_unused_evidence and self.unchecked is None:
-            before = _Unchecked(_Snapshot.take(reply, len(reply.tokens) - 1, self.context),
-                                span_start=trigger.span_start, first_round=len(self.rounds))
+            before = _Unchecked(
+                _Snapshot.take(reply, len(reply.tokens) - 1, self.context),
+                span_start=trigger.span_start,
+                first_round=len(self.rounds),
+            )
         record = yield from self._round(trigger)
         self.rounds.append(record)
         if record.action != "rewound":
@@ -319,28 +352,50 @@ class _ReplyLoop:
         c = self.config
         prefix_text = b"".join(self.backend.token_bytes(t) for t in self.prefix_tokens).decode("utf-8", "replace")
         # The sentence so far includes a cloze prefix the assistant turn started with.
-        query = Query(span=trigger.span_text.strip(), question=self.question,
-                      sentence=current_sentence(prefix_text + self.reply.text()))
+        query = Query(
+            span=trigger.span_text.strip(),
+            question=self.question,
+            sentence=current_sentence(prefix_text + self.reply.text()),
+        )
         route = self.router(query.span, query.question, query.sentence, available=tuple(self.arms))
         # A question that names its answers ("X or Y?", "Were X and Y ...?") is left as the model answered
         # it: one snippet rarely compares the two, and grounding broke more such answers than it fixed.
-        closed = None if c.ground_closed_questions or route.span_class == "computable" else closed_question(query.question)
+        closed = (
+            None if c.ground_closed_questions or route.span_class == "computable" else closed_question(query.question)
+        )
         order = () if closed else arm_order(c, route.span_class, self.arms)
         query = Query(query.span, query.question, query.sentence, span_class=route.span_class)
-        chosen, reports = ground_round(self.arms, order, query, started + c.round_deadline_s, self.arm_cache,
-                                       c.arbitration_margin)
-        record = ConvergenceRecord(round=trigger.round, trigger=_trigger_dict(trigger), span_class=route.span_class,
-                                   route_rule=route.rule, closed_question=closed, arm_order=list(order), arms=list(reports),
-                                   chosen=chosen.to_dict() if chosen else None)
+        chosen, reports = ground_round(
+            self.arms, order, query, started + c.round_deadline_s, self.arm_cache, c.arbitration_margin
+        )
+        record = ConvergenceRecord(
+            round=trigger.round,
+            trigger=_trigger_dict(trigger),
+            span_class=route.span_class,
+            route_rule=route.rule,
+            closed_question=closed,
+            arm_order=list(order),
+            arms=list(reports),
+            chosen=chosen.to_dict() if chosen else None,
+        )
         resumed = self._why_not_rewind(record, chosen, closed)
         if resumed is not None:
             record.reason = resumed
             record.latency_ms = round((time.monotonic() - started) * 1000, 2)
-            yield Grounding(trigger.round, route.span_class, order, False, chosen.source if chosen else None,
-                            chosen.evidence if chosen else None, resumed)
+            yield Grounding(
+                trigger.round,
+                route.span_class,
+                order,
+                False,
+                chosen.source if chosen else None,
+                chosen.evidence if chosen else None,
+                resumed,
+            )
             return record
         assert chosen is not None
-        yield Grounding(trigger.round, route.span_class, order, True, chosen.source, chosen.evidence, "evidence accepted")
+        yield Grounding(
+            trigger.round, route.span_class, order, True, chosen.source, chosen.evidence, "evidence accepted"
+        )
         yield from self._rewind(record, trigger, chosen)
         record.latency_ms = round((time.monotonic() - started) * 1000, 2)
         return record
@@ -349,9 +404,14 @@ class _ReplyLoop:
         """Why the round resumes unmodified, or None when the evidence goes in."""
         if chosen is None:
             if closed:
-                return (f"closed question ({closed}): its answer is one of the options it names; "
-                        "set ground_closed_questions = true to ground it anyway")
-            statuses = ", ".join(f"{r['arm']}: {r['status']}" for r in record.arms if isinstance(r, dict)) or "no arms configured"
+                return (
+                    f"closed question ({closed}): its answer is one of the options it names; "
+                    "set ground_closed_questions = true to ground it anyway"
+                )
+            statuses = (
+                ", ".join(f"{r['arm']}: {r['status']}" for r in record.arms if isinstance(r, dict))
+                or "no arms configured"
+            )
             return f"no grounding found ({statuses})"
         # The same evidence is already in the context: injecting it again only invites the model to echo it.
         repeat = next((r.round for r in self.rounds if r.action == "rewound" and r.evidence == chosen.evidence), None)
@@ -452,14 +512,16 @@ class _ReplyLoop:
         assert u is not None
         text = reply.text()
         # The rewrite up to the end of the sentence that was checked, not the word that showed it had ended.
-        rewritten = text[len(reply.text(u.span_start)): sentence_end(text, len(reply.text(u.check_from)))]
+        rewritten = text[len(reply.text(u.span_start)) : sentence_end(text, len(reply.text(u.check_from)))]
         shown = self.emitter.shown_after(u.span_start)
         self._restore(u.before)
-        for record in self.rounds[u.first_round:]:
+        for record in self.rounds[u.first_round :]:
             if record.action == "rewound":
                 record.action, record.rewritten_text = "reverted", rewritten
-                record.reason = (f"{record.reason}, but the rewrite {rewritten.strip()[:80]!r} {problem}: "
-                                 "kept the reply written without it")
+                record.reason = (
+                    f"{record.reason}, but the rewrite {rewritten.strip()[:80]!r} {problem}: "
+                    "kept the reply written without it"
+                )
         self.unchecked, self.reverted = None, True
         self._start_over_from(u.span_start)
         yield Rewind(self.rounds[-1].round, shown, rewritten, 0, reverted=True)
@@ -503,7 +565,9 @@ class _ReplyLoop:
             "question_kind": self.policy.kind,
             "threshold": self.policy.threshold,
         }
-        return Done(text=text, finish_reason=self.finish_reason, n_tokens=len(reply.tokens), rounds=rounds, receipt=result)
+        return Done(
+            text=text, finish_reason=self.finish_reason, n_tokens=len(reply.tokens), rounds=rounds, receipt=result
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -544,8 +608,16 @@ def build_receipt_for(backend: SteerableBackend, config: Config, result: dict) -
     from .receipts import build_receipt
 
     surprise = result["surprise"]
-    canary = groundedness_canary(surprise or {}, result["rounds"], result["threshold"]) if surprise else {
-        "verdict": "not_scored", "reason": "mode=off: no surprise measured", "uncertainty": None, "anchoring": None}
+    canary = (
+        groundedness_canary(surprise or {}, result["rounds"], result["threshold"])
+        if surprise
+        else {
+            "verdict": "not_scored",
+            "reason": "mode=off: no surprise measured",
+            "uncertainty": None,
+            "anchoring": None,
+        }
+    )
     return build_receipt(
         reply_id=uuid.uuid4().hex,
         created=time.time(),
@@ -561,7 +633,20 @@ def build_receipt_for(backend: SteerableBackend, config: Config, result: dict) -
         rounds=result["rounds"],
         mode=config.mode,
         finish_reason=result["finish_reason"],
-        extra={k: result[k] for k in ("tokens_decoded", "tokens_injected", "prompt_tokens", "token_surprises",
-                                      "token_entropies", "token_ids", "token_top_logprobs", "question_kind", "threshold",
-                                      "would_trigger", "latency_ms")},
+        extra={
+            k: result[k]
+            for k in (
+                "tokens_decoded",
+                "tokens_injected",
+                "prompt_tokens",
+                "token_surprises",
+                "token_entropies",
+                "token_ids",
+                "token_top_logprobs",
+                "question_kind",
+                "threshold",
+                "would_trigger",
+                "latency_ms",
+            )
+        },
     )

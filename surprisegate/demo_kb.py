@@ -18,31 +18,114 @@ DEMO_FILENAME = "demo-memory.sqlite"
 MIN_CITY_POPULATION = 100_000  # about 6,200 cities; keeps the build to a couple of seconds
 
 CONTINENTS = {
-    "AF": "Africa", "AN": "Antarctica", "AS": "Asia", "EU": "Europe",
-    "NA": "North America", "OC": "Oceania", "SA": "South America",
+    "AF": "Africa",
+    "AN": "Antarctica",
+    "AS": "Asia",
+    "EU": "Europe",
+    "NA": "North America",
+    "OC": "Oceania",
+    "SA": "South America",
 }
 # GeoNames gives ISO 639 codes; these are the languages official in more than one or two countries.
 # A code not listed is left out of the sentence rather than shown raw.
 LANGUAGE_NAMES = {
-    "af": "Afrikaans", "am": "Amharic", "ar": "Arabic", "ay": "Aymara", "az": "Azerbaijani",
-    "be": "Belarusian", "bg": "Bulgarian", "bn": "Bengali", "bs": "Bosnian", "ca": "Catalan",
-    "cs": "Czech", "da": "Danish", "de": "German", "dv": "Dhivehi", "dz": "Dzongkha", "el": "Greek",
-    "en": "English", "es": "Spanish", "et": "Estonian", "eu": "Basque", "fa": "Persian",
-    "fi": "Finnish", "fil": "Filipino", "fj": "Fijian", "fo": "Faroese", "fr": "French",
-    "ga": "Irish", "gn": "Guarani", "ha": "Hausa", "he": "Hebrew", "hi": "Hindi", "hr": "Croatian",
-    "ht": "Haitian Creole", "hu": "Hungarian", "hy": "Armenian", "id": "Indonesian", "is": "Icelandic",
-    "it": "Italian", "ja": "Japanese", "ka": "Georgian", "kk": "Kazakh", "km": "Khmer",
-    "ko": "Korean", "ku": "Kurdish", "ky": "Kyrgyz", "lb": "Luxembourgish", "ln": "Lingala",
-    "lo": "Lao", "lt": "Lithuanian", "lv": "Latvian", "mg": "Malagasy", "mi": "Maori",
-    "mk": "Macedonian", "mn": "Mongolian", "ms": "Malay", "mt": "Maltese", "my": "Burmese",
-    "nb": "Norwegian Bokmal", "ne": "Nepali", "nl": "Dutch", "nn": "Norwegian Nynorsk",
-    "no": "Norwegian", "pa": "Punjabi", "pl": "Polish", "ps": "Pashto", "pt": "Portuguese",
-    "qu": "Quechua", "ro": "Romanian", "ru": "Russian", "rw": "Kinyarwanda", "si": "Sinhala",
-    "sk": "Slovak", "sl": "Slovenian", "sm": "Samoan", "so": "Somali", "sq": "Albanian",
-    "sr": "Serbian", "sv": "Swedish", "sw": "Swahili", "ta": "Tamil", "tg": "Tajik", "th": "Thai",
-    "ti": "Tigrinya", "tk": "Turkmen", "tl": "Tagalog", "tn": "Tswana", "to": "Tongan",
-    "tr": "Turkish", "uk": "Ukrainian", "ur": "Urdu", "uz": "Uzbek", "vi": "Vietnamese",
-    "wo": "Wolof", "xh": "Xhosa", "yo": "Yoruba", "zh": "Chinese", "zu": "Zulu",
+    "af": "Afrikaans",
+    "am": "Amharic",
+    "ar": "Arabic",
+    "ay": "Aymara",
+    "az": "Azerbaijani",
+    "be": "Belarusian",
+    "bg": "Bulgarian",
+    "bn": "Bengali",
+    "bs": "Bosnian",
+    "ca": "Catalan",
+    "cs": "Czech",
+    "da": "Danish",
+    "de": "German",
+    "dv": "Dhivehi",
+    "dz": "Dzongkha",
+    "el": "Greek",
+    "en": "English",
+    "es": "Spanish",
+    "et": "Estonian",
+    "eu": "Basque",
+    "fa": "Persian",
+    "fi": "Finnish",
+    "fil": "Filipino",
+    "fj": "Fijian",
+    "fo": "Faroese",
+    "fr": "French",
+    "ga": "Irish",
+    "gn": "Guarani",
+    "ha": "Hausa",
+    "he": "Hebrew",
+    "hi": "Hindi",
+    "hr": "Croatian",
+    "ht": "Haitian Creole",
+    "hu": "Hungarian",
+    "hy": "Armenian",
+    "id": "Indonesian",
+    "is": "Icelandic",
+    "it": "Italian",
+    "ja": "Japanese",
+    "ka": "Georgian",
+    "kk": "Kazakh",
+    "km": "Khmer",
+    "ko": "Korean",
+    "ku": "Kurdish",
+    "ky": "Kyrgyz",
+    "lb": "Luxembourgish",
+    "ln": "Lingala",
+    "lo": "Lao",
+    "lt": "Lithuanian",
+    "lv": "Latvian",
+    "mg": "Malagasy",
+    "mi": "Maori",
+    "mk": "Macedonian",
+    "mn": "Mongolian",
+    "ms": "Malay",
+    "mt": "Maltese",
+    "my": "Burmese",
+    "nb": "Norwegian Bokmal",
+    "ne": "Nepali",
+    "nl": "Dutch",
+    "nn": "Norwegian Nynorsk",
+    "no": "Norwegian",
+    "pa": "Punjabi",
+    "pl": "Polish",
+    "ps": "Pashto",
+    "pt": "Portuguese",
+    "qu": "Quechua",
+    "ro": "Romanian",
+    "ru": "Russian",
+    "rw": "Kinyarwanda",
+    "si": "Sinhala",
+    "sk": "Slovak",
+    "sl": "Slovenian",
+    "sm": "Samoan",
+    "so": "Somali",
+    "sq": "Albanian",
+    "sr": "Serbian",
+    "sv": "Swedish",
+    "sw": "Swahili",
+    "ta": "Tamil",
+    "tg": "Tajik",
+    "th": "Thai",
+    "ti": "Tigrinya",
+    "tk": "Turkmen",
+    "tl": "Tagalog",
+    "tn": "Tswana",
+    "to": "Tongan",
+    "tr": "Turkish",
+    "uk": "Ukrainian",
+    "ur": "Urdu",
+    "uz": "Uzbek",
+    "vi": "Vietnamese",
+    "wo": "Wolof",
+    "xh": "Xhosa",
+    "yo": "Yoruba",
+    "zh": "Chinese",
+    "zu": "Zulu",
 }
 
 
@@ -106,7 +189,9 @@ def _country_text(country: dict, country_names: dict[str, str]) -> str:
     name = country["name"]
     sentences = []
     continent = CONTINENTS.get(country.get("continentcode", ""))
-    sentences.append(f"{name} is a country or territory in {continent}." if continent else f"{name} is a country or territory.")
+    sentences.append(
+        f"{name} is a country or territory in {continent}." if continent else f"{name} is a country or territory."
+    )
     if country.get("capital"):
         sentences.append(f"The capital of {name} is {country['capital']}.")
     if country.get("currencyname") and country.get("currencycode"):
@@ -123,7 +208,9 @@ def _country_text(country: dict, country_names: dict[str, str]) -> str:
         sentences.append(f"{name} shares land borders with {', '.join(neighbours)}.")
     phone = (country.get("phone") or "").strip()
     if phone:
-        sentences.append(f"The international calling code of {name} is {phone if phone.startswith('+') else '+' + phone}.")
+        sentences.append(
+            f"The international calling code of {name} is {phone if phone.startswith('+') else '+' + phone}."
+        )
     if country.get("population"):
         sentences.append(f"The population of {name} is about {country['population']:,} (GeoNames).")
     if country.get("areakm2"):

@@ -12,21 +12,30 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Mapping
 
 from .text import first_sentence, fold
 
 _ARTICLES = ("the ", "a ", "an ")
 _LEADING_ARTICLES = re.compile("^(?:" + "|".join(_ARTICLES) + ")+")
-_NUMBER = re.compile(r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?(?![\w])"
-                     r"(?:\s+(hundred|thousand|million|billion)\b)?", re.IGNORECASE)
+_NUMBER = re.compile(
+    r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?(?![\w])"
+    r"(?:\s+(hundred|thousand|million|billion)\b)?",
+    re.IGNORECASE,
+)
 
-_UNITS = {w: i for i, w in enumerate(
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
-    "seventeen eighteen nineteen".split())}
-_TENS = {w: 10 * i for i, w in enumerate("_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()) if w != "_"}
+_UNITS = {
+    w: i
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+        "seventeen eighteen nineteen".split()
+    )
+}
+_TENS = {
+    w: 10 * i for i, w in enumerate("_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()) if w != "_"
+}
 _SCALES = {"hundred": 100, "thousand": 1_000, "million": 1_000_000, "billion": 1_000_000_000}
 _NUMBER_WORDS = set(_UNITS) | set(_TENS) | set(_SCALES)
 
@@ -64,7 +73,9 @@ def _words_to_numbers(text: str) -> str:
         if pieces[i].lower() in _NUMBER_WORDS and not (pieces[i].lower() in _SCALES and not _after_digit(out)):
             # Extend the run over number words joined by spaces or hyphens.
             j = i + 1
-            while j + 1 < len(pieces) and pieces[j].strip() in ("", "-", "and") and pieces[j + 1].lower() in _NUMBER_WORDS:
+            while (
+                j + 1 < len(pieces) and pieces[j].strip() in ("", "-", "and") and pieces[j + 1].lower() in _NUMBER_WORDS
+            ):
                 j += 2
             words = [pieces[k].lower() for k in range(i, j, 2)]
             value = _word_run_value(words)
@@ -119,7 +130,7 @@ def parse_numbers(text: str) -> list[Fraction]:
 def _close(value: Fraction, gold: Fraction, tolerance: float) -> bool:
     if tolerance <= 0:
         # Exact, up to rounding a repeating decimal (1/3 written as 0.333333).
-        return value == gold or abs(value - gold) <= Fraction(1, 10**6) * max(1, abs(gold))
+        return value == gold or abs(value - gold) <= Fraction(1, 10**6) * max(Fraction(1), abs(gold))
     return abs(value - gold) <= abs(gold) * Fraction(tolerance).limit_denominator(10_000)
 
 

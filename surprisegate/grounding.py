@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from .arms import Arm, Evidence, Query
 from .config import Config
@@ -62,9 +63,15 @@ def arm_order(config: Config, span_class: str, arms: Mapping[str, Arm]) -> tuple
     return tuple(a for a in configured if a in arms)
 
 
-def ground_round(arms: Mapping[str, Arm], order: Sequence[str], query: Query, deadline: float,
-                 cache: dict | None = None, margin: float = 0.0,
-                 pool: ArmPool | None = None) -> tuple[Evidence | None, list[dict]]:
+def ground_round(
+    arms: Mapping[str, Arm],
+    order: Sequence[str],
+    query: Query,
+    deadline: float,
+    cache: dict | None = None,
+    margin: float = 0.0,
+    pool: ArmPool | None = None,
+) -> tuple[Evidence | None, list[dict]]:
     """Try arms in order until one returns evidence that covers the question by at least `margin`; keep
     the best evidence of those asked. All of it under one hard deadline.
 
@@ -85,29 +92,48 @@ def ground_round(arms: Mapping[str, Arm], order: Sequence[str], query: Query, de
         if best is not None and best.confidence >= margin:
             break
         if best is not None:
-            report.setdefault("arbitration", f"{best.source} covers the question by {best.confidence:.3f} < "
-                                              f"margin {margin}: asking the next arm too")
+            report.setdefault(
+                "arbitration",
+                f"{best.source} covers the question by {best.confidence:.3f} < "
+                f"margin {margin}: asking the next arm too",
+            )
     return best, reports
 
 
-def _ask_arm(arms: Mapping[str, Arm], name: str, query: Query, deadline: float,
-             cache: dict | None, pool: ArmPool | None) -> tuple[list[Evidence], dict]:
+def _ask_arm(
+    arms: Mapping[str, Arm], name: str, query: Query, deadline: float, cache: dict | None, pool: ArmPool | None
+) -> tuple[list[Evidence], dict]:
     """One arm's evidence for the query, and its report for the receipt."""
     key = (name, query.question, query.span_class)
     if cache is not None and key in cache:
         cached: list[Evidence] = cache[key]
-        return cached, {"arm": name, "status": "ok" if cached else "empty", "cached": True, "latency_ms": 0.0,
-                         "results": [e.to_dict() for e in cached]}
+        return cached, {
+            "arm": name,
+            "status": "ok" if cached else "empty",
+            "cached": True,
+            "latency_ms": 0.0,
+            "results": [e.to_dict() for e in cached],
+        }
     arm = arms.get(name)
     if arm is None:
         return [], {"arm": name, "status": "skipped", "reason": "arm not configured", "latency_ms": 0.0, "results": []}
     if time.monotonic() >= deadline:
-        return [], {"arm": name, "status": "timeout", "reason": "round deadline passed before this arm",
-                    "latency_ms": 0.0, "results": []}
+        return [], {
+            "arm": name,
+            "status": "timeout",
+            "reason": "round deadline passed before this arm",
+            "latency_ms": 0.0,
+            "results": [],
+        }
     started = time.monotonic()
     status, value = call_with_deadline(lambda: arm.ground(query, deadline), deadline, pool)
-    report = {"arm": name, "query": {"span": query.span, "question": query.question, "sentence": query.sentence},
-              "status": status, "latency_ms": round((time.monotonic() - started) * 1000, 2), "results": []}
+    report = {
+        "arm": name,
+        "query": {"span": query.span, "question": query.question, "sentence": query.sentence},
+        "status": status,
+        "latency_ms": round((time.monotonic() - started) * 1000, 2),
+        "results": [],
+    }
     results: list[Evidence] = []
     if status == "full":
         size = (pool or DEFAULT_POOL).size

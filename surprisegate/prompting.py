@@ -8,8 +8,8 @@ of the template, so any prefix-stable chat template works without knowing its to
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from .errors import BackendError, InputError
 
@@ -20,7 +20,9 @@ Tokenize = Callable[..., list[int]]  # backend.tokenize(text, special=False)
 def chat_messages(question: str, system_prompt: str = "") -> list[dict[str, str]]:
     """The messages of a one-question chat (the `ask` form)."""
     if not isinstance(question, str) or not question.strip():
-        raise InputError("question is empty; pass the question to ask, e.g. surprisegate ask \"What is the capital of Chad?\"")
+        raise InputError(
+            'question is empty; pass the question to ask, e.g. surprisegate ask "What is the capital of Chad?"'
+        )
     return conversation([{"role": "user", "content": question.strip()}], system_prompt)
 
 
@@ -30,13 +32,16 @@ def conversation(messages: Sequence[dict[str, str]] | str, system_prompt: str = 
     if isinstance(messages, str):
         return chat_messages(messages, system_prompt)
     if not isinstance(messages, (list, tuple)) or not messages:
-        raise InputError(f"messages={messages!r} is not a chat; pass a list of "
-                         '{"role": "user", "content": "..."} turns (or a question string)')
+        raise InputError(
+            f"messages={messages!r} is not a chat; pass a list of "
+            '{"role": "user", "content": "..."} turns (or a question string)'
+        )
     checked = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise InputError(f"messages[{i}]={m!r} is not a chat turn; use "
-                             f'{{"role": one of {", ".join(ROLES)}, "content": text}}')
+            raise InputError(
+                f'messages[{i}]={m!r} is not a chat turn; use {{"role": one of {", ".join(ROLES)}, "content": text}}'
+            )
         checked.append({"role": m["role"], "content": m["content"]})
     if checked[-1]["role"] != "user" or not checked[-1]["content"].strip():
         raise InputError(f"messages[-1]={checked[-1]!r} must be a non-empty user turn: the reply answers it")
@@ -54,9 +59,9 @@ def render_pieces(render, messages: list[dict[str, str]], add_generation_prompt:
     """The rendered prompt as (text, is_template) pieces: each message's content stands apart from the
     template around it, so only the template's own text may become control tokens (DESIGN §8)."""
     markers = [f"\x00C{i}\x00" for i in range(len(messages))]
-    rendered = render([{**m, "content": mk} for m, mk in zip(messages, markers)], add_generation_prompt)
+    rendered = render([{**m, "content": mk} for m, mk in zip(messages, markers, strict=True)], add_generation_prompt)
     pieces: list[tuple[str, bool]] = []
-    for m, marker in zip(messages, markers):
+    for m, marker in zip(messages, markers, strict=True):
         before, found, rendered = rendered.partition(marker)
         if not found:
             raise BackendError("the chat template rewrites message contents; use a template that inserts them verbatim")
@@ -78,7 +83,7 @@ def _strip_prefix(full: str, prefix: str, what: str) -> str:
         raise BackendError(
             f"the chat template is not prefix-stable when adding {what}; use injection='inline' for this model"
         )
-    return full[len(prefix):]
+    return full[len(prefix) :]
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,7 @@ class PromptLayout:
     system_turn_suffix: str  # e.g. "<|im_end|>\n"
 
     @classmethod
-    def from_template(cls, render, messages: list[dict[str, str]]) -> "PromptLayout":
+    def from_template(cls, render, messages: list[dict[str, str]]) -> PromptLayout:
         """`render(messages, add_generation_prompt)` is the backend's chat_prompt."""
         body = render(messages, False)
         with_gen = render(messages, True)
@@ -103,10 +108,11 @@ class PromptLayout:
         after_reply = _strip_prefix(closed, with_gen, "an assistant message")
         if not after_reply.startswith(marker):
             raise BackendError("the chat template rewrites assistant messages; use injection='inline' for this model")
-        close_assistant = after_reply[len(marker):]
+        close_assistant = after_reply[len(marker) :]
         sys_marker = "\x00EVIDENCE\x00"
-        with_system = render(messages + [{"role": "assistant", "content": marker},
-                                         {"role": "system", "content": sys_marker}], False)
+        with_system = render(
+            messages + [{"role": "assistant", "content": marker}, {"role": "system", "content": sys_marker}], False
+        )
         system_turn = _strip_prefix(with_system, closed, "a system message")
         if sys_marker not in system_turn:
             raise BackendError("the chat template drops later system messages; use injection='inline' for this model")
@@ -140,4 +146,10 @@ class PromptLayout:
         if injection == "inline":
             return f" [evidence: {evidence_text}] "
         # close_reopen: close the assistant turn, a system turn, reopen (the kept prefix is re-fed after).
-        return self.close_assistant + self.system_turn_prefix + evidence_text + self.system_turn_suffix + self.open_assistant
+        return (
+            self.close_assistant
+            + self.system_turn_prefix
+            + evidence_text
+            + self.system_turn_suffix
+            + self.open_assistant
+        )

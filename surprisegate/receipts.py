@@ -286,13 +286,15 @@ class ConvergenceRecord:
     rewritten_text: str | None = None  # a reverted round: the rewrite that was dropped
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ConvergenceRecord":
+    def from_dict(cls, d: dict[str, Any]) -> ConvergenceRecord:
         """The record a receipt's round was written from; unknown keys are an error (a schema drift)."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f"round {d.get('round')} has fields {unknown} that ConvergenceRecord does not know; "
-                             "add them to receipts.ConvergenceRecord")
+            raise ValueError(
+                f"round {d.get('round')} has fields {unknown} that ConvergenceRecord does not know; "
+                "add them to receipts.ConvergenceRecord"
+            )
         return cls(**d)
 
     @property
@@ -328,8 +330,15 @@ class ConvergenceRecord:
             "latency_ms": to_jsonable(self.latency_ms),
             "closed_question": self.closed_question,
             # Written only when they happened, so a plain round stays short.
-            **({"tokens_trimmed": self.tokens_trimmed, "rewind_method": self.rewind_method,
-                "injected_text": self.injected_text} if self.rewind_method is not None else {}),
+            **(
+                {
+                    "tokens_trimmed": self.tokens_trimmed,
+                    "rewind_method": self.rewind_method,
+                    "injected_text": self.injected_text,
+                }
+                if self.rewind_method is not None
+                else {}
+            ),
             **({"already_grounded": True} if self.already_grounded else {}),
             **({"retries": to_jsonable(self.retries)} if self.retries else {}),
             **({"rewritten_text": self.rewritten_text} if self.rewritten_text is not None else {}),
@@ -379,8 +388,14 @@ def build_receipt(
         "config": to_jsonable(config),
         "prompt_sha256": hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).hexdigest(),
         "prompt": prompt if store_prompt else None,
-        **({"conversation_sha256": conversation_sha256(messages),
-            "messages": to_jsonable(messages) if store_prompt else None} if messages is not None else {}),
+        **(
+            {
+                "conversation_sha256": conversation_sha256(messages),
+                "messages": to_jsonable(messages) if store_prompt else None,
+            }
+            if messages is not None
+            else {}
+        ),
         "reply": reply,
         "n_tokens": n_tokens,
         "finish_reason": finish_reason,
@@ -400,10 +415,10 @@ def conversation_sha256(messages: list[dict[str, str]]) -> str:
 def _as_utc_datetime(created: float | dt.datetime) -> dt.datetime:
     if isinstance(created, dt.datetime):
         if created.tzinfo is None:
-            return created.replace(tzinfo=dt.timezone.utc)
-        return created.astimezone(dt.timezone.utc)
+            return created.replace(tzinfo=dt.UTC)
+        return created.astimezone(dt.UTC)
     if isinstance(created, (int, float)) and not isinstance(created, bool) and math.isfinite(created):
-        return dt.datetime.fromtimestamp(created, tz=dt.timezone.utc)
+        return dt.datetime.fromtimestamp(created, tz=dt.UTC)
     raise ValueError(f"created={created!r}; give a Unix time (time.time()) or a datetime")
 
 

@@ -289,8 +289,7 @@ _CHOICE_TAIL = re.compile(r"\sor\s(?P<tail>[^?]{1,80})\?\s*$", re.IGNORECASE)
 # "Kurt Cobain or Dave Grohl, who was born first?": the options come before the question word.
 _CHOICE_HEAD = re.compile(r"^\s*[^,?]{1,80}\sor\s[^,?]{1,80},\s*(?:which|who|whom|whose)\b", re.IGNORECASE)
 # "Which country, France or Spain, borders ...?": the options stand in apposition to the question word.
-_CHOICE_APPOSITION = re.compile(r"^\s*(?:which|who|what)\b[^,?]{0,40},\s*[^,?]{1,60}\sor\s[^,?]{1,60},",
-                                re.IGNORECASE)
+_CHOICE_APPOSITION = re.compile(r"^\s*(?:which|who|what)\b[^,?]{0,40},\s*[^,?]{1,60}\sor\s[^,?]{1,60},", re.IGNORECASE)
 # Comparisons that join their two options with "and": a pair, a question word asking for one of them,
 # and a word that compares. "What is the connection between X and Y?" has no comparing word: it stays open.
 _PAIR_WITH_AND = re.compile(
@@ -312,7 +311,7 @@ _COMPARING_WORD = re.compile(
 
 
 def closed_question(question: str) -> str | None:
-    """"yes_no", "choice" or "comparison" when the question itself names its possible answers, else None.
+    """ "yes_no", "choice" or "comparison" when the question itself names its possible answers, else None.
 
     Grounding such a question with one snippet rarely settles it (a snippet about one of the two things
     compared), while the model's pick among the named answers is often right: on halueval_qa_dev

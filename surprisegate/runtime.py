@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .arms import Arm
 from .config import Config
@@ -35,10 +36,16 @@ def demo_memory(quiet: bool = True, say: Callable[[str], None] = lambda message:
 
 def check_memory(memory: str) -> None:
     """A missing SQLite file is a user mistake worth catching before the model loads."""
-    if memory in ("demo", "none") or re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", memory) or memory.startswith("milvus-lite:"):
+    if (
+        memory in ("demo", "none")
+        or re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", memory)
+        or memory.startswith("milvus-lite:")
+    ):
         return
     if not Path(memory).exists():
-        raise InputError(f"--memory={memory!r} does not exist; build it with: surprisegate memory add --memory {memory} FILE.jsonl")
+        raise InputError(
+            f"--memory={memory!r} does not exist; build it with: surprisegate memory add --memory {memory} FILE.jsonl"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -65,8 +72,12 @@ def _web_arm(config: Config, target: str, say: Callable[[str], None]) -> Arm:
 def _tool_arm(config: Config, target: str, say: Callable[[str], None]) -> Arm:
     from .arms.tools import ToolArm
 
-    return ToolArm(roots=config.tool_roots, allowed_status_targets=config.tool_status_targets,
-                   python_sandbox=config.tool_python_sandbox, default_timezone=config.tool_timezone)
+    return ToolArm(
+        roots=config.tool_roots,
+        allowed_status_targets=config.tool_status_targets,
+        python_sandbox=config.tool_python_sandbox,
+        default_timezone=config.tool_timezone,
+    )
 
 
 @dataclass(frozen=True)
@@ -76,15 +87,23 @@ class ArmEntry:
     build: Callable[[Config, str, Callable[[str], None]], Arm]
 
 
-ARMS: dict[str, ArmEntry] = {e.name: e for e in (
-    ArmEntry("memory", "a memory store: SQLite file, milvus:// URI or 'demo'", _memory_arm),
-    ArmEntry("web", "a SearxNG-compatible URL, or brave | tavily | wikipedia", _web_arm),
-    ArmEntry("tool", "on unless --no-tools: calculator, dates, units, python, files, status", _tool_arm),
-)}
+ARMS: dict[str, ArmEntry] = {
+    e.name: e
+    for e in (
+        ArmEntry("memory", "a memory store: SQLite file, milvus:// URI or 'demo'", _memory_arm),
+        ArmEntry("web", "a SearxNG-compatible URL, or brave | tavily | wikipedia", _web_arm),
+        ArmEntry("tool", "on unless --no-tools: calculator, dates, units, python, files, status", _tool_arm),
+    )
+}
 
 
-def build_arms(config: Config, memory: str | None = None, tools: bool = True, web: str | None = None,
-               say: Callable[[str], None] = lambda message: None) -> dict[str, Arm]:
+def build_arms(
+    config: Config,
+    memory: str | None = None,
+    tools: bool = True,
+    web: str | None = None,
+    say: Callable[[str], None] = lambda message: None,
+) -> dict[str, Arm]:
     """The arms the user asked for: memory unless 'none', the tools unless disabled, the web if given."""
     targets = {"memory": memory if memory and memory != "none" else None, "tool": "on" if tools else None, "web": web}
     return {name: ARMS[name].build(config, target, say) for name, target in targets.items() if target}
@@ -94,8 +113,9 @@ def load_backend(config: Config) -> Any:
     """The backend the config names (registry: backends/registry.py)."""
     from .backends.registry import open_backend
 
-    return open_backend(config.backend, config.model or None, n_ctx=config.n_ctx, seed=config.seed,
-                        threads=config.threads)
+    return open_backend(
+        config.backend, config.model or None, n_ctx=config.n_ctx, seed=config.seed, threads=config.threads
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -118,8 +138,13 @@ class Runtime:
         return generate(self.backend, messages, config, arms, **kwargs)
 
 
-def assemble(config: Config, memory: str | None = None, tools: bool = True, web: str | None = None,
-             say: Callable[[str], None] = lambda message: None) -> Runtime:
+def assemble(
+    config: Config,
+    memory: str | None = None,
+    tools: bool = True,
+    web: str | None = None,
+    say: Callable[[str], None] = lambda message: None,
+) -> Runtime:
     """Check the arm targets, build the arms, then load the backend (slowest last, so mistakes fail fast)."""
     if memory:
         check_memory(memory)

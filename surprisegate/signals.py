@@ -69,8 +69,10 @@ def signal_value(signal: str, surprise: float, entropy: float, copied: bool) -> 
 
 # A question that opens with an auxiliary verb asks yes or no ("Were X and Y founded in the same state?"):
 # the router leaves it as answered, and the rewrite check expects no kind of answer from it.
-YES_NO_START = re.compile(r"^\s*(?:is|are|was|were|do|does|did|can|could|has|have|had|will|would|should|shall)\s",
-                          re.IGNORECASE)
+YES_NO_START = re.compile(
+    r"^\s*(?:is|are|was|were|do|does|did|can|could|has|have|had|will|would|should|shall)\s", re.IGNORECASE
+)
+
 
 def question_kind(question: str) -> str:
     """A coarse, deterministic kind of question: its lower-case content words, names dropped.
@@ -80,7 +82,9 @@ def question_kind(question: str) -> str:
     model is right far more often on some kinds of question than others.
     """
     words = re.findall(r"[A-Za-z][\w.'-]*", question.split(":", 1)[-1] if question.startswith("Complete") else question)
-    kept = [w.lower() for i, w in enumerate(words) if not (i > 0 and w[0].isupper()) and w.lower() not in KIND_STOPWORDS]
+    kept = [
+        w.lower() for i, w in enumerate(words) if not (i > 0 and w[0].isupper()) and w.lower() not in KIND_STOPWORDS
+    ]
     return " ".join(kept[:4])
 
 

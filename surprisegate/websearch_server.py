@@ -36,6 +36,7 @@ MAX_QUERY_CHARS = 2000
 MAX_CONTENT_CHARS = 2000
 BM25_K1, BM25_B = 1.2, 0.75
 
+
 def doc_url(doc_id: str) -> str:
     return CORPUS_URL_PREFIX + quote(doc_id, safe="")
 
@@ -44,7 +45,7 @@ def doc_id_from_url(url: str) -> str | None:
     """The doc id behind a `doc_url()`, or None for any other url."""
     if not url.startswith(CORPUS_URL_PREFIX):
         return None
-    return unquote(url[len(CORPUS_URL_PREFIX):])
+    return unquote(url[len(CORPUS_URL_PREFIX) :])
 
 
 def index_terms(text: str) -> list[str]:
@@ -74,7 +75,9 @@ def load_corpus(corpus: str | Path | Iterable[Mapping]) -> list[Document]:
                 try:
                     rows.append((line_no, json.loads(line)))
                 except json.JSONDecodeError as err:
-                    raise InputError(f"{path}:{line_no}: not JSON ({err.msg}); each line must be one JSON object") from err
+                    raise InputError(
+                        f"{path}:{line_no}: not JSON ({err.msg}); each line must be one JSON object"
+                    ) from err
     else:
         rows = list(enumerate(corpus, 1))
     documents: list[Document] = []
@@ -86,7 +89,9 @@ def load_corpus(corpus: str | Path | Iterable[Mapping]) -> list[Document]:
         if doc_id in seen:
             raise InputError(f"corpus line {line_no}: doc_id={doc_id!r} appears twice; doc ids must be unique")
         seen.add(doc_id)
-        documents.append(Document(doc_id, row["text"], str(row.get("title") or ""), str(row.get("url") or doc_url(doc_id))))
+        documents.append(
+            Document(doc_id, row["text"], str(row.get("title") or ""), str(row.get("url") or doc_url(doc_id)))
+        )
     if not documents:
         raise InputError("the corpus is empty; pass a JSONL file with at least one {doc_id, text} line")
     return documents
@@ -131,23 +136,25 @@ def searxng_response(query: str, hits: list[tuple[Document, float]], pageno: int
     results = []
     for position, (doc, score) in enumerate(page, (pageno - 1) * PAGE_SIZE + 1):
         parts = urlsplit(doc.url)
-        results.append({
-            "url": doc.url,
-            "title": doc.title or _title_from_text(doc.text),
-            "content": doc.text[:MAX_CONTENT_CHARS],
-            "engine": ENGINE_NAME,
-            "template": "default.html",
-            # SearxNG sends urlparse()'s 6 parts: scheme, netloc, path, params, query, fragment.
-            "parsed_url": [parts.scheme, parts.netloc, parts.path, "", parts.query, parts.fragment],
-            "img_src": "",
-            "thumbnail": "",
-            "priority": "",
-            "engines": [ENGINE_NAME],
-            "positions": [position],
-            "score": round(score, 6),
-            "category": "general",
-            "publishedDate": None,
-        })
+        results.append(
+            {
+                "url": doc.url,
+                "title": doc.title or _title_from_text(doc.text),
+                "content": doc.text[:MAX_CONTENT_CHARS],
+                "engine": ENGINE_NAME,
+                "template": "default.html",
+                # SearxNG sends urlparse()'s 6 parts: scheme, netloc, path, params, query, fragment.
+                "parsed_url": [parts.scheme, parts.netloc, parts.path, "", parts.query, parts.fragment],
+                "img_src": "",
+                "thumbnail": "",
+                "priority": "",
+                "engines": [ENGINE_NAME],
+                "positions": [position],
+                "score": round(score, 6),
+                "category": "general",
+                "publishedDate": None,
+            }
+        )
     return {
         "query": query,
         "number_of_results": len(hits),  # dropped by SearxNG in 2026-05; older instances send it
@@ -240,13 +247,16 @@ class LocalSearchServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
+        if isinstance(host, bytes):  # typeshed allows bytes (AF_UNIX); an HTTP server's host is a str
+            host = host.decode()
         host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{port}"
 
     def start(self) -> LocalSearchServer:
         # A short poll interval so close() (shutdown) returns promptly in tests.
-        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
-                                        name="surprisegate-websearch")
+        self._thread = threading.Thread(
+            target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True, name="surprisegate-websearch"
+        )
         self._thread.start()
         return self
 
@@ -264,7 +274,9 @@ class LocalSearchServer(ThreadingHTTPServer):
         self.close()
 
 
-def serve(corpus: str | Path | Iterable[Mapping], host: str = DEFAULT_HOST, port: int = 0, quiet: bool = True) -> LocalSearchServer:
+def serve(
+    corpus: str | Path | Iterable[Mapping], host: str = DEFAULT_HOST, port: int = 0, quiet: bool = True
+) -> LocalSearchServer:
     """Index `corpus` and serve it from a background thread; port 0 picks a free one (see `.url`).
 
     Call `.close()` (or use it as a context manager) to stop it.
@@ -274,8 +286,9 @@ def serve(corpus: str | Path | Iterable[Mapping], host: str = DEFAULT_HOST, port
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="surprisegate websearch-serve",
-                                     description="Serve a JSONL corpus over SearxNG's JSON search API.")
+    parser = argparse.ArgumentParser(
+        prog="surprisegate websearch-serve", description="Serve a JSONL corpus over SearxNG's JSON search API."
+    )
     parser.add_argument("--corpus", required=True, help="JSONL file: doc_id, text, optional title and url")
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks one)")
@@ -288,9 +301,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
     except OSError as err:
-        print(f"error: cannot listen on {args.host}:{args.port}: {err.strerror or err}; pick another --port", file=sys.stderr)
+        print(
+            f"error: cannot listen on {args.host}:{args.port}: {err.strerror or err}; pick another --port",
+            file=sys.stderr,
+        )
         return 2
-    print(f"serving {len(index.documents)} documents at {server.url}/search?q=...&format=json", file=sys.stderr, flush=True)
+    print(
+        f"serving {len(index.documents)} documents at {server.url}/search?q=...&format=json",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:

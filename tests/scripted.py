@@ -8,7 +8,7 @@ the exact surprise of every token and where the window must cross the threshold.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -76,7 +76,9 @@ class ScriptedBackend(LocalBackend):
             if t < 256:
                 buf.append(t)
             else:
-                out.append(buf.decode("utf-8", "replace")); buf = bytearray(); out.append(names[t])
+                out.append(buf.decode("utf-8", "replace"))
+                buf = bytearray()
+                out.append(names[t])
         out.append(buf.decode("utf-8", "replace"))
         return "".join(out)
 

@@ -297,8 +297,8 @@ _DIVISION_WORDS = {"divided by", "÷", "over"}
 
 
 @given(
-    a=st.integers(-10**6, 10**6),
-    b=st.integers(-10**6, 10**6),
+    a=st.integers(-(10**6), 10**6),
+    b=st.integers(-(10**6), 10**6),
     word=st.sampled_from(sorted(_WORD_OPERATORS)),
     with_commas=st.booleans(),
 )
@@ -392,7 +392,7 @@ def test_format_number(value, expected):
     assert format_number(value) == expected
 
 
-@given(st.integers(-10**40, 10**40))
+@given(st.integers(-(10**40), 10**40))
 def test_format_number_prints_integers_in_full(n):
     assert format_number(n) == str(n)
 
@@ -403,7 +403,7 @@ def test_format_number_is_exact_up_to_six_significant_digits(digits, places):
     assert Fraction(format_number(value)) == value
 
 
-@given(st.fractions(min_value=-10**6, max_value=10**6, max_denominator=10**4))
+@given(st.fractions(min_value=-(10**6), max_value=10**6, max_denominator=10**4))
 def test_format_number_is_within_rounding_of_the_value(value):
     shown = Fraction(format_number(value))
     assert abs(shown - value) <= max(abs(value), 1) * Fraction(1, 10**5)
@@ -447,8 +447,14 @@ def test_ground_uses_the_question_when_the_span_is_the_answer():
 def test_ground_prefers_span_then_sentence():
     tool = CalculatorTool()
     [from_span] = tool.ground(_query(span="6 x 7", sentence="2 plus 2", question="1 plus 1"), FAR_DEADLINE)
-    assert from_span.detail == {"tool": "calculator", "input": "6 * 7", "output": "42", "sandbox": "ast", "exact": True,
-                                "field": "span"}
+    assert from_span.detail == {
+        "tool": "calculator",
+        "input": "6 * 7",
+        "output": "42",
+        "sandbox": "ast",
+        "exact": True,
+        "field": "span",
+    }
     [from_sentence] = tool.ground(_query(span="4", sentence="2 plus 2 is 4", question="1 plus 1"), FAR_DEADLINE)
     assert from_sentence.detail["field"] == "sentence"
 
@@ -506,9 +512,7 @@ def _is_right(expression: str | None, gold: str) -> bool:
 def test_every_bigbench_arithmetic_item_is_computed_right():
     rows = [row for row in _load_jsonl("arith_dev.jsonl") if row["source"].startswith("BIG-bench")]
     assert rows
-    wrong = [
-        row["question"] for row in rows if not _is_right(extract_computation(row["question"]), row["answers"][0])
-    ]
+    wrong = [row["question"] for row in rows if not _is_right(extract_computation(row["question"]), row["answers"][0])]
     assert wrong == []
 
 
@@ -526,9 +530,7 @@ def test_word_problems_are_never_computed_wrong():
     # A wrong calculator result injected as evidence is worse than none, so extraction must abstain.
     rows = [row for row in _load_jsonl("arith_dev.jsonl") if not row["source"].startswith("BIG-bench")]
     extracted = [(row, extract_computation(row["question"])) for row in rows]
-    wrong = [
-        row["question"] for row, expr in extracted if expr is not None and not _is_right(expr, row["answers"][0])
-    ]
+    wrong = [row["question"] for row, expr in extracted if expr is not None and not _is_right(expr, row["answers"][0])]
     assert wrong == []
 
 

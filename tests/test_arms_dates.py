@@ -75,8 +75,14 @@ def test_today_in_refuses_unknown_zones_and_naive_times():
 
 @pytest.mark.parametrize(
     ("name", "key"),
-    [("Asia/Tokyo", "Asia/Tokyo"), ("asia/tokyo", "Asia/Tokyo"), ("Tokyo", "Asia/Tokyo"),
-     ("New York", "America/New_York"), ("UTC", "UTC"), ("Springfield", None)],
+    [
+        ("Asia/Tokyo", "Asia/Tokyo"),
+        ("asia/tokyo", "Asia/Tokyo"),
+        ("Tokyo", "Asia/Tokyo"),
+        ("New York", "America/New_York"),
+        ("UTC", "UTC"),
+        ("Springfield", None),
+    ],
 )
 def test_resolve_zone(name, key):
     assert resolve_zone(name) == key
@@ -122,7 +128,11 @@ def test_may_is_a_month_only_when_capitalised():
 DATE_QUESTIONS = [
     ("How many days between 1 March and 14 April 2024?", "44", "From 1 March 2024 to 14 April 2024 is 44 days."),
     ("days between 1 March 2024 and 1 March 2025", "365", "365 days"),
-    ("What date is 100 days after 2024-01-15?", "2024-04-24", "100 days after 15 January 2024 is Wednesday, 24 April 2024."),
+    (
+        "What date is 100 days after 2024-01-15?",
+        "2024-04-24",
+        "100 days after 15 January 2024 is Wednesday, 24 April 2024.",
+    ),
     ("What was the date 3 days before March 1st, 2024?", "2024-02-27", "3 days before 1 March 2024"),
     ("two weeks after 1 Jan 2024", "2024-01-15", "14 days after"),
     ("2024-01-15 plus 10 days", "2024-01-25", "10 days after"),
@@ -149,8 +159,15 @@ def test_date_questions(text, value, fragment):
 
 @pytest.mark.parametrize(
     "text",
-    ["", "What is 37 times 48?", "He was born on 2024-01-05.", "What is the capital of France?",
-     "3 days after the meeting", "What is the date today in Springfield?", "It may 10 times"],
+    [
+        "",
+        "What is 37 times 48?",
+        "He was born on 2024-01-05.",
+        "What is the capital of France?",
+        "3 days after the meeting",
+        "What is the date today in Springfield?",
+        "It may 10 times",
+    ],
 )
 def test_no_date_question(text):
     assert extract_date_question(text) is None

@@ -31,11 +31,34 @@ ATLANTIS = Query(
 )
 
 PASSAGES = [
-    {"source": "country:BF", "title": "Burkina Faso", "text": "Burkina Faso is a country or territory in Africa. The capital of Burkina Faso is Ouagadougou. The currency of Burkina Faso is the West African CFA Franc (XOF). Official languages of Burkina Faso include French, Fula."},
-    {"source": "city:2362344", "title": "Bobo-Dioulasso", "text": "Bobo-Dioulasso is a city in Burkina Faso with a population of about 904,920."},
-    {"source": "country:ML", "title": "Mali", "text": "Mali is a country or territory in Africa. The capital of Mali is Bamako. Mali shares land borders with Burkina Faso, Niger."},
+    {
+        "source": "country:BF",
+        "title": "Burkina Faso",
+        "text": (
+            "Burkina Faso is a country or territory in Africa. The capital of Burkina Faso is Ouagadougou. The "
+            "currency of Burkina Faso is the West African CFA Franc (XOF). Official languages of Burkina Faso "
+            "include French, Fula."
+        ),
+    },
+    {
+        "source": "city:2362344",
+        "title": "Bobo-Dioulasso",
+        "text": "Bobo-Dioulasso is a city in Burkina Faso with a population of about 904,920.",
+    },
+    {
+        "source": "country:ML",
+        "title": "Mali",
+        "text": (
+            "Mali is a country or territory in Africa. The capital of Mali is Bamako. Mali shares land borders "
+            "with Burkina Faso, Niger."
+        ),
+    },
 ] + [
-    {"source": f"country:X{i}", "title": f"Land{i}", "text": f"Land{i} is a country or territory in Asia. The capital of Land{i} is Town{i}."}
+    {
+        "source": f"country:X{i}",
+        "title": f"Land{i}",
+        "text": f"Land{i} is a country or territory in Asia. The capital of Land{i} is Town{i}.",
+    }
     for i in range(20)
 ]
 
@@ -87,7 +110,10 @@ def test_k_bounds_the_evidence(store):
 
 def test_max_sentences_keeps_passage_order(store):
     evidence = MemoryArm(store, max_sentences=2).ground(BURKINA, later())
-    assert evidence[0].claim == "Burkina Faso is a country or territory in Africa. The capital of Burkina Faso is Ouagadougou."
+    assert (
+        evidence[0].claim
+        == "Burkina Faso is a country or territory in Africa. The capital of Burkina Faso is Ouagadougou."
+    )
 
 
 def test_relation_word_picks_the_sentence(store):
@@ -116,7 +142,15 @@ class SlowStore:
 
     def search(self, query, k=5, context="", deadline=None):
         time.sleep(self.delay)
-        return [Hit(text="The capital of Burkina Faso is Ouagadougou.", title="Burkina Faso", source="country:BF", score=1.0, bm25=-5.0)]
+        return [
+            Hit(
+                text="The capital of Burkina Faso is Ouagadougou.",
+                title="Burkina Faso",
+                source="country:BF",
+                score=1.0,
+                bm25=-5.0,
+            )
+        ]
 
 
 class TimingOutStore:
@@ -293,8 +327,10 @@ def test_floor_works_in_both_lexical_modes(tmp_path, mode):
 def test_year_questions_pick_the_sentence_with_a_year():
     from surprisegate.arms.memory import answer_shape
 
-    passage = ("Iowa is a U.S. state with postal abbreviation IA. The capital of Iowa is Des Moines. "
-               "Iowa became a U.S. state in 1846.")
+    passage = (
+        "Iowa is a U.S. state with postal abbreviation IA. The capital of Iowa is Des Moines. "
+        "Iowa became a U.S. state in 1846."
+    )
     weights = {"iowa": 1.0, "become": 2.0, "u": 0.5, "s": 0.5, "state": 1.0, "year": 2.0}
     question = "In what year did Iowa become a U.S. state?"
     assert best_sentences(passage, weights) == "Iowa is a U.S. state with postal abbreviation IA."
@@ -302,7 +338,10 @@ def test_year_questions_pick_the_sentence_with_a_year():
     assert answer_shape("When was Curium discovered?") is not None
     assert answer_shape("What is the capital of Iowa?") is None
     # a shape no sentence has changes nothing
-    assert best_sentences("No years here. Iowa is a state.", {"iowa": 1.0}, answer_shape=answer_shape(question)) == "Iowa is a state."
+    assert (
+        best_sentences("No years here. Iowa is a state.", {"iowa": 1.0}, answer_shape=answer_shape(question))
+        == "Iowa is a state."
+    )
 
 
 def test_names_subject_is_whole_words():

@@ -177,8 +177,16 @@ def test_extract_snippet(text, code):
 
 @pytest.mark.parametrize(
     "text",
-    ["", "What is 37 times 48?", "What does the fox say?", "What's in `notes.txt`?", "Run `ls -la`",
-     "Use `pip install foo`", "What does `config` return?", "What does it return?"],
+    [
+        "",
+        "What is 37 times 48?",
+        "What does the fox say?",
+        "What's in `notes.txt`?",
+        "Run `ls -la`",
+        "Use `pip install foo`",
+        "What does `config` return?",
+        "What does it return?",
+    ],
 )
 def test_no_snippet(text):
     assert extract_snippet(text) is None

@@ -63,8 +63,13 @@ LABELLED_TOOL_CALLS = [
     ("3", "What does len('abc') return in Python?", "", "python", "len('abc')"),
     ("", "What does x[0] return?", "", "python", "x[0]"),
     ("", "What will `'abc'.upper()` print?", "", "python", "'abc'.upper()"),
-    ("", "What does this print?\n```python\nfor i in range(3):\n    print(i)\n```", "", "python",
-     "for i in range(3):\n    print(i)"),
+    (
+        "",
+        "What does this print?\n```python\nfor i in range(3):\n    print(i)\n```",
+        "",
+        "python",
+        "for i in range(3):\n    print(i)",
+    ),
     # files
     ("localhost", "What are the contents of /etc/hosts?", "", "files", "/etc/hosts"),
     ("debug = true", "What is in file config.toml?", "", "files", "config.toml"),
@@ -189,8 +194,9 @@ def tool_arm(file_root):
 
 
 def _ground(arm: ToolArm, question: str = "", span: str = "", sentence: str = "", seconds: float = 5.0):
-    return arm.ground(Query(span=span, question=question, sentence=sentence, span_class="computable"),
-                      time.monotonic() + seconds)
+    return arm.ground(
+        Query(span=span, question=question, sentence=sentence, span_class="computable"), time.monotonic() + seconds
+    )
 
 
 def test_tool_arm_is_an_arm(tool_arm):
@@ -202,16 +208,36 @@ def test_tool_arm_is_an_arm(tool_arm):
     ("question", "tool", "claim", "evidence"),
     [
         ("What is 37 times 48?", "calculator", "37 * 48 = 1776", "The answer is 1776."),
-        ("How many days between 1 March and 14 April 2024?", "dates", "days(2024-03-01, 2024-04-14) = 44",
-         "From 1 March 2024 to 14 April 2024 is 44 days."),
-        ("What date is 100 days after 2024-01-15?", "dates", "2024-01-15 +100 days = 2024-04-24",
-         "100 days after 15 January 2024 is Wednesday, 24 April 2024."),
-        ("What is the date today in Asia/Tokyo?", "dates", "today(Asia/Tokyo) = 2025-06-11",
-         "Today in Asia/Tokyo is Wednesday, 11 June 2025."),
-        ("What does `sorted([3,1,2])[0]` return?", "python", "python: sorted([3,1,2])[0] -> 1",
-         "`sorted([3,1,2])[0]` evaluates to 1."),
-        ("How many lines are in notes.txt?", "files", "contents of notes.txt (11 bytes)",
-         "The file notes.txt has 2 lines."),
+        (
+            "How many days between 1 March and 14 April 2024?",
+            "dates",
+            "days(2024-03-01, 2024-04-14) = 44",
+            "From 1 March 2024 to 14 April 2024 is 44 days.",
+        ),
+        (
+            "What date is 100 days after 2024-01-15?",
+            "dates",
+            "2024-01-15 +100 days = 2024-04-24",
+            "100 days after 15 January 2024 is Wednesday, 24 April 2024.",
+        ),
+        (
+            "What is the date today in Asia/Tokyo?",
+            "dates",
+            "today(Asia/Tokyo) = 2025-06-11",
+            "Today in Asia/Tokyo is Wednesday, 11 June 2025.",
+        ),
+        (
+            "What does `sorted([3,1,2])[0]` return?",
+            "python",
+            "python: sorted([3,1,2])[0] -> 1",
+            "`sorted([3,1,2])[0]` evaluates to 1.",
+        ),
+        (
+            "How many lines are in notes.txt?",
+            "files",
+            "contents of notes.txt (11 bytes)",
+            "The file notes.txt has 2 lines.",
+        ),
     ],
 )
 def test_tool_arm_dispatches_to_each_tool(tool_arm, question, tool, claim, evidence):
@@ -319,8 +345,7 @@ def test_tool_arm_computes_bigbench_arithmetic():
     right = 0
     for row in rows:
         draft = str(int(row["answers"][0]) + 10)
-        found = arm.ground(Query(span=draft, question=row["question"], sentence=f"The answer is {draft}"),
-                           FAR_DEADLINE)
+        found = arm.ground(Query(span=draft, question=row["question"], sentence=f"The answer is {draft}"), FAR_DEADLINE)
         right += bool(found) and found[0].detail["output"] == row["answers"][0]
     assert right == len(rows)
 
@@ -334,8 +359,11 @@ def test_tool_arm_never_grounds_word_problems_wrong():
             found = arm.ground(Query(span="", question=row["question"], sentence=""), FAR_DEADLINE)
         except ArmError:
             continue
-        if found and found[0].source == "tool:calculator" and Fraction(found[0].detail["output"]) != Fraction(
-                row["answers"][0]):
+        if (
+            found
+            and found[0].source == "tool:calculator"
+            and Fraction(found[0].detail["output"]) != Fraction(row["answers"][0])
+        ):
             wrong.append(row["question"])
         elif found and found[0].source != "tool:calculator":
             wrong.append(f"{found[0].source}: {row['question']}")

@@ -20,9 +20,21 @@ from surprisegate.errors import InputError
 
 @pytest.mark.parametrize(
     ("written", "unit"),
-    [("kilometres", "kilometer"), ("KM", None), ("km", "kilometer"), ("Miles", "mile"), ("F", "degree_Fahrenheit"),
-     ("f", None), ("°C", "degree_Celsius"), ("degrees F", "degree_Fahrenheit"), ("degrees Celsius", "degree_Celsius"),
-     ("in", None), ("mph", "mile / hour"), ("square feet", "foot ** 2"), ("apples", None)],
+    [
+        ("kilometres", "kilometer"),
+        ("KM", None),
+        ("km", "kilometer"),
+        ("Miles", "mile"),
+        ("F", "degree_Fahrenheit"),
+        ("f", None),
+        ("°C", "degree_Celsius"),
+        ("degrees F", "degree_Fahrenheit"),
+        ("degrees Celsius", "degree_Celsius"),
+        ("in", None),
+        ("mph", "mile / hour"),
+        ("square feet", "foot ** 2"),
+        ("apples", None),
+    ],
 )
 def test_unit_for(written, unit):
     # Symbols are case-sensitive ("F" is Fahrenheit, "f" nothing) and "in" is never inches.
@@ -53,8 +65,17 @@ def test_extract_conversion(text, value, source, target):
 
 @pytest.mark.parametrize(
     "text",
-    ["", "What is 37 times 48?", "I ran 5 km in 30 minutes", "convert 3 apples to pears", "He is 6 ft to the core",
-     "from 9 am to 5 pm", "How many feet tall is the Eiffel tower?", "Is port 8080 open?", "5 km in km"],
+    [
+        "",
+        "What is 37 times 48?",
+        "I ran 5 km in 30 minutes",
+        "convert 3 apples to pears",
+        "He is 6 ft to the core",
+        "from 9 am to 5 pm",
+        "How many feet tall is the Eiffel tower?",
+        "Is port 8080 open?",
+        "5 km in km",
+    ],
 )
 def test_no_conversion(text):
     assert extract_conversion(text) is None
@@ -114,9 +135,17 @@ def test_convert_refuses_bad_input(args, fragment):
 
 @needs_pint
 def test_conversion_evidence_shape():
-    evidence = conversion_evidence(convert_conversion(extract_conversion("How many kilometres is 26.2 miles?")), "question")
+    evidence = conversion_evidence(
+        convert_conversion(extract_conversion("How many kilometres is 26.2 miles?")), "question"
+    )
     assert evidence.source == "tool:units"
     assert evidence.observable == 1.0
     assert evidence.claim == "26.2 mi = 42.1648 km"
-    assert evidence.detail == {"tool": "units", "input": "26.2 mile -> kilometer", "output": "42.1648 km",
-                               "sandbox": "none", "exact": False, "field": "question"}
+    assert evidence.detail == {
+        "tool": "units",
+        "input": "26.2 mile -> kilometer",
+        "output": "42.1648 km",
+        "sandbox": "none",
+        "exact": False,
+        "field": "question",
+    }

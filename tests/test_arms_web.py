@@ -37,8 +37,8 @@ from surprisegate.arms.web import (
     search_text,
     strip_html,
 )
-from surprisegate.grounding import ground_round
 from surprisegate.errors import ArmError, ConfigError
+from surprisegate.grounding import ground_round
 
 WIRE = Path(__file__).resolve().parents[2] / "shared" / "wire"
 needs_wire = pytest.mark.skipif(not WIRE.is_dir(), reason="shared/wire is not present")
@@ -87,8 +87,15 @@ class FakeServer:
             def _answer(self):
                 parts = urlsplit(self.path)
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                fake.seen.append(Seen(self.command, parts.path, parse_qs(parts.query),
-                                      {k.lower(): v for k, v in self.headers.items()}, body))
+                fake.seen.append(
+                    Seen(
+                        self.command,
+                        parts.path,
+                        parse_qs(parts.query),
+                        {k.lower(): v for k, v in self.headers.items()},
+                        body,
+                    )
+                )
                 reply = fake.routes.get(parts.path, Reply(404, b'{"error": "no such path"}'))
                 if reply.delay_s:
                     time.sleep(reply.delay_s)
@@ -213,7 +220,9 @@ def test_hung_tls_handshake_cannot_stall_the_round(silent_server):
 
 
 def test_slow_server_cannot_stall_the_round(fake_server):
-    server = fake_server({"/search": Reply(200, wire("searxng_search.json") if WIRE.is_dir() else b"{}", delay_s=DEADLINE_S + 1.0)})
+    server = fake_server(
+        {"/search": Reply(200, wire("searxng_search.json") if WIRE.is_dir() else b"{}", delay_s=DEADLINE_S + 1.0)}
+    )
     outcome, overshoot = ground_timed(WebArm(SearxngSearch(base_url=server.url, env={})))
     assert isinstance(outcome, WebTimeout)
     assert overshoot < OVERSHOOT_S, f"returned {overshoot * 1000:.0f} ms after the deadline"
@@ -232,7 +241,9 @@ def test_controller_round_ends_on_time_with_a_hung_resolver(monkeypatch):
     monkeypatch.setattr(web, "resolve_address", lambda host, port: release.wait(30))
     deadline = time.monotonic() + DEADLINE_S
     try:
-        chosen, reports = ground_round({"web": WebArm(SearxngSearch(base_url="http://x.invalid", env={}))}, ["web"], PARIS, deadline)
+        chosen, reports = ground_round(
+            {"web": WebArm(SearxngSearch(base_url="http://x.invalid", env={}))}, ["web"], PARIS, deadline
+        )
     finally:
         release.set()
     assert chosen is None
@@ -252,10 +263,12 @@ def test_refused_connection_is_unavailable():
 def test_wikipedia_slow_summaries_fall_back_to_snippets(fake_server):
     if not WIRE.is_dir():
         pytest.skip("shared/wire is not present")
-    server = fake_server({
-        "/w/api.php": Reply(200, wire("wikipedia_action_search.json")),
-        "/api/rest_v1/page/summary/Paris": Reply(200, wire("wikipedia_rest_summary.json"), delay_s=2.0),
-    })
+    server = fake_server(
+        {
+            "/w/api.php": Reply(200, wire("wikipedia_action_search.json")),
+            "/api/rest_v1/page/summary/Paris": Reply(200, wire("wikipedia_rest_summary.json"), delay_s=2.0),
+        }
+    )
     outcome, overshoot = ground_timed(WebArm(WikipediaSearch(base_url=server.url, env={}), floor=0.0), budget_s=0.5)
     assert overshoot < 0  # summaries may use 80% of what is left: the snippets go back before the deadline
     assert outcome and outcome[0].evidence.startswith("Paris is the capital and largest city of France")
@@ -276,8 +289,10 @@ def test_searxng_replay(fake_server):
     assert best.source == "web:searxng:https://en.wikipedia.org/wiki/Paris"
     assert best.evidence.startswith("Paris is the capital and largest city of France.")
     assert best.observable == 0.0 and 0.0 < best.confidence <= 1.0
-    assert {e.source for e in evidence} == {"web:searxng:https://en.wikipedia.org/wiki/Paris",
-                                            "web:searxng:https://www.britannica.com/place/Paris"}
+    assert {e.source for e in evidence} == {
+        "web:searxng:https://en.wikipedia.org/wiki/Paris",
+        "web:searxng:https://www.britannica.com/place/Paris",
+    }
 
 
 @needs_wire
@@ -298,7 +313,9 @@ def test_brave_replay(fake_server):
 def test_brave_gzip_answer(fake_server):
     body = gzip.compress(wire("brave_web_search.json"))
     server = fake_server({"/s": Reply(200, body, headers=(("Content-Encoding", "gzip"),))})
-    results = BraveSearch(api_key="k", base_url=f"{server.url}/s", env={}).search("capital of france", 3, time.monotonic() + 5)
+    results = BraveSearch(api_key="k", base_url=f"{server.url}/s", env={}).search(
+        "capital of france", 3, time.monotonic() + 5
+    )
     assert [r.url for r in results] == ["https://en.wikipedia.org/wiki/Paris", "https://www.britannica.com/place/Paris"]
     assert server.seen[0].headers["accept-encoding"] == "gzip"
 
@@ -320,20 +337,28 @@ def test_tavily_replay(fake_server):
 
 @needs_wire
 def test_wikipedia_action_replay_with_summaries(fake_server):
-    server = fake_server({
-        "/w/api.php": Reply(200, wire("wikipedia_action_search.json")),
-        "/api/rest_v1/page/summary/Paris": Reply(200, wire("wikipedia_rest_summary.json")),
-        # No route for List_of_capitals_of_France: its 404 keeps the search snippet.
-    })
+    server = fake_server(
+        {
+            "/w/api.php": Reply(200, wire("wikipedia_action_search.json")),
+            "/api/rest_v1/page/summary/Paris": Reply(200, wire("wikipedia_rest_summary.json")),
+            # No route for List_of_capitals_of_France: its 404 keeps the search snippet.
+        }
+    )
     evidence = WebArm(WikipediaSearch(base_url=server.url, env={}), floor=0.0).ground(PARIS, time.monotonic() + 5)
     search = next(s for s in server.seen if s.path == "/w/api.php")
     assert search.params["action"] == ["query"] and search.params["list"] == ["search"]
     assert search.params["format"] == ["json"] and search.params["formatversion"] == ["2"]
     assert search.params["srsearch"] == ["capital france"]  # keywords: the API ANDs every word
     assert "surprisegate" in search.headers["user-agent"]
-    assert {s.path for s in server.seen} >= {"/api/rest_v1/page/summary/Paris", "/api/rest_v1/page/summary/List_of_capitals_of_France"}
+    assert {s.path for s in server.seen} >= {
+        "/api/rest_v1/page/summary/Paris",
+        "/api/rest_v1/page/summary/List_of_capitals_of_France",
+    }
     by_source = {e.source: e for e in evidence}
-    assert by_source["web:wikipedia:https://en.wikipedia.org/wiki/Paris"].evidence == "Paris is the capital and largest city of France."
+    assert (
+        by_source["web:wikipedia:https://en.wikipedia.org/wiki/Paris"].evidence
+        == "Paris is the capital and largest city of France."
+    )
     capitals = by_source[f"web:wikipedia:{server.url}/wiki/List_of_capitals_of_France"]
     assert capitals.evidence == "This is a chronological list of capitals of France."  # snippet, tags stripped
 
@@ -351,8 +376,12 @@ def test_wikipedia_rest_replay(fake_server):
 def test_wikipedia_retries_with_names_when_keywords_find_nothing(fake_server):
     empty = json.dumps({"batchcomplete": True, "query": {"searchinfo": {"totalhits": 0}, "search": []}}).encode()
     server = fake_server({"/w/api.php": Reply(200, empty)})
-    query = Query(span="", question="Which magazine was started first, Arthur's Magazine or First for Women?", sentence="")
-    assert WebArm(WikipediaSearch(base_url=server.url, summaries=False, env={})).ground(query, time.monotonic() + 5) == []
+    query = Query(
+        span="", question="Which magazine was started first, Arthur's Magazine or First for Women?", sentence=""
+    )
+    assert (
+        WebArm(WikipediaSearch(base_url=server.url, summaries=False, env={})).ground(query, time.monotonic() + 5) == []
+    )
     assert len(server.seen) == 2
     keywords, names = (seen.params["srsearch"][0].split() for seen in server.seen)
     assert "started" in keywords and "which" not in keywords
@@ -379,8 +408,12 @@ def test_brave_rate_and_quota_limits(fake_server):
     limited = json.loads(wire("brave_errors.json"))["rate_limited_429"]
     quota = json.loads(json.dumps(limited))
     quota["error"]["code"] = "QUOTA_LIMITED"  # same envelope, other code (no separate sample in shared/wire)
-    server = fake_server({"/s": Reply(429, wire_part("brave_errors.json", "rate_limited_429")),
-                          "/q": Reply(429, json.dumps(quota).encode())})
+    server = fake_server(
+        {
+            "/s": Reply(429, wire_part("brave_errors.json", "rate_limited_429")),
+            "/q": Reply(429, json.dumps(quota).encode()),
+        }
+    )
     outcome, _ = ground_timed(brave_arm(server), budget_s=5)
     assert isinstance(outcome, WebRateLimited)
     assert str(outcome) == "brave: 429 RATE_LIMITED (plan Free: 1 request/s) — slow down or upgrade the plan"
@@ -414,7 +447,10 @@ def test_keys_and_urls_come_from_env(fake_server):
     assert SearxngSearch(env={"SURPRISEGATE_SEARXNG_URL": "http://h:1/searx/"}).search_url == "http://h:1/searx/search"
     assert SearxngSearch(env={}).search_url == "http://127.0.0.1:8888/search"
     assert TavilySearch(env={"TAVILY_API_KEY": "tvly-x"}).problem() is None
-    assert WikipediaSearch(env={"SURPRISEGATE_WIKIPEDIA_URL": "https://de.wikipedia.org/"}).base_url == "https://de.wikipedia.org"
+    assert (
+        WikipediaSearch(env={"SURPRISEGATE_WIKIPEDIA_URL": "https://de.wikipedia.org/"}).base_url
+        == "https://de.wikipedia.org"
+    )
     assert "surprisegate" in SearxngSearch(env={}).user_agent
     assert SearxngSearch(env={"SURPRISEGATE_USER_AGENT": "me@example.org"}).user_agent == "me@example.org"
 
@@ -422,15 +458,21 @@ def test_keys_and_urls_come_from_env(fake_server):
 @needs_wire
 def test_tavily_unauthorized(fake_server):
     server = fake_server({"/search": Reply(401, wire_part("tavily_errors.json", "unauthorized_401"))})
-    outcome, _ = ground_timed(WebArm(TavilySearch(api_key="tvly-bad", base_url=f"{server.url}/search", env={})), budget_s=5)
+    outcome, _ = ground_timed(
+        WebArm(TavilySearch(api_key="tvly-bad", base_url=f"{server.url}/search", env={})), budget_s=5
+    )
     assert isinstance(outcome, WebKeyError)
     assert str(outcome) == "tavily: 401 Unauthorized: missing or invalid API key. — set TAVILY_API_KEY to a valid key"
 
 
 @needs_wire
 def test_tavily_bad_request_and_usage_limit(fake_server):
-    server = fake_server({"/bad": Reply(400, wire_part("tavily_errors.json", "bad_request_400_INFERRED")),
-                          "/limit": Reply(432, b'{"detail": {"error": "This request exceeds your plan\'s set usage limit."}}')})
+    server = fake_server(
+        {
+            "/bad": Reply(400, wire_part("tavily_errors.json", "bad_request_400_INFERRED")),
+            "/limit": Reply(432, b'{"detail": {"error": "This request exceeds your plan\'s set usage limit."}}'),
+        }
+    )
     with pytest.raises(WebBadResponse, match="tavily: 400 Invalid request: query is required."):
         TavilySearch(api_key="k", base_url=f"{server.url}/bad", env={}).search("x", 3, time.monotonic() + 5)
     with pytest.raises(WebRateLimited, match="tavily: 432 usage limit reached: This request exceeds"):
@@ -451,13 +493,18 @@ def test_searxng_json_disabled(fake_server):
 
 
 def test_searxng_rate_limit_query_error_and_not_json(fake_server):
-    server = fake_server({
-        "/a/search": Reply(429, b"Too Many Requests", content_type="text/plain", headers=(("Retry-After", "7"),)),
-        "/b/search": Reply(200, b'{"error": "search error"}'),
-        "/c/search": Reply(200, b"<html>hello</html>", content_type="text/html"),
-        "/d/search": Reply(502, b"Bad Gateway", content_type="text/plain"),
-    })
-    search = lambda path: SearxngSearch(base_url=f"{server.url}{path}", env={}).search("q", 3, time.monotonic() + 5)
+    server = fake_server(
+        {
+            "/a/search": Reply(429, b"Too Many Requests", content_type="text/plain", headers=(("Retry-After", "7"),)),
+            "/b/search": Reply(200, b'{"error": "search error"}'),
+            "/c/search": Reply(200, b"<html>hello</html>", content_type="text/html"),
+            "/d/search": Reply(502, b"Bad Gateway", content_type="text/plain"),
+        }
+    )
+
+    def search(path):
+        return SearxngSearch(base_url=f"{server.url}{path}", env={}).search("q", 3, time.monotonic() + 5)
+
     with pytest.raises(WebRateLimited, match="searxng: 429 rate limited Too Many Requests — wait 7 s and retry"):
         search("/a")
     with pytest.raises(WebBadResponse, match="searxng: search error"):
@@ -478,13 +525,29 @@ def test_error_status_lands_in_the_controller_report():
 # --------------------------------------------------------------------------------------------
 # cache, query building, evidence
 # --------------------------------------------------------------------------------------------
-SEARX_BODY = json.dumps({"query": "q", "results": [
-    {"url": "https://corpus.local/paris", "title": "Paris", "score": 2.0,
-     "content": "Paris has many museums. Paris is the capital and largest city of France. The Seine flows through it."},
-    {"url": "https://corpus.local/lyon", "title": "Lyon", "score": 1.0,
-     "content": "Lyon is the third-largest city of France. It is known for its cuisine."},
-    {"url": "https://corpus.local/cake", "title": "Cake", "score": 0.5, "content": "A cake is a sweet food."},
-]}).encode()
+SEARX_BODY = json.dumps(
+    {
+        "query": "q",
+        "results": [
+            {
+                "url": "https://corpus.local/paris",
+                "title": "Paris",
+                "score": 2.0,
+                "content": (
+                    "Paris has many museums. Paris is the capital and largest city of France. The Seine flows "
+                    "through it."
+                ),
+            },
+            {
+                "url": "https://corpus.local/lyon",
+                "title": "Lyon",
+                "score": 1.0,
+                "content": "Lyon is the third-largest city of France. It is known for its cuisine.",
+            },
+            {"url": "https://corpus.local/cake", "title": "Cake", "score": 0.5, "content": "A cake is a sweet food."},
+        ],
+    }
+).encode()
 
 
 def test_cache_hit_on_identical_query(fake_server):
@@ -578,14 +641,22 @@ def test_span_only_reranks_lightly():
     evidence = web.results_to_evidence([result], PARIS, "x", searched=PARIS.question, floor=0.0, max_sentences=1)
     assert evidence[0].evidence == "The capital of France is Paris."
     assert search_text(PARIS) == "What is the capital of France?"  # the span is not searched
-    assert search_text(Query(span="Lyon", question="", sentence="The capital of France is Lyon")) == "The capital of France is Lyon"
+    assert (
+        search_text(Query(span="Lyon", question="", sentence="The capital of France is Lyon"))
+        == "The capital of France is Lyon"
+    )
     assert len(search_text(Query(span="", question="word " * 200, sentence="")).split()) == 50
 
 
 def test_glued_paragraphs_split_into_sentences():
-    result = web.SearchResult("u", "", "Arthur's Magazine (1844–1846) was an American periodical.First for Women is a woman's magazine.", 0)
+    result = web.SearchResult(
+        "u", "", "Arthur's Magazine (1844–1846) was an American periodical.First for Women is a woman's magazine.", 0
+    )
     query = Query(span="", question="Who publishes First for Women?", sentence="")
-    assert web.results_to_evidence([result], query, "x", searched=query.question, floor=0.0, max_sentences=1)[0].evidence == "First for Women is a woman's magazine."
+    assert (
+        web.results_to_evidence([result], query, "x", searched=query.question, floor=0.0, max_sentences=1)[0].evidence
+        == "First for Women is a woman's magazine."
+    )
 
 
 def test_strip_html():
@@ -612,8 +683,10 @@ def test_arm_protocol_and_config_errors():
 def test_against_the_local_search_server(tmp_path):
     from surprisegate.websearch_server import serve
 
-    corpus = [{"doc_id": "fr", "text": "Lyon is a city in France. Paris is the capital of France."},
-              {"doc_id": "de", "text": "Berlin is the capital of Germany."}]
+    corpus = [
+        {"doc_id": "fr", "text": "Lyon is a city in France. Paris is the capital of France."},
+        {"doc_id": "de", "text": "Berlin is the capital of Germany."},
+    ]
     with serve(corpus) as server:
         evidence = WebArm(SearxngSearch(base_url=server.url, env={})).ground(PARIS, time.monotonic() + 5)
         assert server.requests_served == 1
@@ -632,7 +705,9 @@ def test_halueval_through_the_arm(shared_data):
     with serve(corpus) as server:
         arm = WebArm(SearxngSearch(base_url=server.url, env={}))
         for row in rows:
-            query = Query(span=row["hallucinated_answer"], question=row["question"], sentence=row["hallucinated_answer"])
+            query = Query(
+                span=row["hallucinated_answer"], question=row["question"], sentence=row["hallucinated_answer"]
+            )
             ids = [doc_id_from_url(e.detail["url"]) for e in arm.ground(query, time.monotonic() + 5)]
             gold = gold_by_text[row["evidence"].strip()]
             in_evidence += gold in ids

@@ -16,7 +16,7 @@ LOGIT_TOLERANCE = 1e-3  # measured: 0.0 (same kernels, same positions); allow fl
 
 def prompt_tokens(backend, question="What is the capital of France?"):
     layout = PromptLayout.from_template(backend.chat_prompt, chat_messages(question))
-    return backend.tokenize(layout.body) + backend.tokenize(layout.open_assistant)
+    return layout.body_tokens(backend.tokenize) + layout.open_tokens(backend.tokenize)
 
 
 def greedy(backend, logits, n):
@@ -38,8 +38,8 @@ def test_trim_then_redecode_matches_a_fresh_run(llama_backend):
     assert b.trim(K) == K
     assert b.n_tokens == len(prompt) + N - K
     re_tokens, re_logits = greedy(b, b.logits(), K)
-    assert re_tokens == fresh_tokens[N - K:]
-    for got, want in zip(re_logits, fresh_logits[N - K:]):
+    assert re_tokens == fresh_tokens[N - K :]
+    for got, want in zip(re_logits, fresh_logits[N - K :], strict=True):
         assert np.max(np.abs(got - want)) <= LOGIT_TOLERANCE
 
 
@@ -75,12 +75,13 @@ def test_trim_returns_what_it_dropped(llama_backend):
 
 def test_special_tokens_and_bytes(llama_backend):
     b = llama_backend
-    assert len(b.tokenize("<|im_start|>")) == 1
-    assert b.tokenize("<|im_end|>")[0] in b.eos_token_ids
+    assert len(b.tokenize("<|im_start|>", special=True)) == 1  # template text: the control token
+    assert len(b.tokenize("<|im_start|>")) > 1  # text from outside: its letters
+    assert b.tokenize("<|im_end|>", special=True)[0] in b.eos_token_ids
     text = "Ouagadougou, Zürich, naïve café — 東京 🙂"
     ids = b.tokenize(text)
     assert b"".join(b.token_bytes(t) for t in ids).decode("utf-8") == text
-    assert b.token_bytes(b.tokenize("<|im_end|>")[0]) == b""
+    assert b.token_bytes(b.tokenize("<|im_end|>", special=True)[0]) == b""
 
 
 def test_logits_are_a_fresh_view_per_step_and_detection_only_reads(llama_backend):

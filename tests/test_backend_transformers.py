@@ -16,10 +16,10 @@ import pytest
 # Nothing may be fetched from a model hub; huggingface_hub reads this when it is first imported.
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-from surprisegate.backends import SteerableBackend  # noqa: E402
-from surprisegate.backends.registry import open_backend as load_backend  # noqa: E402
-from surprisegate.backends.transformers import from_transformers  # noqa: E402
-from surprisegate.errors import (  # noqa: E402
+from surprisegate.backends import SteerableBackend
+from surprisegate.backends.registry import open_backend as load_backend
+from surprisegate.backends.transformers import from_transformers
+from surprisegate.errors import (
     BackendError,
     ConfigError,
     InputError,
@@ -74,18 +74,14 @@ def test_token_bytes_undo_sentencepiece_byte_fallback():
 
     vocab = {"<unk>": 0, "<s>": 1, "\u2581h": 2, "\u2581": 3, "h": 4, "i": 5}
     vocab.update({f"<0x{b:02X}>": 6 + b for b in range(256)})
-    bpe = tokenizers.models.BPE(
-        vocab=vocab, merges=[("\u2581", "h")], unk_token="<unk>", byte_fallback=True
-    )
+    bpe = tokenizers.models.BPE(vocab=vocab, merges=[("\u2581", "h")], unk_token="<unk>", byte_fallback=True)
     tokenizer = tokenizers.Tokenizer(bpe)
     tokenizer.normalizer = tokenizers.normalizers.Sequence(
         [tokenizers.normalizers.Prepend("\u2581"), tokenizers.normalizers.Replace(" ", "\u2581")]
     )
     d = tokenizers.decoders
     tokenizer.decoder = d.Sequence([d.Replace("\u2581", " "), d.ByteFallback(), d.Fuse()])
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<s>", unk_token="<unk>"
-    )
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", unk_token="<unk>")
     table = _build_token_bytes_table(fast)
     ids = fast.encode("hi é😀", add_special_tokens=False)
     assert b"".join(table[i] for i in ids) == " hi é😀".encode()
@@ -117,7 +113,7 @@ def greedy(backend, logits: np.ndarray, n: int) -> tuple[list[int], list[np.ndar
 
 
 def prompt_tokens(backend) -> list[int]:
-    return backend.tokenize(backend.chat_prompt(QUESTION))
+    return backend.tokenize(backend.chat_prompt(QUESTION), special=True)  # the rendered template
 
 
 @pytest.mark.slow
@@ -126,7 +122,7 @@ def test_satisfies_protocol(backend):
     assert backend.name == "transformers"
     assert backend.model_id.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
     # <|im_end|> ends a turn; <|endoftext|> ends the document (llama.cpp treats both as end).
-    assert set(backend.tokenize("<|im_end|><|endoftext|>")) == backend.eos_token_ids
+    assert set(backend.tokenize("<|im_end|><|endoftext|>", special=True)) == backend.eos_token_ids
     assert backend.can_trim()
 
 
@@ -147,7 +143,7 @@ def test_trim_then_redecode_matches_fresh_run(backend):
 
     redecoded_tokens, redecoded_logits = greedy(backend, recomputed, TRIM_TOKENS)
     assert redecoded_tokens == fresh_tokens[kept:]
-    for again, fresh in zip(redecoded_logits, fresh_logits[kept:]):
+    for again, fresh in zip(redecoded_logits, fresh_logits[kept:], strict=True):
         np.testing.assert_allclose(again, fresh, rtol=0, atol=LOGITS_ATOL)
     reply = b"".join(backend.token_bytes(t) for t in fresh_tokens).decode("utf-8", "replace")
     assert "Paris" in reply
@@ -212,9 +208,10 @@ def test_cache_tracks_context_without_growing_memory(backend):
 
 
 @pytest.mark.slow
-def test_tokenize_parses_special_tokens_and_adds_no_bos(backend):
-    im_start = backend.tokenize("<|im_start|>")
+def test_tokenize_parses_special_tokens_only_as_template_and_adds_no_bos(backend):
+    im_start = backend.tokenize("<|im_start|>", special=True)
     assert len(im_start) == 1
+    assert im_start[0] not in backend.tokenize("<|im_start|>")  # text from outside stays its letters
     assert backend.token_bytes(im_start[0]) == b""  # control tokens have no visible text
     assert backend.tokenize("Hello")[0] not in im_start  # SmolLM2's BOS is <|im_start|>
     assert backend.tokenize("") == []

@@ -54,26 +54,32 @@ def test_an_empty_context_is_refused():
         session.steps([], Sampling())
 
 
-@pytest.mark.parametrize("spec, name, address", [
-    ("llamacpp", "llamacpp", {}),
-    ("transformers", "transformers", {}),
-    ("llama-server://127.0.0.1:8080", "llama-server", {"host": "127.0.0.1", "port": 8080, "tls": False}),
-    ("vllm+https://gpu.example:443", "vllm", {"host": "gpu.example", "port": 443, "tls": True}),
-    (" openai ", "openai", {}),
-])
+@pytest.mark.parametrize(
+    "spec, name, address",
+    [
+        ("llamacpp", "llamacpp", {}),
+        ("transformers", "transformers", {}),
+        ("llama-server://127.0.0.1:8080", "llama-server", {"host": "127.0.0.1", "port": 8080, "tls": False}),
+        ("vllm+https://gpu.example:443", "vllm", {"host": "gpu.example", "port": 443, "tls": True}),
+        (" openai ", "openai", {}),
+    ],
+)
 def test_the_registry_reads_names_and_uris(spec, name, address):
     entry, parsed = parse_backend(spec)
     assert entry.name == name and parsed == address
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("llamacp", "not a known backend"),
-    ("", "empty"),
-    ("vllm", "not a known backend"),  # a server needs its address
-    ("openai://api.openai.com:443", "not a server scheme"),
-    ("vllm+ftp://h:1", "not a server scheme"),
-    ("vllm://host-only", "needs a host and a port"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("llamacp", "not a known backend"),
+        ("", "empty"),
+        ("vllm", "not a known backend"),  # a server needs its address
+        ("openai://api.openai.com:443", "not a server scheme"),
+        ("vllm+ftp://h:1", "not a server scheme"),
+        ("vllm://host-only", "needs a host and a port"),
+    ],
+)
 def test_bad_backend_specs_are_config_errors_naming_the_fix(spec, message):
     with pytest.raises(ConfigError, match=message):
         parse_backend(spec)

@@ -11,14 +11,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from surprisegate.research.calibrate import (Labelled, auroc, calibrate, choose, fit_kind_model, kind_scores, kind_thresholds,
-                                    window_peak)
 from surprisegate.config import load_config
+from surprisegate.research.calibrate import (
+    Labelled,
+    auroc,
+    calibrate,
+    choose,
+    fit_kind_model,
+    kind_scores,
+    kind_thresholds,
+    window_peak,
+)
 
 
 def brute_auroc(scores, labels):
-    pos = [s for s, y in zip(scores, labels) if y]
-    neg = [s for s, y in zip(scores, labels) if not y]
+    pos = [s for s, y in zip(scores, labels, strict=True) if y]
+    neg = [s for s, y in zip(scores, labels, strict=True) if not y]
     wins = sum(1.0 if p > n else 0.5 if p == n else 0.0 for p, n in itertools.product(pos, neg))
     return wins / (len(pos) * len(neg))
 
@@ -40,8 +48,10 @@ def test_auroc_extremes():
 
 def test_choose_objectives():
     points = [
-        {"precision": 0.95, "recall": 0.50}, {"precision": 0.90, "recall": 0.70},
-        {"precision": 0.82, "recall": 0.85}, {"precision": 0.99, "recall": 0.30},
+        {"precision": 0.95, "recall": 0.50},
+        {"precision": 0.90, "recall": 0.70},
+        {"precision": 0.82, "recall": 0.85},
+        {"precision": 0.99, "recall": 0.30},
     ]
     assert choose(points, objective="precision") == points[0]  # recall 0.3 is below the 0.5 floor
     assert choose(points, objective="recall", min_precision=0.85) == points[1]
@@ -64,7 +74,7 @@ def test_kind_thresholds_are_equivalent_to_the_score_cut():
     cut, beta = 0.3, 1.5
     glob, per_kind = kind_thresholds(model, beta, cut)
     scores = kind_scores(peaks, kinds, model, beta)
-    for peak, kind, score in zip(peaks, kinds, scores):
+    for peak, kind, score in zip(peaks, kinds, scores, strict=True):
         threshold = per_kind.get(kind, glob)
         assert (score > cut) == (peak > threshold + 1e-9) or abs(peak - threshold) < 1e-3
 
@@ -80,10 +90,18 @@ def synthetic_labels(tmp_path, n=240, seed=0):
             correct = bool(rng.random() < (0.2 if hard else 0.7))
             level = 1.0 if correct else 3.0
             k = 6
-            rec = {"id": f"q{i}", "question": "What is the capital of X?" if hard else "What is the currency of X?",
-                   "format": "qa", "category": "entity", "correct": correct, "answers": ["x"], "reply": "r",
-                   "pieces": [f" w{j}" for j in range(k)], "surprises": list(rng.normal(level, 0.8, k)),
-                   "entropies": list(rng.normal(level, 0.8, k))}
+            rec = {
+                "id": f"q{i}",
+                "question": "What is the capital of X?" if hard else "What is the currency of X?",
+                "format": "qa",
+                "category": "entity",
+                "correct": correct,
+                "answers": ["x"],
+                "reply": "r",
+                "pieces": [f" w{j}" for j in range(k)],
+                "surprises": list(rng.normal(level, 0.8, k)),
+                "entropies": list(rng.normal(level, 0.8, k)),
+            }
             fh.write(json.dumps(rec) + "\n")
     return out
 
@@ -109,9 +127,18 @@ def test_calibrate_writes_a_loadable_config_report_and_plots(tmp_path):
 def test_prepare_skips_copied_tokens_for_novel_signals():
     from surprisegate.research.calibrate import prepare
 
-    [item] = prepare([{"id": "a", "question": "What is the capital of Chad?", "correct": False,
-                       "pieces": ["The", " capital", " is", " Ko"], "surprises": [1.0, 1.0, 1.0, 5.0],
-                       "entropies": [1.0, 1.0, 1.0, 4.0]}])
+    [item] = prepare(
+        [
+            {
+                "id": "a",
+                "question": "What is the capital of Chad?",
+                "correct": False,
+                "pieces": ["The", " capital", " is", " Ko"],
+                "surprises": [1.0, 1.0, 1.0, 5.0],
+                "entropies": [1.0, 1.0, 1.0, 4.0],
+            }
+        ]
+    )
     assert isinstance(item, Labelled)
     assert item.sequences["novel"] == [5.0] and item.sequences["surprise"] == [1.0, 1.0, 1.0, 5.0]
     assert item.kind == "capital"
@@ -140,10 +167,20 @@ def synthetic_topk_labels(tmp_path, n=160, seed=0, vocab=300, keep=20, name="top
                 surprises.append(round(s, 4))
                 entropies.append(round(h, 4))
                 top.append([[t, round(lp, 4)] for t, lp in top_logprobs(logits, keep)])
-            rec = {"id": f"q{i}", "question": "What is the capital of X?" if hard else "What is the currency of X?",
-                   "format": "qa", "category": "entity", "correct": correct, "answers": ["x"], "reply": "r",
-                   "pieces": [f" w{j}" for j in range(6)], "surprises": surprises, "entropies": entropies,
-                   "top_logprobs": top, "vocab_size": vocab}
+            rec = {
+                "id": f"q{i}",
+                "question": "What is the capital of X?" if hard else "What is the currency of X?",
+                "format": "qa",
+                "category": "entity",
+                "correct": correct,
+                "answers": ["x"],
+                "reply": "r",
+                "pieces": [f" w{j}" for j in range(6)],
+                "surprises": surprises,
+                "entropies": entropies,
+                "top_logprobs": top,
+                "vocab_size": vocab,
+            }
             fh.write(json.dumps(rec) + "\n")
     return out
 
@@ -153,17 +190,19 @@ def test_prepare_top_k_estimates_entropy_and_keeps_surprise_exact(tmp_path):
     from surprisegate.surprise import topk_entropy
 
     labels = synthetic_topk_labels(tmp_path, n=4)
-    records = [json.loads(l) for l in open(labels / "labels.jsonl")]
+    records = [json.loads(line) for line in open(labels / "labels.jsonl")]
     full = prepare(records)
     for k in (20, 5, 1):
         items = prepare(records, top_k=k)
-        for item, plain, r in zip(items, full, records):
+        for item, plain, r in zip(items, full, records, strict=True):
             assert item.sequences["surprise"] == plain.sequences["surprise"] == r["surprises"]
             assert item.sequences["entropy"] == [topk_entropy(t[:k], r["vocab_size"]) for t in r["top_logprobs"]]
     est = np.array([v for it in prepare(records, top_k=20) for v in it.sequences["entropy"]])
     exact = np.array([v for it in full for v in it.sequences["entropy"]])
-    assert np.abs(est - exact).mean() < np.abs(np.array([v for it in prepare(records, top_k=1)
-                                                         for v in it.sequences["entropy"]]) - exact).mean()
+    assert (
+        np.abs(est - exact).mean()
+        < np.abs(np.array([v for it in prepare(records, top_k=1) for v in it.sequences["entropy"]]) - exact).mean()
+    )
 
 
 def test_calibrate_top_k_runs_on_estimated_entropy(tmp_path):
@@ -196,12 +235,14 @@ def test_calibrate_cli_top_k_errors_cleanly(tmp_path):
     from surprisegate.cli import main
 
     old = synthetic_labels(tmp_path, n=10)
-    result = CliRunner().invoke(main, ["calibrate", "--labels", str(old), "--out", str(tmp_path / "c.toml"),
-                                       "--top-k", "20"])
+    result = CliRunner().invoke(
+        main, ["calibrate", "--labels", str(old), "--out", str(tmp_path / "c.toml"), "--top-k", "20"]
+    )
     assert result.exit_code == 2 and "re-run `surprisegate label" in result.output
     assert "Traceback" not in result.output
-    result = CliRunner().invoke(main, ["calibrate", "--labels", str(old), "--out", str(tmp_path / "c.json"),
-                                       "--compare-top-k", "20,x"])
+    result = CliRunner().invoke(
+        main, ["calibrate", "--labels", str(old), "--out", str(tmp_path / "c.json"), "--compare-top-k", "20,x"]
+    )
     assert result.exit_code == 2 and "--compare-top-k='20,x' is not a comma list" in result.output
 
 
@@ -213,8 +254,22 @@ def test_compare_top_k_writes_json_and_markdown(tmp_path):
     a = synthetic_topk_labels(tmp_path, n=120, seed=1, name="a")
     b = synthetic_topk_labels(tmp_path, n=120, seed=2, name="b")
     out = tmp_path / "cmp" / "topk.json"
-    result = CliRunner().invoke(main, ["calibrate", "--labels", str(a), "--labels", str(b), "--out", str(out),
-                                       "--compare-top-k", "20,5", "--bootstrap", "20"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "calibrate",
+            "--labels",
+            str(a),
+            "--labels",
+            str(b),
+            "--out",
+            str(out),
+            "--compare-top-k",
+            "20,5",
+            "--bootstrap",
+            "20",
+        ],
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads(out.read_text())
     assert [r["top_k"] for r in summary["rows"]] == [None, 20, 5]

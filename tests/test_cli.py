@@ -51,7 +51,9 @@ def test_model_that_is_not_gguf(runner, tmp_path):
     fake.write_bytes(b"PK\x03\x04not a gguf")
     assert_clean_error(runner.invoke(main, ["ask", "Hi?", "--model", str(fake)]), "not a GGUF file", ".gguf")
     assert_clean_error(runner.invoke(main, ["ask", "Hi?", "--model", str(tmp_path / "missing.gguf")]), "does not exist")
-    assert_clean_error(runner.invoke(main, ["ask", "Hi?", "--model", str(tmp_path)]), "is a directory", "--backend transformers")
+    assert_clean_error(
+        runner.invoke(main, ["ask", "Hi?", "--model", str(tmp_path)]), "is a directory", "--backend transformers"
+    )
 
 
 def test_bad_config_file(runner, tmp_path):
@@ -73,9 +75,21 @@ def test_receipts_show_missing_and_torn(runner, tmp_path):
     from surprisegate.receipts import ReceiptWriter, build_receipt
 
     path = tmp_path / "r.jsonl"
-    rec = build_receipt(reply_id="abc", created=0.0, model="m", backend="b", config={"mode": "detect"}, prompt="Q?",
-                        reply="A.", n_tokens=2, surprise={"n": 2, "mean": 1.0, "p90": 1.5, "max": 2.0, "tail_mass": 0.0},
-                        canary={"verdict": "confident_unanchored"}, rounds=[], mode="detect", finish_reason="stop")
+    rec = build_receipt(
+        reply_id="abc",
+        created=0.0,
+        model="m",
+        backend="b",
+        config={"mode": "detect"},
+        prompt="Q?",
+        reply="A.",
+        n_tokens=2,
+        surprise={"n": 2, "mean": 1.0, "p90": 1.5, "max": 2.0, "tail_mass": 0.0},
+        canary={"verdict": "confident_unanchored"},
+        rounds=[],
+        mode="detect",
+        finish_reason="stop",
+    )
     ReceiptWriter(path).append(rec)
     with open(path, "a") as fh:
         fh.write('{"torn": ')
@@ -87,9 +101,13 @@ def test_receipts_show_missing_and_torn(runner, tmp_path):
 def test_memory_add_and_search_json(runner, tmp_path):
     data = tmp_path / "kb.jsonl"
     data.write_text(
-        json.dumps({"kb_id": "country:BF", "title": "Burkina Faso", "text": "The capital of Burkina Faso is Ouagadougou."}) + "\n"
+        json.dumps(
+            {"kb_id": "country:BF", "title": "Burkina Faso", "text": "The capital of Burkina Faso is Ouagadougou."}
+        )
+        + "\n"
         + "{not json\n"
-        + json.dumps({"kb_id": "country:TD", "title": "Chad", "text": "The capital of Chad is N'Djamena."}) + "\n"
+        + json.dumps({"kb_id": "country:TD", "title": "Chad", "text": "The capital of Chad is N'Djamena."})
+        + "\n"
     )
     store = tmp_path / "m.sqlite"
     result = runner.invoke(main, ["memory", "add", "--memory", str(store), str(data)])
@@ -98,19 +116,37 @@ def test_memory_add_and_search_json(runner, tmp_path):
     result = runner.invoke(main, ["memory", "search", "--memory", str(store), "--json", "capital of Burkina Faso"])
     hits = json.loads(result.output)
     assert hits[0]["source"] == "country:BF" and "Ouagadougou" in hits[0]["text"]
-    assert_clean_error(runner.invoke(main, ["memory", "search", "--memory", str(tmp_path / "x.sqlite"), "q"]), "does not exist")
+    assert_clean_error(
+        runner.invoke(main, ["memory", "search", "--memory", str(tmp_path / "x.sqlite"), "q"]), "does not exist"
+    )
 
 
 def test_eval_oracle_without_budget_or_off_fails_before_the_model_loads(runner, tmp_path):
     data = tmp_path / "items.jsonl"
-    data.write_text(json.dumps({"id": "a", "question": "What is the capital of Chad?", "answers": ["N'Djamena"]}) + "\n")
-    base = ["eval", "--data", str(data), "--out", str(tmp_path / "o"), "--backend", "transformers",
-            "--model", str(tmp_path / "missing")]  # a model that cannot load: the error must come first
-    assert_clean_error(runner.invoke(main, base + ["--modes", "off,oracle"]), "--modes='off,oracle'",
-                       "add intervene to --modes", "--oracle-calls N")
+    data.write_text(
+        json.dumps({"id": "a", "question": "What is the capital of Chad?", "answers": ["N'Djamena"]}) + "\n"
+    )
+    base = [
+        "eval",
+        "--data",
+        str(data),
+        "--out",
+        str(tmp_path / "o"),
+        "--backend",
+        "transformers",
+        "--model",
+        str(tmp_path / "missing"),
+    ]  # a model that cannot load: the error must come first
+    assert_clean_error(
+        runner.invoke(main, base + ["--modes", "off,oracle"]),
+        "--modes='off,oracle'",
+        "add intervene to --modes",
+        "--oracle-calls N",
+    )
     assert_clean_error(runner.invoke(main, base + ["--modes", "intervene,oracle"]), "add off")
-    assert_clean_error(runner.invoke(main, base + ["--modes", "off,oracle", "--oracle-calls", "-2"]),
-                       "--oracle-calls=-2")
+    assert_clean_error(
+        runner.invoke(main, base + ["--modes", "off,oracle", "--oracle-calls", "-2"]), "--oracle-calls=-2"
+    )
     assert "oracle" in runner.invoke(main, ["eval", "--help"]).output
 
 
@@ -125,8 +161,11 @@ def test_ask_chat_errors_name_the_file_or_the_turn(runner, tmp_path):
 
 @pytest.mark.slow
 def test_ask_continues_a_chat_from_standard_input(runner):
-    chat = [{"role": "user", "content": "Let's talk geography."}, {"role": "assistant", "content": "Sure!"},
-            {"role": "user", "content": "What is the capital of Burkina Faso?"}]
+    chat = [
+        {"role": "user", "content": "Let's talk geography."},
+        {"role": "assistant", "content": "Sure!"},
+        {"role": "user", "content": "What is the capital of Burkina Faso?"},
+    ]
     result = runner.invoke(main, ["ask", "--mode", "intervene", "--json", "--chat", "-"], input=json.dumps(chat))
     assert result.exit_code == 0, result.output
     out = json.loads(result.output.strip().splitlines()[-1])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from surprisegate.config import Config, load_config, to_toml
@@ -14,14 +16,17 @@ def test_defaults_are_off():
     assert 1 <= c.min_tokens and c.window >= 1 and c.threshold > 0
 
 
-@pytest.mark.parametrize("env,mode", [
-    ({}, "off"),
-    ({"SURPRISE_CANARY": "1"}, "detect"),
-    ({"SURPRISE_INTERVENE": "1"}, "intervene"),
-    ({"SURPRISE_CANARY": "1", "SURPRISE_INTERVENE": "1"}, "intervene"),
-    ({"SURPRISE_CANARY": "0"}, "off"),
-    ({"SURPRISE_INTERVENE": "true"}, "off"),  # only "1" switches it on
-])
+@pytest.mark.parametrize(
+    "env,mode",
+    [
+        ({}, "off"),
+        ({"SURPRISE_CANARY": "1"}, "detect"),
+        ({"SURPRISE_INTERVENE": "1"}, "intervene"),
+        ({"SURPRISE_CANARY": "1", "SURPRISE_INTERVENE": "1"}, "intervene"),
+        ({"SURPRISE_CANARY": "0"}, "off"),
+        ({"SURPRISE_INTERVENE": "true"}, "off"),  # only "1" switches it on
+    ],
+)
 def test_env_flags(env, mode):
     assert load_config(env=env).mode == mode
 
@@ -37,27 +42,32 @@ def test_precedence_argument_beats_file_beats_env(tmp_path):
 
 
 def test_toml_round_trip(tmp_path):
-    c = Config(mode="intervene", threshold=2.75, arm_order_other=("web", "memory"), evidence_template='Say "{evidence}"')
+    c = Config(
+        mode="intervene", threshold=2.75, arm_order_other=("web", "memory"), evidence_template='Say "{evidence}"'
+    )
     p = tmp_path / "rt.toml"
     p.write_text(to_toml(c))
     assert load_config(p, env={}) == c
 
 
-@pytest.mark.parametrize("overrides,needle", [
-    ({"mode": "loud"}, "mode='loud'"),
-    ({"threshold": "abc"}, "threshold='abc'"),
-    ({"threshold": float("nan")}, "threshold=nan"),
-    ({"window": 0}, "window=0"),
-    ({"window": "sixteen"}, "window='sixteen'"),
-    ({"statistic": "median"}, "statistic='median'"),
-    ({"max_rounds": -1}, "max_rounds=-1"),
-    ({"round_deadline_s": 0}, "round_deadline_s=0"),
-    ({"relevance_floor": 2}, "relevance_floor=2"),
-    ({"arm_order_other": ("memory", "oracle")}, "arm_order_other="),
-    ({"evidence_template": "no placeholder"}, "evidence_template="),
-    ({"stream": "tty"}, "stream='tty'"),
-    ({"bogus": 1}, "unknown config key 'bogus'"),
-])
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        ({"mode": "loud"}, "mode='loud'"),
+        ({"threshold": "abc"}, "threshold='abc'"),
+        ({"threshold": float("nan")}, "threshold=nan"),
+        ({"window": 0}, "window=0"),
+        ({"window": "sixteen"}, "window='sixteen'"),
+        ({"statistic": "median"}, "statistic='median'"),
+        ({"max_rounds": -1}, "max_rounds=-1"),
+        ({"round_deadline_s": 0}, "round_deadline_s=0"),
+        ({"relevance_floor": 2}, "relevance_floor=2"),
+        ({"arm_order_other": ("memory", "oracle")}, "arm_order_other="),
+        ({"evidence_template": "no placeholder"}, "evidence_template="),
+        ({"stream": "tty"}, "stream='tty'"),
+        ({"bogus": 1}, "unknown config key 'bogus'"),
+    ],
+)
 def test_invalid_values_name_key_value_and_fix(overrides, needle):
     with pytest.raises(ConfigError) as err:
         load_config(overrides=overrides, env={})
@@ -85,7 +95,7 @@ def test_bad_file_is_named(tmp_path):
 
 def test_config_is_frozen():
     c = Config()
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         c.mode = "intervene"  # type: ignore[misc]
     assert c.replace(mode="detect").mode == "detect" and c.mode == "off"
 
@@ -96,6 +106,9 @@ def test_tool_results_use_their_own_template():
 
     c = Config(evidence_template="Use: {evidence} ({source})", tool_evidence_template="Fact: {evidence}")
     assert evidence_text(c, Evidence("c", "The capital is X.", 0.9, "memory:a")) == "Use: The capital is X. (memory:a)"
-    assert evidence_text(c, Evidence("c", "The answer is 4.", 1.0, "tool:calculator", observable=1.0)) == "Fact: The answer is 4."
+    assert (
+        evidence_text(c, Evidence("c", "The answer is 4.", 1.0, "tool:calculator", observable=1.0))
+        == "Fact: The answer is 4."
+    )
     with pytest.raises(ConfigError, match="tool_evidence_template"):
         Config(tool_evidence_template="no placeholder")

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from surprisegate.arms import Evidence
-from surprisegate.config import Config
 from surprisegate.backends import Sampling
+from surprisegate.config import Config
 from surprisegate.controller import generate, stream
 from surprisegate.events import Rewind, Token, Trigger
 from surprisegate.surprise import RollingWindow
@@ -22,7 +22,10 @@ RIGHT = "The capital is Rightburg."
 
 
 def script_testland(context: str):
-    if "Rightburg" in context.split("<|im_start|>assistant\n", 1)[-1] or "The capital of Testland is Rightburg.\nAnswer the user" in context:
+    if (
+        "Rightburg" in context.split("<|im_start|>assistant\n", 1)[-1]
+        or "The capital of Testland is Rightburg.\nAnswer the user" in context
+    ):
         return plan(RIGHT)
     return plan(WRONG, doubtful="Wrongville")
 
@@ -41,13 +44,26 @@ class StaticArm:
         return self.evidence
 
 
-RIGHT_EVIDENCE = Evidence(claim="capital of Testland", evidence="The capital of Testland is Rightburg.",
-                          confidence=0.9, source="memory:country:TL")
+RIGHT_EVIDENCE = Evidence(
+    claim="capital of Testland",
+    evidence="The capital of Testland is Rightburg.",
+    confidence=0.9,
+    source="memory:country:TL",
+)
 
 
 def cfg(**kw):
-    base = dict(mode="intervene", signal="surprise", statistic="max", window=4, threshold=3.0, min_tokens=1,
-                max_tokens=60, system_prompt="", kind_thresholds={})
+    base = dict(
+        mode="intervene",
+        signal="surprise",
+        statistic="max",
+        window=4,
+        threshold=3.0,
+        min_tokens=1,
+        max_tokens=60,
+        system_prompt="",
+        kind_thresholds={},
+    )
     return Config(**(base | kw))
 
 
@@ -65,7 +81,8 @@ def test_a_step_reads_logits_without_writing():
     step = sampling.step(logits, token, b"x")
     s, h = step.surprise, step.entropy
     assert token == 1
-    p = np.exp(logits - logits.max()); p /= p.sum()
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
     assert s == pytest.approx(-np.log2(p[1]), rel=1e-6)
     assert h == pytest.approx(-(p * np.log2(p)).sum(), rel=1e-6)
     np.testing.assert_array_equal(logits, before)
@@ -83,7 +100,9 @@ def test_detect_mode_scores_every_token_with_the_scripted_surprise():
     assert done.receipt["would_trigger"][0]["token_index"] == wrong_start
 
 
-@pytest.mark.parametrize("statistic,window,threshold", [("max", 4, 3.0), ("mean", 4, 3.0), ("mean", 8, 2.0), ("p90", 6, 4.0)])
+@pytest.mark.parametrize(
+    "statistic,window,threshold", [("max", 4, 3.0), ("mean", 4, 3.0), ("mean", 8, 2.0), ("p90", 6, 4.0)]
+)
 def test_trigger_fires_at_the_exact_token(statistic, window, threshold):
     config = cfg(statistic=statistic, window=window, threshold=threshold)
     _, events, _ = run(config, {"memory": StaticArm("memory", [RIGHT_EVIDENCE])})
@@ -120,7 +139,7 @@ def test_rewind_drops_the_span_injects_evidence_and_fixes_the_reply(injection):
     trigger = next(e for e in events if isinstance(e, Trigger))
     assert record["action"] == "rewound"
     assert record["tokens_dropped"] == trigger.token_index - trigger.span_start + 1
-    assert record["dropped_text"] == WRONG[trigger.span_start: trigger.token_index + 1]
+    assert record["dropped_text"] == WRONG[trigger.span_start : trigger.token_index + 1]
     # The triggering token was never fed, so the cache loses one token fewer than the span; system_turn
     # also drops the assistant header and the kept prefix, to put the evidence before a fresh turn.
     # The session keeps the longest common prefix: the new system turn starts with the same <|im_start|>.
@@ -157,17 +176,22 @@ def test_max_rounds_bounds_interventions():
         return plan(WRONG, doubtful="Wrongville")  # evidence never helps
 
     for max_rounds in (0, 1, 2, 3):
-        _, events, done = run(cfg(max_rounds=max_rounds), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, script=stubborn)
+        _, events, done = run(
+            cfg(max_rounds=max_rounds), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, script=stubborn
+        )
         assert len(done.rounds) == max_rounds
         assert sum(isinstance(e, Trigger) for e in events) == max_rounds
         assert done.text == WRONG
 
 
-@pytest.mark.parametrize("arm", [
-    StaticArm("memory", []),  # empty grounding
-    StaticArm("memory", [RIGHT_EVIDENCE], delay=0.6),  # slower than the round deadline
-    StaticArm("memory", [RIGHT_EVIDENCE], error=RuntimeError("store offline")),
-])
+@pytest.mark.parametrize(
+    "arm",
+    [
+        StaticArm("memory", []),  # empty grounding
+        StaticArm("memory", [RIGHT_EVIDENCE], delay=0.6),  # slower than the round deadline
+        StaticArm("memory", [RIGHT_EVIDENCE], error=RuntimeError("store offline")),
+    ],
+)
 def test_failed_grounding_gives_the_detect_mode_reply(arm):
     _, _, detect = run(cfg(mode="detect"))
     started = time.monotonic()
@@ -215,7 +239,7 @@ def test_emit_stream_sends_rewind_events_a_consumer_can_apply():
             saw_wrong |= "W" in e.text
         elif isinstance(e, Rewind):
             assert e.n_tokens > 0
-            del screen[len(screen) - e.n_tokens:]
+            del screen[len(screen) - e.n_tokens :]
     assert saw_wrong  # emit shows tokens at once ...
     assert "".join(screen) == done.text == RIGHT  # ... and the rewind retracts them
 
@@ -234,8 +258,17 @@ def test_window_resets_after_a_round_and_the_receipt_records_it():
     receipt = result.receipt
     assert receipt["config"]["threshold"] == 3.0 and receipt["mode"] == "intervene"
     (record,) = receipt["rounds"]
-    for key in ("trigger", "span_class", "arm_order", "arms", "chosen", "action", "tokens_dropped",
-                "tokens_injected", "latency_ms"):
+    for key in (
+        "trigger",
+        "span_class",
+        "arm_order",
+        "arms",
+        "chosen",
+        "action",
+        "tokens_dropped",
+        "tokens_injected",
+        "latency_ms",
+    ):
         assert key in record
     assert receipt["canary"]["verdict"] != "not_scored"
 
@@ -261,8 +294,9 @@ def test_backend_that_cannot_trim_falls_back_to_reprefill_and_says_so():
 
 
 def test_novel_signal_skips_tokens_copied_from_the_question():
-    _, events, done = run(cfg(signal="novel", statistic="max", window=4, min_tokens=1),
-                          {"memory": StaticArm("memory", [RIGHT_EVIDENCE])})
+    _, events, done = run(
+        cfg(signal="novel", statistic="max", window=4, min_tokens=1), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}
+    )
     trigger = next(e for e in events if isinstance(e, Trigger))
     # "The capital is " copies the question: never in the window, so the span starts inside the answer.
     assert trigger.span_start >= WRONG.index("Wrongville")
@@ -299,8 +333,11 @@ def test_a_closed_question_is_left_as_answered_unless_configured():
     (record,) = done.rounds
     assert record["action"] == "resumed_unmodified" and record["closed_question"] == "yes_no"
     assert "ground_closed_questions" in record["reason"]
-    grounded = list(stream(ScriptedBackend(script_testland), question, cfg(max_rounds=1, ground_closed_questions=True),
-                           {"memory": arm}))[-1]
+    grounded = list(
+        stream(
+            ScriptedBackend(script_testland), question, cfg(max_rounds=1, ground_closed_questions=True), {"memory": arm}
+        )
+    )[-1]
     assert grounded.text == RIGHT and len(arm.calls) == 1
 
 
@@ -319,8 +356,9 @@ def test_a_rewrite_that_ignores_the_evidence_is_reverted_to_the_unintervened_rep
     off_backend, _, off = run(cfg(mode="off"), script=script_ignores_evidence)
     backend = ScriptedBackend(script_ignores_evidence, trimmable=trimmable)
     # The retry is pinned by its own tests below; here the revert alone.
-    _, events, done = run(cfg(retry_failed_rewrite=False), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])},
-                          backend=backend)
+    _, events, done = run(
+        cfg(retry_failed_rewrite=False), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, backend=backend
+    )
     assert off.text == WRONG
     assert done.text == WRONG  # never worse than the reply written without the evidence
     (record,) = done.rounds
@@ -335,8 +373,15 @@ def test_a_rewrite_that_ignores_the_evidence_is_reverted_to_the_unintervened_rep
     rewinds = [e for e in events if isinstance(e, Rewind)]
     assert [e.reverted for e in rewinds] == [False, True] and all(e.n_tokens == 0 for e in rewinds)
     # The canary does not count a reverted round as anchoring.
-    assert generate(ScriptedBackend(script_ignores_evidence), QUESTION, cfg(retry_failed_rewrite=False),
-                    {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}).receipt["canary"]["anchoring"] == 0
+    assert (
+        generate(
+            ScriptedBackend(script_ignores_evidence),
+            QUESTION,
+            cfg(retry_failed_rewrite=False),
+            {"memory": StaticArm("memory", [RIGHT_EVIDENCE])},
+        ).receipt["canary"]["anchoring"]
+        == 0
+    )
 
 
 def test_revert_is_also_judged_at_the_end_of_a_reply_without_a_full_stop():
@@ -346,14 +391,15 @@ def test_revert_is_also_judged_at_the_end_of_a_reply_without_a_full_stop():
 
 
 def test_revert_in_emit_streaming_retracts_the_shown_rewrite():
-    _, events, done = run(cfg(stream="emit"), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])},
-                          script=script_ignores_evidence)
+    _, events, done = run(
+        cfg(stream="emit"), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, script=script_ignores_evidence
+    )
     screen: list[str] = []
     for e in events:
         if isinstance(e, Token):
             screen.append(e.text)
         elif isinstance(e, Rewind):
-            del screen[len(screen) - e.n_tokens:]
+            del screen[len(screen) - e.n_tokens :]
     assert "".join(screen) == done.text == WRONG
     assert next(e for e in events if isinstance(e, Rewind) and e.reverted).n_tokens > 0
 
@@ -368,8 +414,9 @@ def test_revert_can_be_turned_off_and_a_used_evidence_rewrite_stands():
 
 # --- one more try before a failed rewrite is dropped ----------------------------------------------------
 GATEWAY_QUESTION = "What port does the gateway listen on?"
-GATEWAY_EVIDENCE = Evidence(claim="gateway port", evidence="The gateway is gw.example.org on port 8443.",
-                            confidence=0.9, source="memory:notes")
+GATEWAY_EVIDENCE = Evidence(
+    claim="gateway port", evidence="The gateway is gw.example.org on port 8443.", confidence=0.9, source="memory:notes"
+)
 
 
 def script_cut_short(context: str):
@@ -393,8 +440,14 @@ def test_a_rewrite_cut_short_by_an_end_of_turn_gets_one_more_try_past_it():
     assert retry["how"] == "continued past the end of turn" and retry["rewrite"] == "It is gw."
     assert "does not answer what was asked" in retry["problem"]  # "gw." holds no port number
     # Without the retry the cut rewrite is dropped and the reply written without evidence comes back.
-    plain = list(stream(ScriptedBackend(script_cut_short), GATEWAY_QUESTION, cfg(retry_failed_rewrite=False),
-                        {"memory": StaticArm("memory", [GATEWAY_EVIDENCE])}))[-1]
+    plain = list(
+        stream(
+            ScriptedBackend(script_cut_short),
+            GATEWAY_QUESTION,
+            cfg(retry_failed_rewrite=False),
+            {"memory": StaticArm("memory", [GATEWAY_EVIDENCE])},
+        )
+    )[-1]
     assert plain.text == "443 is its port." and plain.rounds[0]["action"] == "reverted"
 
 
@@ -423,8 +476,9 @@ def test_a_rewrite_that_failed_its_check_is_written_again_with_its_first_token_b
 
 def test_a_retry_that_fails_again_is_reverted_to_the_plain_reply():
     off_backend, _, off = run(cfg(mode="off"), script=script_ignores_evidence)
-    backend, events, done = run(cfg(), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])},
-                                script=script_ignores_evidence)
+    backend, events, done = run(
+        cfg(), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, script=script_ignores_evidence
+    )
     assert done.text == off.text == WRONG
     record = done.rounds[0]
     assert record["action"] == "reverted" and len(record["retries"]) == 1
@@ -433,8 +487,9 @@ def test_a_retry_that_fails_again_is_reverted_to_the_plain_reply():
 
 
 NATIONALITY_QUESTION = "What nationality is the singer Tom Example?"
-PERSON_EVIDENCE = Evidence(claim="Tom Example", evidence="Tom Example is the son of Harold Example.",
-                           confidence=0.9, source="web:test")
+PERSON_EVIDENCE = Evidence(
+    claim="Tom Example", evidence="Tom Example is the son of Harold Example.", confidence=0.9, source="web:test"
+)
 
 
 def script_nationality(context: str):

@@ -16,8 +16,9 @@ def sg(*args, home, timeout=300, env_extra=None):
     env = os.environ | {"SURPRISEGATE_HOME": str(home)} | (env_extra or {})
     env.pop("SURPRISE_CANARY", None)
     env.pop("SURPRISE_INTERVENE", None)
-    return subprocess.run([sys.executable, "-m", "surprisegate", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "surprisegate", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def test_burkina_faso_capital_via_memory(factkb_memory):
     assert rewound and rewound[0]["chosen"]["source"] == "memory:country:BF"
     assert "Ouagadougou" in rewound[0]["chosen"]["evidence"]
     # The receipt was written and says the same.
-    lines = [json.loads(l) for l in open(on["receipt"], encoding="utf-8")]
+    lines = [json.loads(line) for line in open(on["receipt"], encoding="utf-8")]
     receipt = next(r for r in lines if r["reply_id"] == on["receipt_id"])
     assert receipt["rounds"][0]["action"] == "rewound" and receipt["config"]["mode"] == "intervene"
 
@@ -88,8 +89,15 @@ def test_a_rewrite_that_ignores_the_evidence_gets_one_more_try_then_gives_back_t
     assert reverted["rewritten_text"].strip() == "I'm ready to help."
     assert "used none of the evidence" in reverted["reason"]
     assert reverted_run["canary"]["anchoring"] == 0  # the reply is not anchored in evidence it did not use
-    plain = ask_json(home, "--mode", "intervene", "--memory", str(store), question,
-                     env_extra=no_retry | {"SURPRISEGATE_REVERT_UNUSED_EVIDENCE": "0"})
+    plain = ask_json(
+        home,
+        "--mode",
+        "intervene",
+        "--memory",
+        str(store),
+        question,
+        env_extra=no_retry | {"SURPRISEGATE_REVERT_UNUSED_EVIDENCE": "0"},
+    )
     assert "Richmond" not in plain["reply"]  # without the check, the intervention broke a right answer
 
 
@@ -98,10 +106,10 @@ def test_demo_command_wrong_then_right(tmp_path):
     out = sg("demo", home=tmp_path, timeout=600)
     assert out.returncode == 0, out.stderr
     summary = out.stdout.split("── summary ──", 1)[1]
-    off_line = next(l for l in summary.splitlines() if l.startswith("off:"))
-    on_line = next(l for l in summary.splitlines() if l.startswith("intervene:"))
+    off_line = next(line for line in summary.splitlines() if line.startswith("off:"))
+    on_line = next(line for line in summary.splitlines() if line.startswith("intervene:"))
     assert "Ouagadougou" not in off_line and "Ouagadougou" in on_line
-    receipts = [json.loads(l) for l in open(tmp_path / "demo-receipts.jsonl", encoding="utf-8")]
+    receipts = [json.loads(line) for line in open(tmp_path / "demo-receipts.jsonl", encoding="utf-8")]
     assert [r["mode"] for r in receipts] == ["off", "intervene"]
     round1 = receipts[1]["rounds"][0]
     assert round1["action"] == "rewound" and round1["chosen"]["source"].startswith("memory:")
@@ -144,21 +152,35 @@ def test_multi_hop_question_via_the_local_web_server(factkb_memory, web_server):
     assert "John Carney" in on["reply"].split(".")[0]
     rewound = [r for r in on["rounds"] if r["action"] == "rewound"]
     assert rewound and rewound[0]["chosen"]["source"].startswith("web:searxng:")
-    receipt = next(json.loads(l) for l in open(on["receipt"], encoding="utf-8") if on["receipt_id"] in l)
+    receipt = next(json.loads(line) for line in open(on["receipt"], encoding="utf-8") if on["receipt_id"] in line)
     web_report = next(a for a in receipt["rounds"][0]["arms"] if a["arm"] == "web")
     assert web_report["status"] == "ok" and web_report["latency_ms"] >= 0
 
 
 def test_a_closed_question_is_left_as_answered_unless_asked(factkb_memory, web_server):
     home, _ = factkb_memory
-    question = "Which private research university is located in Chestnut Hill, Massachusetts Boston College or Stanford University?"
+    question = (
+        "Which private research university is located in Chestnut Hill, Massachusetts Boston College or Stanford "
+        "University?"
+    )
     detect = ask_json(home, "--mode", "detect", "--memory", "none", question)
     kept = ask_json(home, "--mode", "intervene", "--memory", "none", "--web", web_server.url, question)
     assert kept["reply"] == detect["reply"] and "boston college" not in kept["reply"].split(".")[0].lower()
     assert kept["rounds"] and all(r["action"] == "resumed_unmodified" for r in kept["rounds"])
     assert "closed question (choice)" in kept["rounds"][0]["reason"]
-    grounded = ask_json(home, "--mode", "intervene", "--memory", "none", "--web", web_server.url, question,
-                        env_extra={"SURPRISEGATE_GROUND_CLOSED_QUESTIONS": "1"})
+    grounded = ask_json(
+        home,
+        "--mode",
+        "intervene",
+        "--memory",
+        "none",
+        "--web",
+        web_server.url,
+        question,
+        env_extra={"SURPRISEGATE_GROUND_CLOSED_QUESTIONS": "1"},
+    )
     # with the flag it is grounded like any other question (whether that helps is what the rule is about)
     rewound = [r for r in grounded["rounds"] if r["action"] == "rewound"]
-    assert rewound and rewound[0]["chosen"]["source"].startswith("web:searxng:") and rewound[0]["closed_question"] is None
+    assert (
+        rewound and rewound[0]["chosen"]["source"].startswith("web:searxng:") and rewound[0]["closed_question"] is None
+    )

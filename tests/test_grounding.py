@@ -9,7 +9,6 @@ import pytest
 
 from surprisegate.arms import Evidence, Query
 from surprisegate.grounding import ArmPool, ground_round
-
 from test_controller import QUESTION, StaticArm
 
 
@@ -17,18 +16,25 @@ def _evidence(source, confidence, text="snippet"):
     return Evidence(claim=text, evidence=text, confidence=confidence, source=source)
 
 
-@pytest.mark.parametrize("memory_conf, web_conf, margin, kept, asked", [
-    (0.9, 0.95, 0.75, "memory:a", ["memory"]),  # strong first evidence: the next arm is never asked
-    (0.65, 0.82, 0.75, "web:b", ["memory", "web"]),  # weak: the web is asked too and covers more
-    (0.65, 0.60, 0.75, "memory:a", ["memory", "web", "tool"]),  # both weak: the better one, every arm asked
-    (0.65, 0.82, 0.0, "memory:a", ["memory"]),  # margin 0: the first arm with evidence wins
-    (0.70, 0.70, 0.75, "memory:a", ["memory", "web", "tool"]),  # a tie keeps the first arm's
-])
+@pytest.mark.parametrize(
+    "memory_conf, web_conf, margin, kept, asked",
+    [
+        (0.9, 0.95, 0.75, "memory:a", ["memory"]),  # strong first evidence: the next arm is never asked
+        (0.65, 0.82, 0.75, "web:b", ["memory", "web"]),  # weak: the web is asked too and covers more
+        (0.65, 0.60, 0.75, "memory:a", ["memory", "web", "tool"]),  # both weak: the better one, every arm asked
+        (0.65, 0.82, 0.0, "memory:a", ["memory"]),  # margin 0: the first arm with evidence wins
+        (0.70, 0.70, 0.75, "memory:a", ["memory", "web", "tool"]),  # a tie keeps the first arm's
+    ],
+)
 def test_weak_evidence_lets_the_next_arm_be_asked_and_the_better_is_kept(memory_conf, web_conf, margin, kept, asked):
-    arms = {"memory": StaticArm("memory", [_evidence("memory:a", memory_conf)]),
-            "web": StaticArm("web", [_evidence("web:b", web_conf)]), "tool": StaticArm("tool", [])}
-    chosen, reports = ground_round(arms, ["memory", "web", "tool"], Query("", QUESTION, ""), time.monotonic() + 2,
-                                   margin=margin)
+    arms = {
+        "memory": StaticArm("memory", [_evidence("memory:a", memory_conf)]),
+        "web": StaticArm("web", [_evidence("web:b", web_conf)]),
+        "tool": StaticArm("tool", []),
+    }
+    chosen, reports = ground_round(
+        arms, ["memory", "web", "tool"], Query("", QUESTION, ""), time.monotonic() + 2, margin=margin
+    )
     assert chosen.source == kept
     assert [r["arm"] for r in reports] == asked
     assert [name for name, arm in arms.items() if arm.calls] == asked  # every arm asked is a grounding call
@@ -37,8 +43,10 @@ def test_weak_evidence_lets_the_next_arm_be_asked_and_the_better_is_kept(memory_
 
 
 def test_arbitration_holds_the_round_deadline():
-    arms = {"memory": StaticArm("memory", [_evidence("memory:a", 0.5)]),
-            "web": StaticArm("web", [_evidence("web:b", 0.9)], delay=1.0)}
+    arms = {
+        "memory": StaticArm("memory", [_evidence("memory:a", 0.5)]),
+        "web": StaticArm("web", [_evidence("web:b", 0.9)], delay=1.0),
+    }
     started = time.monotonic()
     chosen, reports = ground_round(arms, ["memory", "web"], Query("", QUESTION, ""), started + 0.2, margin=0.75)
     assert time.monotonic() - started < 0.5

@@ -75,7 +75,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
                 colour[path.pop()] = BLACK
                 pending.pop()
             elif colour.get(nxt, BLACK) == GREY:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             elif colour.get(nxt) == WHITE:
                 colour[nxt] = GREY
                 path.append(nxt)
@@ -143,7 +143,9 @@ def test_the_package_has_no_import_cycle():
 def test_the_runtime_never_imports_the_research_tooling():
     # Evaluation and benchmarks live in surprisegate.research; only the CLI commands that run them reach in.
     graph = import_graph()
-    leaks = {module: sorted(t for t in targets if t.startswith("surprisegate.research"))
-             for module, targets in graph.items()
-             if not module.startswith("surprisegate.research") and module != "surprisegate.cli"}
+    leaks = {
+        module: sorted(t for t in targets if t.startswith("surprisegate.research"))
+        for module, targets in graph.items()
+        if not module.startswith("surprisegate.research") and module != "surprisegate.cli"
+    }
     assert {m: t for m, t in leaks.items() if t} == {}

@@ -20,8 +20,17 @@ def script(context):
 def write_items(path, n=4):
     with open(path, "w") as fh:
         for i in range(n):
-            fh.write(json.dumps({"id": f"i{i}", "question": "What is the capital of Testland?",
-                                 "answers": ["Rightburg" if i % 2 == 0 else "Elsewhere"], "category": "entity"}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "id": f"i{i}",
+                        "question": "What is the capital of Testland?",
+                        "answers": ["Rightburg" if i % 2 == 0 else "Elsewhere"],
+                        "category": "entity",
+                    }
+                )
+                + "\n"
+            )
 
 
 def test_read_items_errors_name_file_and_line(tmp_path):
@@ -50,7 +59,7 @@ def test_label_grades_keeps_signals_and_resumes(tmp_path):
     config = Config(system_prompt="", max_tokens=40)
     first = label(data, out, backend, config, limit=2)
     assert first["labelled_now"] == 2
-    rows = [json.loads(l) for l in open(out / "labels.jsonl")]
+    rows = [json.loads(line) for line in open(out / "labels.jsonl")]
     assert [r["correct"] for r in rows] == [True, False]
     assert len(rows[0]["surprises"]) == len(rows[0]["entropies"]) == len(rows[0]["pieces"]) > 0
     # Simulate a crash mid-write: a torn last line must not stop the rerun.
@@ -58,7 +67,7 @@ def test_label_grades_keeps_signals_and_resumes(tmp_path):
         fh.write('{"id": "i2", "tor')
     second = label(data, out, backend, config)
     assert second["already_done"] == 2 and second["labelled_now"] == 2
-    ids = [json.loads(l)["id"] for l in open(out / "labels.jsonl") if l.strip().endswith("}")]
+    ids = [json.loads(line)["id"] for line in open(out / "labels.jsonl") if line.strip().endswith("}")]
     assert sorted(ids) == ["i0", "i1", "i2", "i3"]
 
 
@@ -82,13 +91,13 @@ def test_label_keeps_top20_logprobs_per_token_without_changing_the_reply(tmp_pat
     out = tmp_path / "out"
     config = Config(system_prompt="", max_tokens=40)
     label(data, out, ScriptedBackend(script), config)
-    rows = [json.loads(l) for l in open(out / "labels.jsonl")]
+    rows = [json.loads(line) for line in open(out / "labels.jsonl")]
     meta = json.loads((out / "label_config.json").read_text())
     assert meta["config"]["top_logprobs"] == LABEL_TOP_LOGPROBS == 20
-    for row, item in zip(rows, read_items(data)):
+    for row, item in zip(rows, read_items(data), strict=True):
         top = row["top_logprobs"]
         assert len(top) == len(row["token_ids"]) > 0
-        for pairs, token, s in zip(top, row["token_ids"], row["surprises"]):
+        for pairs, token, s in zip(top, row["token_ids"], row["surprises"], strict=True):
             assert len(pairs) == 20
             ids, lps = [p[0] for p in pairs], [p[1] for p in pairs]
             assert lps == sorted(lps, reverse=True) and all(lp <= 0 for lp in lps)

@@ -13,27 +13,36 @@ from scripted import ScriptedBackend, chatml, plan
 
 
 def test_a_question_is_a_one_turn_chat_with_the_system_prompt():
-    assert conversation("  Hi?  ", "Be brief.") == [{"role": "system", "content": "Be brief."},
-                                                    {"role": "user", "content": "Hi?"}]
+    assert conversation("  Hi?  ", "Be brief.") == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi?"},
+    ]
     assert chat_messages("Hi?") == [{"role": "user", "content": "Hi?"}]
 
 
 def test_a_chat_keeps_its_own_system_turn_and_order():
-    chat = [{"role": "system", "content": "Pirate voice."}, {"role": "user", "content": "a"},
-            {"role": "assistant", "content": "b"}, {"role": "user", "content": "c?"}]
+    chat = [
+        {"role": "system", "content": "Pirate voice."},
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c?"},
+    ]
     assert conversation(chat, "Be brief.") == chat
     assert conversation(chat[1:], "Be brief.")[0] == {"role": "system", "content": "Be brief."}
     assert last_user_turn(chat) == "c?"
 
 
-@pytest.mark.parametrize("bad, message", [
-    ([], "not a chat"),
-    ("   ", "question is empty"),
-    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], r"messages\[-1\]"),
-    ([{"role": "tool", "content": "a"}], r"messages\[0\]"),
-    ([{"role": "user", "content": 3}], r"messages\[0\]"),
-    ([{"role": "user", "content": "   "}], "non-empty user turn"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ([], "not a chat"),
+        ("   ", "question is empty"),
+        ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], r"messages\[-1\]"),
+        ([{"role": "tool", "content": "a"}], r"messages\[0\]"),
+        ([{"role": "user", "content": 3}], r"messages\[0\]"),
+        ([{"role": "user", "content": "   "}], "non-empty user turn"),
+    ],
+)
 def test_a_bad_chat_is_an_input_error_naming_the_turn(bad, message):
     with pytest.raises(InputError, match=message):
         conversation(bad)
@@ -56,8 +65,9 @@ def test_encode_parses_specials_only_in_template_pieces():
 def test_the_layout_tokens_of_a_plain_chat_are_the_whole_prompt_parsed_at_once():
     backend = ScriptedBackend(lambda context: plan("x"))
     layout = PromptLayout.from_template(backend.chat_prompt, conversation("What is 2+2?", "Be brief."))
-    assert layout.body_tokens(backend.tokenize) + layout.open_tokens(backend.tokenize) == \
-        backend.tokenize(layout.prompt, special=True)
+    assert layout.body_tokens(backend.tokenize) + layout.open_tokens(backend.tokenize) == backend.tokenize(
+        layout.prompt, special=True
+    )
 
 
 @pytest.mark.slow

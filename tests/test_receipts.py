@@ -61,7 +61,7 @@ def make_round(action: str = "rewound") -> ConvergenceRecord:
 def make_receipt(**overrides) -> dict:
     fields = dict(
         reply_id="r-1",
-        created=dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc),
+        created=dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
         model="SmolLM2-135M-Instruct",
         backend="llamacpp",
         config={"threshold": 3.5, "window": 16, "statistic": "mean", "store": Path("/tmp/kb.sqlite")},
@@ -173,7 +173,7 @@ def test_common_python_values_are_converted(tmp_path):
     import numpy as np
 
     path = tmp_path / "receipts.jsonl"
-    when = dt.datetime(2025, 1, 2, tzinfo=dt.timezone.utc)
+    when = dt.datetime(2025, 1, 2, tzinfo=dt.UTC)
     ReceiptWriter(path).append(
         {"path": Path("/a/b"), "when": when, "tuple": (1, 2), "np": np.float32(0.5), "arr": np.array([1.0, np.nan])}
     )
@@ -205,7 +205,8 @@ def test_writer_rejects_a_directory(tmp_path):
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
 json_values = st.recursive(
-    json_scalars, lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4),
+    json_scalars,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4),
     max_leaves=20,
 )
 
@@ -231,7 +232,7 @@ def test_build_receipt_adds_schema_hash_ids_and_time():
     assert receipt["schema"] == SCHEMA
     assert receipt["reply_id"] == "r-1"
     assert receipt["created"] == "2025-01-02T03:04:05Z"
-    assert receipt["created_unix"] == dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc).timestamp()
+    assert receipt["created_unix"] == dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.UTC).timestamp()
     assert receipt["prompt_sha256"] == hashlib.sha256(b"What is the capital of Burkina Faso?").hexdigest()
     assert receipt["config"]["store"] == "/tmp/kb.sqlite"
     assert receipt["rounds"][0]["chosen"]["source"] == "memory:country:BF"
@@ -337,8 +338,14 @@ def test_format_receipt_survives_partial_records():
 def test_optional_round_fields_appear_only_when_they_happened():
     record = make_round()
     plain = record.to_dict()
-    assert not {"tokens_trimmed", "rewind_method", "injected_text", "retries", "rewritten_text",
-                "already_grounded"} & set(plain)
+    assert not {
+        "tokens_trimmed",
+        "rewind_method",
+        "injected_text",
+        "retries",
+        "rewritten_text",
+        "already_grounded",
+    } & set(plain)
     record.tokens_trimmed, record.rewind_method, record.injected_text = 9, "trim", "Fact: x"
     record.retries.append({"problem": "ignores its evidence", "rewrite": "I'm ready.", "how": "banned"})
     d = record.to_dict()

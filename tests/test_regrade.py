@@ -19,11 +19,21 @@ ITEMS = [
 ]
 ROWS = [
     # Graded before on "Canadian North Inc." alone: wrong -> right now.
-    {"id": "q1", "mode": "off", "question": ITEMS[0]["question"], "correct": False,
-     "reply": "Canadian North Inc. are based in Iqaluit, Nunavut, Canada."},
+    {
+        "id": "q1",
+        "mode": "off",
+        "question": ITEMS[0]["question"],
+        "correct": False,
+        "reply": "Canadian North Inc. are based in Iqaluit, Nunavut, Canada.",
+    },
     # "USA." did not end the sentence before: right -> wrong now.
-    {"id": "q2", "mode": "always", "question": ITEMS[1]["question"], "correct": True,
-     "reply": "He moved to the USA. He lives in Ohio."},
+    {
+        "id": "q2",
+        "mode": "always",
+        "question": ITEMS[1]["question"],
+        "correct": True,
+        "reply": "He moved to the USA. He lives in Ohio.",
+    },
     {"id": "q3", "mode": "off", "question": ITEMS[2]["question"], "correct": True, "reply": "Paris."},
     {"id": "q4", "mode": "off", "question": ITEMS[3]["question"], "correct": True, "reply": "About 1,100 people."},
 ]
@@ -34,9 +44,12 @@ def _write(tmp_path: Path) -> tuple[Path, Path]:
     data.write_text("".join(json.dumps(it) + "\n" for it in ITEMS))
     results = tmp_path / "results.jsonl"
     # A torn last line (a crash mid-append) and a row of an unknown item stay as they are.
-    results.write_text("".join(json.dumps(r) + "\n" for r in ROWS)
-                       + json.dumps({"id": "zz", "mode": "off", "reply": "x", "correct": True}) + "\n"
-                       + '{"id": "q3", "mo\n')
+    results.write_text(
+        "".join(json.dumps(r) + "\n" for r in ROWS)
+        + json.dumps({"id": "zz", "mode": "off", "reply": "x", "correct": True})
+        + "\n"
+        + '{"id": "q3", "mo\n'
+    )
     return data, results
 
 
@@ -64,8 +77,9 @@ def test_regrade_write_rewrites_correct_only(tmp_path, capsys):
     assert new_lines[2:] == lines[2:]  # unchanged rows, the unknown id and the torn line: byte for byte
     rows = [json.loads(line) for line in new_lines[:2]]
     assert [r["correct"] for r in rows] == [True, False]
-    assert [{k: v for k, v in r.items() if k != "correct"} for r in rows] == \
-        [{k: v for k, v in r.items() if k != "correct"} for r in ROWS[:2]]
+    assert [{k: v for k, v in r.items() if k != "correct"} for r in rows] == [
+        {k: v for k, v in r.items() if k != "correct"} for r in ROWS[:2]
+    ]
     assert list(tmp_path.glob("*.tmp")) == []
     # Graded again: nothing moves any more.
     assert regrade.main(["--data", str(data), str(results)]) == 0

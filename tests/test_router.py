@@ -27,10 +27,18 @@ LABELLED_SPANS = [
     ("25", "What is 5 squared?", "", "computable"),
     ("7", "What is the sum of 3 and 4?", "", "computable"),
     ("3.5", "What is 7 divided by 2?", "", "computable"),
-    ("64", "A team had 12 members but 4 didn't show up. If each scored 8 points, how many points in total?",
-     "", "computable"),
-    ("36", "Adam bought 13 boxes and gave 7 away. If each box has 6 pieces, how many pieces did he keep?",
-     "", "computable"),
+    (
+        "64",
+        "A team had 12 members but 4 didn't show up. If each scored 8 points, how many points in total?",
+        "",
+        "computable",
+    ),
+    (
+        "36",
+        "Adam bought 13 boxes and gave 7 away. If each box has 6 pieces, how many pieces did he keep?",
+        "",
+        "computable",
+    ),
     ("56", "", "They had 7 players with 8 lives each, so in total they had 56", "computable"),
     ("59", "How many days are there between March 3 and May 1?", "", "computable"),
     ("Tuesday", "What day of the week was July 4, 1976?", "", "computable"),
@@ -160,8 +168,16 @@ def test_classification_is_deterministic():
 
 @pytest.mark.parametrize(
     "unit",
-    ["The quick brown fox jumps over example.com. ", "up ", "a-a-", "a.a.", "read ", "how many days ", "f(",
-     "1 plus 1 word "],
+    [
+        "The quick brown fox jumps over example.com. ",
+        "up ",
+        "a-a-",
+        "a.a.",
+        "read ",
+        "how many days ",
+        "f(",
+        "1 plus 1 word ",
+    ],
 )
 def test_long_text_is_classified_quickly(unit):
     # Rules are linear: a regex like `host.*status` would take seconds on a long reply.
@@ -262,32 +278,38 @@ def test_fact_questions_are_entities():
     assert [q for q in questions if classify_span("", q)[0] != "entity"] == []
 
 
-@pytest.mark.parametrize("question, kind", [
-    ("Were Eatza Pizza and Your Pie founded in the same state?", "yes_no"),
-    ("Is Paris the capital of France?", "yes_no"),
-    ("Are both The New Pornographers and Kings of Leon American rock bands?", "yes_no"),
-    ("Who was born first, Pablo Trapero or Aleksander Ford?", "choice"),
-    ("Which magazine was started first Arthur's Magazine or First for Women?", "choice"),
-    ("Which publication is published more often: Modern Drummer or Bookmarks?", "choice"),
-    ("What is the capital of Burkina Faso?", None),
-    ("Will had 83 dollars. If he spent 47 bucks on a new game, how many 4 dollar toys could he buy?", None),
-    ("Is", None),
-    ("Which country, France or Spain, borders Andorra and also has a long coastline on two different seas?", "choice"),
-    ("Kurt Cobain or Dave Grohl, who was born first?", "choice"),
-    ("Which is taller, the Eiffel Tower or the Empire State Building?", "choice"),
-    ("Between Pablo Trapero and Aleksander Ford, who is older?", "comparison"),
-    ("Which one is older between Glenn Hughes and Ross Lynch?", "comparison"),
-    ("Of Glenn Hughes and Ross Lynch, who is older?", "comparison"),
-    ("Who was born first: Glenn Hughes and Ross Lynch?", "comparison"),
-    ("Glenn Hughes and Ross Lynch, which one is older?", "comparison"),
-    ("What is the connection between Peter O'Meara and Norman Dike?", None),
-    ("Ian Hunter and Stuart Murdoch, have which musical occupation in common?", None),
-    ("Which stadium hosts the rivalry game between the all-male College located in Atlanta and Tuskegee?", None),
-    ("Which river flows between France and Spain?", None),
-    ("Name one country that shares a land border with Guatemala.", None),
-    ("The official language of Qazvin Province is", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "question, kind",
+    [
+        ("Were Eatza Pizza and Your Pie founded in the same state?", "yes_no"),
+        ("Is Paris the capital of France?", "yes_no"),
+        ("Are both The New Pornographers and Kings of Leon American rock bands?", "yes_no"),
+        ("Who was born first, Pablo Trapero or Aleksander Ford?", "choice"),
+        ("Which magazine was started first Arthur's Magazine or First for Women?", "choice"),
+        ("Which publication is published more often: Modern Drummer or Bookmarks?", "choice"),
+        ("What is the capital of Burkina Faso?", None),
+        ("Will had 83 dollars. If he spent 47 bucks on a new game, how many 4 dollar toys could he buy?", None),
+        ("Is", None),
+        (
+            "Which country, France or Spain, borders Andorra and also has a long coastline on two different seas?",
+            "choice",
+        ),
+        ("Kurt Cobain or Dave Grohl, who was born first?", "choice"),
+        ("Which is taller, the Eiffel Tower or the Empire State Building?", "choice"),
+        ("Between Pablo Trapero and Aleksander Ford, who is older?", "comparison"),
+        ("Which one is older between Glenn Hughes and Ross Lynch?", "comparison"),
+        ("Of Glenn Hughes and Ross Lynch, who is older?", "comparison"),
+        ("Who was born first: Glenn Hughes and Ross Lynch?", "comparison"),
+        ("Glenn Hughes and Ross Lynch, which one is older?", "comparison"),
+        ("What is the connection between Peter O'Meara and Norman Dike?", None),
+        ("Ian Hunter and Stuart Murdoch, have which musical occupation in common?", None),
+        ("Which stadium hosts the rivalry game between the all-male College located in Atlanta and Tuskegee?", None),
+        ("Which river flows between France and Spain?", None),
+        ("Name one country that shares a land border with Guatemala.", None),
+        ("The official language of Qazvin Province is", None),
+        ("", None),
+    ],
+)
 def test_closed_question(question, kind):
     from surprisegate.router import closed_question
 

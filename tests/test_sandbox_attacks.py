@@ -147,10 +147,12 @@ def test_process_count_stays_under_the_cap(mode):
 
 def test_subprocess_and_shell_are_blocked(mode, open_dir):
     marker = open_dir / "touched"
-    for code in (f"import os\nos.system('touch {marker}')",
-                 f"import subprocess\nsubprocess.run(['touch', {str(marker)!r}])",
-                 f"import os\nos.execv('/usr/bin/touch', ['touch', {str(marker)!r}])",
-                 f"import os\nos.posix_spawn('/usr/bin/touch', ['touch', {str(marker)!r}], {{}})"):
+    for code in (
+        f"import os\nos.system('touch {marker}')",
+        f"import subprocess\nsubprocess.run(['touch', {str(marker)!r}])",
+        f"import os\nos.execv('/usr/bin/touch', ['touch', {str(marker)!r}])",
+        f"import os\nos.posix_spawn('/usr/bin/touch', ['touch', {str(marker)!r}], {{}})",
+    ):
         result = attack(code, mode)
         assert result.status == "blocked", code
     assert not marker.exists()
@@ -252,8 +254,11 @@ def test_shell_metacharacters_in_a_filename_are_just_a_missing_file(roots, tmp_p
     victim.mkdir()
     (victim / "keep.txt").write_text("keep", encoding="utf-8")
     arm = ToolArm(roots=[roots], warm_up=False)
-    for question in (f"What's in `notes.txt; rm -rf {victim}`?", f"What's in `$(rm -rf {victim}).txt`?",
-                     f"What's in `notes.txt && rm -rf {victim}`?"):
+    for question in (
+        f"What's in `notes.txt; rm -rf {victim}`?",
+        f"What's in `$(rm -rf {victim}).txt`?",
+        f"What's in `notes.txt && rm -rf {victim}`?",
+    ):
         message = _arm_failure(arm, question)
         assert "files@question: not_found" in message or "outside_roots" in message, message
     assert (victim / "keep.txt").read_text(encoding="utf-8") == "keep"

@@ -27,14 +27,17 @@ def test_repeating_the_question_copies_every_word(words):
     assert all(copy_flags(pieces, question))
 
 
-@pytest.mark.parametrize("question,kind", [
-    ("What is the capital of Burkina Faso?", "capital"),
-    ("What is the capital of Chad?", "capital"),
-    ("The official language of Qazvin Province is", "official language"),
-    ("Complete the sentence: The country of Adana is", "country"),
-    ("What is 37 times 48?", "times"),
-    ("What is the international telephone calling code of Andorra?", "international telephone calling code"),
-])
+@pytest.mark.parametrize(
+    "question,kind",
+    [
+        ("What is the capital of Burkina Faso?", "capital"),
+        ("What is the capital of Chad?", "capital"),
+        ("The official language of Qazvin Province is", "official language"),
+        ("Complete the sentence: The country of Adana is", "country"),
+        ("What is 37 times 48?", "times"),
+        ("What is the international telephone calling code of Andorra?", "international telephone calling code"),
+    ],
+)
 def test_question_kind(question, kind):
     assert question_kind(question) == kind
 

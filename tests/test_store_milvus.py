@@ -34,12 +34,18 @@ PASSAGES = [
     {
         "kb_id": "country:BF",
         "title": "Burkina Faso",
-        "text": "Burkina Faso is a country in Africa. The capital of Burkina Faso is Ouagadougou. The currency of Burkina Faso is the West African CFA Franc (XOF).",
+        "text": (
+            "Burkina Faso is a country in Africa. The capital of Burkina Faso is Ouagadougou. The currency of "
+            "Burkina Faso is the West African CFA Franc (XOF)."
+        ),
     },
     {
         "kb_id": "country:ML",
         "title": "Mali",
-        "text": "Mali is a country in Africa. The capital of Mali is Bamako. Mali shares land borders with Burkina Faso, Niger, Senegal.",
+        "text": (
+            "Mali is a country in Africa. The capital of Mali is Bamako. Mali shares land borders with Burkina "
+            "Faso, Niger, Senegal."
+        ),
     },
     {
         "kb_id": "city:2362344",
@@ -49,7 +55,9 @@ PASSAGES = [
     {
         "kb_id": "country:FR",
         "title": "France",
-        "text": "France is a country in Europe. The capital of France is Paris. The currency of France is the Euro (EUR).",
+        "text": (
+            "France is a country in Europe. The capital of France is Paris. The currency of France is the Euro (EUR)."
+        ),
     },
     {
         "kb_id": "element:He",
@@ -491,7 +499,8 @@ def test_missing_collection_names_uri_and_fix(lite_db):
     with pytest.raises(InputError) as err:
         open_memory(uri)
     assert str(err.value) == (
-        f"memory={uri!r} has no collection 'never_made'; build it with: surprisegate memory add --memory {uri} FILE.jsonl"
+        f"memory={uri!r} has no collection 'never_made'; build it with: surprisegate memory add --memory {uri} "
+        "FILE.jsonl"
     )
 
 
@@ -575,5 +584,5 @@ def test_factkb_dev_questions_find_their_passage(factkb):
     assert factkb.search("What is the capital of Atlantis?")[0].score < 0.3
     rows = [json.loads(line) for line in (SHARED_DATA / "factqa_dev.jsonl").read_text().splitlines()][::8]
     top = [factkb.search(row["question"])[0].source for row in rows]
-    accuracy = sum(source == row["kb_id"] for source, row in zip(top, rows)) / len(rows)
+    accuracy = sum(source == row["kb_id"] for source, row in zip(top, rows, strict=True)) / len(rows)
     assert accuracy >= 0.98  # every 8th row: 0.99 (SQLiteMemory: 0.99)

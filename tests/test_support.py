@@ -10,7 +10,13 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from surprisegate.support import (
-    content_words, cut_short, expected_answer, fits_answer, rewrite_problem, sentence_end, sentence_start,
+    content_words,
+    cut_short,
+    expected_answer,
+    fits_answer,
+    rewrite_problem,
+    sentence_end,
+    sentence_start,
     uses_evidence,
 )
 
@@ -19,31 +25,63 @@ DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 VIRGINIA = "What is the capital of the U.S. state of Virginia?"
 
 
-@pytest.mark.parametrize("sentence,evidence,question,used", [
-    # The evidence's own word (not in the question) is repeated: used.
-    ("Richmond is the capital of Virginia.", "The capital of Virginia is Richmond.", VIRGINIA, True),
-    ("The capital is Richmond.", "The capital of Virginia is Richmond.", VIRGINIA, True),
-    # Only the question's words come back, or nothing at all: ignored.
-    ("I'm ready to help. What's your question?", "The capital of Virginia is Richmond.", VIRGINIA, False),
-    ("The capital of Virginia is a lovely city.", "The capital of Virginia is Richmond.", VIRGINIA, False),
-    # Accents, case and punctuation do not matter.
-    ("San Jose is the capital.", "The capital of Costa Rica is San José.", "What is the capital of Costa Rica?", True),
-    ("EL-AAIUN.", "The capital of Western Sahara is El-Aaiun.", "What is the capital of Western Sahara?", True),
-    # Numbers: the evidence's own number counts, written with commas, words or rounded when large.
-    ("The answer is 1776.", "Fact: 37 * 48 = 1776", "What is 37 times 48?", True),
-    ("To solve this, multiply 37 by 48.", "Fact: 37 * 48 = 1776", "What is 37 times 48?", False),
-    ("About 10.6 million people live there.", "The population of Czechia is about 10,625,695 (GeoNames).",
-     "What is the population of Czechia?", True),
-    ("About five million.", "The population of Costa Rica is about 4,999,441.", "What is the population of Costa Rica?", True),
-    ("About 40 million.", "The population of Ukraine is about 44,134,693.", "What is the population of Ukraine?", True),
-    ("Approximately 40.000,000.", "The population of Ukraine is about 40,000,000.", "What is the population of Ukraine?", True),
-    ("About 9 million.", "The population of Costa Rica is about 4,999,441.", "What is the population of Costa Rica?", False),
-    # Small numbers must match exactly: a year off by a few is not the evidence's year.
-    ("Iowa joined in 1850.", "Iowa became a U.S. state in 1846.", "In what year did Iowa become a state?", False),
-    ("It joined in 1846.", "Iowa became a U.S. state in 1846.", "In what year did Iowa become a state?", True),
-    # Evidence that only restates the question cannot be checked: the rewrite gets the benefit of the doubt.
-    ("Anything at all.", "The capital of Virginia", VIRGINIA, True),
-])
+@pytest.mark.parametrize(
+    "sentence,evidence,question,used",
+    [
+        # The evidence's own word (not in the question) is repeated: used.
+        ("Richmond is the capital of Virginia.", "The capital of Virginia is Richmond.", VIRGINIA, True),
+        ("The capital is Richmond.", "The capital of Virginia is Richmond.", VIRGINIA, True),
+        # Only the question's words come back, or nothing at all: ignored.
+        ("I'm ready to help. What's your question?", "The capital of Virginia is Richmond.", VIRGINIA, False),
+        ("The capital of Virginia is a lovely city.", "The capital of Virginia is Richmond.", VIRGINIA, False),
+        # Accents, case and punctuation do not matter.
+        (
+            "San Jose is the capital.",
+            "The capital of Costa Rica is San José.",
+            "What is the capital of Costa Rica?",
+            True,
+        ),
+        ("EL-AAIUN.", "The capital of Western Sahara is El-Aaiun.", "What is the capital of Western Sahara?", True),
+        # Numbers: the evidence's own number counts, written with commas, words or rounded when large.
+        ("The answer is 1776.", "Fact: 37 * 48 = 1776", "What is 37 times 48?", True),
+        ("To solve this, multiply 37 by 48.", "Fact: 37 * 48 = 1776", "What is 37 times 48?", False),
+        (
+            "About 10.6 million people live there.",
+            "The population of Czechia is about 10,625,695 (GeoNames).",
+            "What is the population of Czechia?",
+            True,
+        ),
+        (
+            "About five million.",
+            "The population of Costa Rica is about 4,999,441.",
+            "What is the population of Costa Rica?",
+            True,
+        ),
+        (
+            "About 40 million.",
+            "The population of Ukraine is about 44,134,693.",
+            "What is the population of Ukraine?",
+            True,
+        ),
+        (
+            "Approximately 40.000,000.",
+            "The population of Ukraine is about 40,000,000.",
+            "What is the population of Ukraine?",
+            True,
+        ),
+        (
+            "About 9 million.",
+            "The population of Costa Rica is about 4,999,441.",
+            "What is the population of Costa Rica?",
+            False,
+        ),
+        # Small numbers must match exactly: a year off by a few is not the evidence's year.
+        ("Iowa joined in 1850.", "Iowa became a U.S. state in 1846.", "In what year did Iowa become a state?", False),
+        ("It joined in 1846.", "Iowa became a U.S. state in 1846.", "In what year did Iowa become a state?", True),
+        # Evidence that only restates the question cannot be checked: the rewrite gets the benefit of the doubt.
+        ("Anything at all.", "The capital of Virginia", VIRGINIA, True),
+    ],
+)
 def test_uses_evidence(sentence, evidence, question, used):
     assert uses_evidence(sentence, [evidence], question) is used
 
@@ -58,14 +96,17 @@ def test_function_words_and_numbers_are_not_content_words():
     assert content_words("The capital of the U.S. is 1,234 miles away") == {"capital", "u", "s", "miles", "away"}
 
 
-@pytest.mark.parametrize("text,start,end", [
-    ("Richmond is the capital. It is old.", 0, len("Richmond is the capital.")),
-    ("The value is 3.", 0, None),  # "3." may become "3.14": not finished until whitespace follows
-    ("The value is 3.14 exactly. Yes", 0, len("The value is 3.14 exactly.")),
-    ("It is in the U.S. and Canada. Yes", 0, len("It is in the U.S. and Canada.")),
-    ("First line\nsecond", 0, len("First line\n")),
-    ("One. Two. Three", 5, len("One. Two.")),
-])
+@pytest.mark.parametrize(
+    "text,start,end",
+    [
+        ("Richmond is the capital. It is old.", 0, len("Richmond is the capital.")),
+        ("The value is 3.", 0, None),  # "3." may become "3.14": not finished until whitespace follows
+        ("The value is 3.14 exactly. Yes", 0, len("The value is 3.14 exactly.")),
+        ("It is in the U.S. and Canada. Yes", 0, len("It is in the U.S. and Canada.")),
+        ("First line\nsecond", 0, len("First line\n")),
+        ("One. Two. Three", 5, len("One. Two.")),
+    ],
+)
 def test_sentence_end(text, start, end):
     assert sentence_end(text, start) == end
 
@@ -78,8 +119,28 @@ def test_sentence_start_finds_the_sentence_holding_an_index():
 
 
 _words = st.text(alphabet="abcdefghijklmnopqrstuvwxyz", min_size=4, max_size=10).filter(
-    lambda w: w not in {"also", "have", "that", "their", "there", "they", "this", "were", "which", "with", "about",
-                        "been", "from", "include", "includes", "including"})
+    lambda w: (
+        w
+        not in {
+            "also",
+            "have",
+            "that",
+            "their",
+            "there",
+            "they",
+            "this",
+            "were",
+            "which",
+            "with",
+            "about",
+            "been",
+            "from",
+            "include",
+            "includes",
+            "including",
+        }
+    )
+)
 
 
 @given(subject=_words, answer=_words, filler=st.lists(_words, max_size=6))
@@ -107,23 +168,26 @@ def test_any_text_is_judged_without_error(sentence, evidence, question):
 
 
 # --- does the rewrite answer what was asked ------------------------------------------------------------
-@pytest.mark.parametrize("question, sentence, fits", [
-    ("What nationality was the composer of Dixit Dominus?", "He was German.", True),
-    ("What nationality was the composer of Dixit Dominus?", "He was born in Germany.", True),
-    ("What nationality was the composer of Dixit Dominus?", "The composer was George Frideric Handel.", False),
-    ("When did Marilyn Monroe die?", "She died on August 5, 1962.", True),
-    ("When did Marilyn Monroe die?", "She died in Los Angeles.", False),
-    ("In what year was the BlackBerry maker founded?", "It was founded in 1984.", True),
-    ("How many passengers did the airline carry in 2012?", "It carried 294,000 passengers.", True),
-    ("How many passengers did the airline carry in 2012?", "It carried six thousand passengers.", True),
-    ("How many passengers did the airline carry in 2012?", "It is Air North.", False),
-    ("What port does the Acme VPN gateway listen on?", "The Acme VPN gateway is vpn.", False),
-    ("What port does the Acme VPN gateway listen on?", "It listens on port 8443.", True),
-    ("Who released the album with a single which reached number 60 on the chart?", "Wiiija released it.", True),
-    ("Do Robert Fleischman and Jimmy Barnes have the same nationality?", "No.", True),
-    ("What is the capital of Chad?", "N'Djamena is the capital of Chad.", True),
-    ("What is the capital of Chad?", "I'm ready to help.", True),  # no kind of answer is told: nothing to judge
-])
+@pytest.mark.parametrize(
+    "question, sentence, fits",
+    [
+        ("What nationality was the composer of Dixit Dominus?", "He was German.", True),
+        ("What nationality was the composer of Dixit Dominus?", "He was born in Germany.", True),
+        ("What nationality was the composer of Dixit Dominus?", "The composer was George Frideric Handel.", False),
+        ("When did Marilyn Monroe die?", "She died on August 5, 1962.", True),
+        ("When did Marilyn Monroe die?", "She died in Los Angeles.", False),
+        ("In what year was the BlackBerry maker founded?", "It was founded in 1984.", True),
+        ("How many passengers did the airline carry in 2012?", "It carried 294,000 passengers.", True),
+        ("How many passengers did the airline carry in 2012?", "It carried six thousand passengers.", True),
+        ("How many passengers did the airline carry in 2012?", "It is Air North.", False),
+        ("What port does the Acme VPN gateway listen on?", "The Acme VPN gateway is vpn.", False),
+        ("What port does the Acme VPN gateway listen on?", "It listens on port 8443.", True),
+        ("Who released the album with a single which reached number 60 on the chart?", "Wiiija released it.", True),
+        ("Do Robert Fleischman and Jimmy Barnes have the same nationality?", "No.", True),
+        ("What is the capital of Chad?", "N'Djamena is the capital of Chad.", True),
+        ("What is the capital of Chad?", "I'm ready to help.", True),  # no kind of answer is told: nothing to judge
+    ],
+)
 def test_fits_answer(question, sentence, fits):
     assert fits_answer(sentence, question) is fits
 
@@ -149,8 +213,9 @@ def test_fits_answer_is_total_and_untyped_questions_accept_anything(sentence, qu
 
 def test_rewrite_problem_names_the_first_failed_check():
     assert "used none" in rewrite_problem("Hello there.", ["The port is 8443."], "What port?")
-    assert "asks for a number" in rewrite_problem("The gateway is vpn.", ["The gateway vpn.acme.example uses port 8443."],
-                                                   "What port does the gateway listen on?")
+    assert "asks for a number" in rewrite_problem(
+        "The gateway is vpn.", ["The gateway vpn.acme.example uses port 8443."], "What port does the gateway listen on?"
+    )
     assert rewrite_problem("It uses port 8443.", ["The gateway uses port 8443."], "What port does it use?") is None
 
 
@@ -160,12 +225,15 @@ def test_a_nationality_before_a_name_still_counts():
     assert fits_answer("He was a German-born British composer.", question)
 
 
-@pytest.mark.parametrize("rewrite, cut", [
-    (" is vpn.", True),  # stopped inside the host name it was copying
-    ("The gateway listens on", True),  # no full stop: the sentence was left open
-    ("I'm ready to help.", False),
-    ("It listens on port 8443.", False),
-    ("", False),
-])
+@pytest.mark.parametrize(
+    "rewrite, cut",
+    [
+        (" is vpn.", True),  # stopped inside the host name it was copying
+        ("The gateway listens on", True),  # no full stop: the sentence was left open
+        ("I'm ready to help.", False),
+        ("It listens on port 8443.", False),
+        ("", False),
+    ],
+)
 def test_cut_short(rewrite, cut):
     assert cut_short(rewrite, ["The Acme VPN gateway is vpn.acme.example and it listens on port 8443."]) is cut

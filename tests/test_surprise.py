@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -9,7 +10,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from surprisegate.surprise import RollingWindow, aggregates, percentile, surprise_bits, token_surprise, window_trace
+from surprisegate.errors import InputError
+from surprisegate.surprise import (
+    RollingWindow,
+    aggregates,
+    percentile,
+    surprise_and_entropy,
+    surprise_bits,
+    token_surprise,
+    top_logprobs,
+    topk_entropy,
+    topk_entropy_bounds,
+    window_trace,
+)
 
 finite = st.floats(min_value=0.0, max_value=60.0, allow_nan=False, allow_infinity=False)
 
@@ -24,7 +37,9 @@ def naive(values, statistic):
     return float(np.percentile(values, 90))
 
 
-@pytest.mark.parametrize("logprob,bits", [(0.0, 0.0), (math.log(0.5), 1.0), (math.log(0.25), 2.0), (math.log(1 / 1024), 10.0)])
+@pytest.mark.parametrize(
+    "logprob,bits", [(0.0, 0.0), (math.log(0.5), 1.0), (math.log(0.25), 2.0), (math.log(1 / 1024), 10.0)]
+)
 def test_surprise_bits_exact(logprob, bits):
     assert surprise_bits(logprob) == pytest.approx(bits, abs=1e-12)
 
@@ -47,14 +62,18 @@ def test_rolling_window_matches_naive_recomputation(values, size, statistic):
     window = RollingWindow(size, statistic)
     for i, v in enumerate(values):
         got = window.push(v)
-        expect = naive(values[max(0, i + 1 - size): i + 1], statistic)
+        expect = naive(values[max(0, i + 1 - size) : i + 1], statistic)
         assert got == pytest.approx(expect, rel=1e-9, abs=1e-9)
         assert len(window) == min(i + 1, size)
         assert window.start == max(0, i + 1 - size)
 
 
-@given(st.lists(finite, min_size=1, max_size=40), st.lists(finite, min_size=1, max_size=40), st.integers(1, 16),
-       st.sampled_from(["mean", "p90", "max"]))
+@given(
+    st.lists(finite, min_size=1, max_size=40),
+    st.lists(finite, min_size=1, max_size=40),
+    st.integers(1, 16),
+    st.sampled_from(["mean", "p90", "max"]),
+)
 def test_reset_forgets_everything(first, second, size, statistic):
     window = RollingWindow(size, statistic)
     for v in first:
@@ -108,9 +127,6 @@ def test_bad_window_arguments_name_the_value(size, statistic, match):
 # ------------------------------------------------------------------------------------------------
 # entropy from the top-k logprobs only
 # ------------------------------------------------------------------------------------------------
-from surprisegate.errors import InputError  # noqa: E402
-from surprisegate.surprise import (surprise_and_entropy, top_logprobs, topk_entropy,  # noqa: E402
-                                   topk_entropy_bounds)
 
 logit_lists = st.lists(st.floats(-30, 30, allow_nan=False, allow_infinity=False), min_size=1, max_size=60)
 TOL = 1e-9
@@ -164,7 +180,10 @@ def test_topk_entropy_edge_cases():
     # k = 1, all the mass on it: certain
     assert topk_entropy_bounds([0.0]) == (0.0, 0.0) and topk_entropy([0.0]) == 0.0
     # -inf logprobs carry no mass
-    assert topk_entropy_bounds([math.log(0.5), math.log(0.5), -math.inf], 10) == (pytest.approx(1.0), pytest.approx(1.0))
+    assert topk_entropy_bounds([math.log(0.5), math.log(0.5), -math.inf], 10) == (
+        pytest.approx(1.0),
+        pytest.approx(1.0),
+    )
     # m ~ 0: rounding may make the top k sum a little above 1; that is a complete distribution
     lower, upper = topk_entropy_bounds([-0.00001, -11.0], 1000)
     assert lower == upper and 0 < lower < 0.01
@@ -174,24 +193,31 @@ def test_topk_entropy_edge_cases():
     assert math.isfinite(topk_entropy([-20.0])) and topk_entropy([-20.0]) > 15
     # the same top-1, less on the second token: more missing mass, so more room for the tail
     uppers = [topk_entropy_bounds([math.log(0.6), math.log(p)], 100)[1] for p in (0.4, 0.3, 0.2, 0.1, 0.01)]
-    assert all(b >= a - TOL for a, b in zip(uppers, uppers[1:]))
+    assert all(b >= a - TOL for a, b in itertools.pairwise(uppers))
     estimates = [topk_entropy([math.log(0.6), math.log(p)], 100) for p in (0.4, 0.3, 0.2, 0.1, 0.01)]
     assert all(math.isfinite(e) and 0 <= e <= math.log2(100) for e in estimates)
 
 
-@pytest.mark.parametrize("top,vocab,match", [
-    ([], None, r"top_logprobs=\[\] holds no logprobs"),
-    (3.0, None, r"top_logprobs=3.0 holds no logprobs"),
-    ([0.5, 0.3], None, r"holds 0.5, which is not a natural-log probability.*pass log p"),
-    ([float("nan")], None, r"holds nan"),
-    ([-2.0, -1.0], None, r"is not most likely first; sort it"),
-    ([-0.1, -0.2], None, r"sum to probability 1.7236 > 1; pass the logprobs of one normalised distribution"),
-    ([-1.0, -math.inf], None, r"leave probability 0.6321 unaccounted, but its k-th most likely token has probability 0"),
-    ([-1.0], 1, r"vocab_size=1 leaves no other token"),
-    ([-1.0, -2.0], 1, r"vocab_size=1 must be a whole number of tokens >= k=2"),
-    ([-1.0], 2.5, r"vocab_size=2.5 must be a whole number"),
-    (["x"], None, r"holds 'x', not a logprob"),
-])
+@pytest.mark.parametrize(
+    "top,vocab,match",
+    [
+        ([], None, r"top_logprobs=\[\] holds no logprobs"),
+        (3.0, None, r"top_logprobs=3.0 holds no logprobs"),
+        ([0.5, 0.3], None, r"holds 0.5, which is not a natural-log probability.*pass log p"),
+        ([float("nan")], None, r"holds nan"),
+        ([-2.0, -1.0], None, r"is not most likely first; sort it"),
+        ([-0.1, -0.2], None, r"sum to probability 1.7236 > 1; pass the logprobs of one normalised distribution"),
+        (
+            [-1.0, -math.inf],
+            None,
+            r"leave probability 0.6321 unaccounted, but its k-th most likely token has probability 0",
+        ),
+        ([-1.0], 1, r"vocab_size=1 leaves no other token"),
+        ([-1.0, -2.0], 1, r"vocab_size=1 must be a whole number of tokens >= k=2"),
+        ([-1.0], 2.5, r"vocab_size=2.5 must be a whole number"),
+        (["x"], None, r"holds 'x', not a logprob"),
+    ],
+)
 def test_topk_entropy_bad_input_names_the_argument_and_the_fix(top, vocab, match):
     with pytest.raises(InputError, match=match):
         topk_entropy_bounds(top, vocab)

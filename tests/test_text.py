@@ -49,30 +49,36 @@ def test_a_dot_after_a_single_capital_ends_nothing(text):
     assert split_sentences(whole) == [f"{text} came.", "Then more."]
 
 
-@pytest.mark.parametrize("text, first", [
-    ("He moved to the USA. He stayed.", "He moved to the USA."),  # a capital that does not start a word
-    ("It is DNA. Yes.", "It is DNA."),
-    ("Is it H? No, it is He.", "Is it H?"),  # only the dot abbreviates
-    ("The answer is no. It is yes.", "The answer is no."),  # lower-case "no" is a word, not "No."
-    ("It began in May. Then it ended.", "It began in May."),  # a full month name
-    ("Visit Inca. Then Peru.", "Visit Inca."),  # "Inc" inside a word
-    ("Ford Motor Co.. Next.", "Ford Motor Co.."),  # the abbreviation's dot, then the sentence's
-    ("No stop at all", "No stop at all"),
-    ("  padded.  ", "padded."),
-])
+@pytest.mark.parametrize(
+    "text, first",
+    [
+        ("He moved to the USA. He stayed.", "He moved to the USA."),  # a capital that does not start a word
+        ("It is DNA. Yes.", "It is DNA."),
+        ("Is it H? No, it is He.", "Is it H?"),  # only the dot abbreviates
+        ("The answer is no. It is yes.", "The answer is no."),  # lower-case "no" is a word, not "No."
+        ("It began in May. Then it ended.", "It began in May."),  # a full month name
+        ("Visit Inca. Then Peru.", "Visit Inca."),  # "Inc" inside a word
+        ("Ford Motor Co.. Next.", "Ford Motor Co.."),  # the abbreviation's dot, then the sentence's
+        ("No stop at all", "No stop at all"),
+        ("  padded.  ", "padded."),
+    ],
+)
 def test_first_sentence(text, first):
     assert first_sentence(text) == first
 
 
-@pytest.mark.parametrize("text, start, end", [
-    ("The value is 3.", 0, None),  # "3." may still become "3.14"
-    ("The value is 3.14 exactly. Yes", 0, len("The value is 3.14 exactly.")),
-    ("It is in St. Louis. Yes", 0, len("It is in St. Louis.")),
-    ("Ranked World No. 1 now. Yes", 0, len("Ranked World No. 1 now.")),
-    ("First line\nsecond", 0, len("First line\n")),
-    ("One. Two. Three", 5, len("One. Two.")),
-    ("", 0, None),
-])
+@pytest.mark.parametrize(
+    "text, start, end",
+    [
+        ("The value is 3.", 0, None),  # "3." may still become "3.14"
+        ("The value is 3.14 exactly. Yes", 0, len("The value is 3.14 exactly.")),
+        ("It is in St. Louis. Yes", 0, len("It is in St. Louis.")),
+        ("Ranked World No. 1 now. Yes", 0, len("Ranked World No. 1 now.")),
+        ("First line\nsecond", 0, len("First line\n")),
+        ("One. Two. Three", 5, len("One. Two.")),
+        ("", 0, None),
+    ],
+)
 def test_sentence_end_while_writing(text, start, end):
     assert sentence_end(text, start) == end
 
@@ -83,27 +89,33 @@ def test_sentence_start_skips_abbreviations():
     assert sentence_start(text, text.index("Jefferson")) == text.index("The")
 
 
-@pytest.mark.parametrize("text, sentence", [
-    ("The capital is Paris. It lies in St. Louis", "It lies in St. Louis"),
-    ("The capital is Paris. It lies in St.", "It lies in St."),
-    ("The capital is Paris.", "The capital is Paris."),  # just ended: still the current one
-    ("One. Two.  ", "Two."),
-    ("", ""),
-])
+@pytest.mark.parametrize(
+    "text, sentence",
+    [
+        ("The capital is Paris. It lies in St. Louis", "It lies in St. Louis"),
+        ("The capital is Paris. It lies in St.", "It lies in St."),
+        ("The capital is Paris.", "The capital is Paris."),  # just ended: still the current one
+        ("One. Two.  ", "Two."),
+        ("", ""),
+    ],
+)
 def test_current_sentence(text, sentence):
     assert current_sentence(text) == sentence
 
 
-@pytest.mark.parametrize("text, ends", [
-    ("It is in St.", False),
-    ("It is in St. Louis.", True),
-    ("Ranked World No.", False),
-    ("It is 3.", True),  # a look-ahead stops at a digit's dot, as before
-    ("Done!  ", True),
-    ("A line\n", True),
-    ("Open", False),
-    ("", False),
-])
+@pytest.mark.parametrize(
+    "text, ends",
+    [
+        ("It is in St.", False),
+        ("It is in St. Louis.", True),
+        ("Ranked World No.", False),
+        ("It is 3.", True),  # a look-ahead stops at a digit's dot, as before
+        ("Done!  ", True),
+        ("A line\n", True),
+        ("Open", False),
+        ("", False),
+    ],
+)
 def test_ends_sentence(text, ends):
     assert ends_sentence(text) is ends
 
@@ -120,35 +132,78 @@ def test_stops_between_judges_a_gap_with_the_word_before_it():
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, sentences", [
-    ("Alabama is a U.S. state. Boron was found by Sir H. Davy, J.L. Gay-Lussac in 1808. St. Louis is big.",
-     ["Alabama is a U.S. state.", "Boron was found by Sir H. Davy, J.L. Gay-Lussac in 1808.", "St. Louis is big."]),
-    # The web corpus's cuts at "No." before this rule: "... ranked World No." / "1 in men's singles."
-    ("He is ranked World No. 1 in singles. He is Spanish.", ["He is ranked World No. 1 in singles.", "He is Spanish."]),
-    ("Advanced Micro Devices, Inc. (AMD) is a company.", ["Advanced Micro Devices, Inc. (AMD) is a company."]),
-    # A postal code is no abbreviation ("CA." is not "ca." for circa).
-    ("California has postal abbreviation CA. The capital is Sacramento.",
-     ["California has postal abbreviation CA.", "The capital is Sacramento."]),
-    # A lower-case word or a digit after a stop: an abbreviation the list lacks.
-    ("Fruit, e.g. apples. Then more.", ["Fruit, e.g. apples.", "Then more."]),
-    ("She was born ca. 1959 in Sydney. She sings.", ["She was born ca. 1959 in Sydney.", "She sings."]),
-    ("Pilots etc. Twenty One Pilots is a duo.", ["Pilots etc.", "Twenty One Pilots is a duo."]),
-    # Glued paragraphs.
-    ("It started in 1844.First for Women is a magazine.", ["It started in 1844.", "First for Women is a magazine."]),
-    ("He is an actor.H. Bruce Humberstone was a director.", ["He is an actor.", "H. Bruce Humberstone was a director."]),
-    ("She has a Ph.D. in physics. She teaches.", ["She has a Ph.D. in physics.", "She teaches."]),
-    # A stop inside quotes or brackets ends nothing on its own; a bracket may open the next sentence.
-    ("He said \"Go.\" Then he left. (It rained.) Done!", ["He said \"Go.\" Then he left.", "(It rained.) Done!"]),
-    ("   ", []),
-    ("One sentence without a stop", ["One sentence without a stop"]),
-])
+@pytest.mark.parametrize(
+    "text, sentences",
+    [
+        (
+            "Alabama is a U.S. state. Boron was found by Sir H. Davy, J.L. Gay-Lussac in 1808. St. Louis is big.",
+            [
+                "Alabama is a U.S. state.",
+                "Boron was found by Sir H. Davy, J.L. Gay-Lussac in 1808.",
+                "St. Louis is big.",
+            ],
+        ),
+        # The web corpus's cuts at "No." before this rule: "... ranked World No." / "1 in men's singles."
+        (
+            "He is ranked World No. 1 in singles. He is Spanish.",
+            ["He is ranked World No. 1 in singles.", "He is Spanish."],
+        ),
+        ("Advanced Micro Devices, Inc. (AMD) is a company.", ["Advanced Micro Devices, Inc. (AMD) is a company."]),
+        # A postal code is no abbreviation ("CA." is not "ca." for circa).
+        (
+            "California has postal abbreviation CA. The capital is Sacramento.",
+            ["California has postal abbreviation CA.", "The capital is Sacramento."],
+        ),
+        # A lower-case word or a digit after a stop: an abbreviation the list lacks.
+        ("Fruit, e.g. apples. Then more.", ["Fruit, e.g. apples.", "Then more."]),
+        ("She was born ca. 1959 in Sydney. She sings.", ["She was born ca. 1959 in Sydney.", "She sings."]),
+        ("Pilots etc. Twenty One Pilots is a duo.", ["Pilots etc.", "Twenty One Pilots is a duo."]),
+        # Glued paragraphs.
+        (
+            "It started in 1844.First for Women is a magazine.",
+            ["It started in 1844.", "First for Women is a magazine."],
+        ),
+        (
+            "He is an actor.H. Bruce Humberstone was a director.",
+            ["He is an actor.", "H. Bruce Humberstone was a director."],
+        ),
+        ("She has a Ph.D. in physics. She teaches.", ["She has a Ph.D. in physics.", "She teaches."]),
+        # A stop inside quotes or brackets ends nothing on its own; a bracket may open the next sentence.
+        ('He said "Go." Then he left. (It rained.) Done!', ['He said "Go." Then he left.', "(It rained.) Done!"]),
+        ("   ", []),
+        ("One sentence without a stop", ["One sentence without a stop"]),
+    ],
+)
 def test_split_sentences(text, sentences):
     assert split_sentences(text) == sentences
 
 
-_PROSE = st.lists(st.sampled_from(["St.", "Louis", "No.", "5", "U.S.", "J.", "the", "end.", "Then", "e.g.", "ca.",
-                                   "1844.First", "is", "big!", "Why?", "(It", "rained.)", "\n", "Inc."]),
-                  max_size=25).map(" ".join)
+_PROSE = st.lists(
+    st.sampled_from(
+        [
+            "St.",
+            "Louis",
+            "No.",
+            "5",
+            "U.S.",
+            "J.",
+            "the",
+            "end.",
+            "Then",
+            "e.g.",
+            "ca.",
+            "1844.First",
+            "is",
+            "big!",
+            "Why?",
+            "(It",
+            "rained.)",
+            "\n",
+            "Inc.",
+        ]
+    ),
+    max_size=25,
+).map(" ".join)
 
 
 @given(_PROSE | st.text(max_size=60))
@@ -194,11 +249,25 @@ def test_stopword_sets_serve_their_purposes():
     assert {"the", "however", "answer"} <= NOT_NAMES and "paris" not in NOT_NAMES
 
 
-@pytest.mark.parametrize("word, stem", [
-    ("borders", "border"), ("Borders", "border"), ("churches", "church"), ("classes", "class"), ("boxes", "box"),
-    ("cities", "city"), ("published", "publish"), ("publishes", "publish"), ("singing", "sing"),
-    ("glass", "glass"), ("bus", "bus"), ("ties", "tie"), ("Élysées", "elysee"), ("", ""),
-])
+@pytest.mark.parametrize(
+    "word, stem",
+    [
+        ("borders", "border"),
+        ("Borders", "border"),
+        ("churches", "church"),
+        ("classes", "class"),
+        ("boxes", "box"),
+        ("cities", "city"),
+        ("published", "publish"),
+        ("publishes", "publish"),
+        ("singing", "sing"),
+        ("glass", "glass"),
+        ("bus", "bus"),
+        ("ties", "tie"),
+        ("Élysées", "elysee"),
+        ("", ""),
+    ],
+)
 def test_light_stem(word, stem):
     assert light_stem(word) == stem
 

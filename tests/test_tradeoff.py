@@ -13,8 +13,13 @@ spec.loader.exec_module(tradeoff)
 
 
 def point(acc, calls, tokens=100, regressions=0, trigger=0.5):
-    return {"accuracy": acc, "grounding_calls": calls, "tokens_decoded": tokens, "regressions": regressions,
-            "trigger_rate": trigger}
+    return {
+        "accuracy": acc,
+        "grounding_calls": calls,
+        "tokens_decoded": tokens,
+        "regressions": regressions,
+        "trigger_rate": trigger,
+    }
 
 
 def test_shares_are_against_always_and_rows_sorted_by_calls(tmp_path):
@@ -44,9 +49,9 @@ def test_old_points_keep_the_old_table_and_oracle_points_add_two_columns(tmp_pat
 
 def test_oracle_flag_runs_the_oracle_at_each_points_own_budget(tmp_path, monkeypatch):
     from surprisegate.research.evaluate import evaluate
+    from test_evaluate import Memory, config, mixed_items, mixed_script
 
     from scripted import ScriptedBackend
-    from test_evaluate import Memory, config, mixed_items, mixed_script
 
     data = mixed_items(tmp_path)
     monkeypatch.setattr(tradeoff, "load_backend", lambda c: ScriptedBackend(mixed_script))
@@ -54,11 +59,15 @@ def test_oracle_flag_runs_the_oracle_at_each_points_own_budget(tmp_path, monkeyp
     base = tmp_path / "base"
     evaluate(data, ["off", "always"], ScriptedBackend(mixed_script), config(), {"memory": Memory()}, base)
     toml = tmp_path / "p.toml"
-    toml.write_text('signal = "surprise"\nstatistic = "max"\nwindow = 4\nthreshold = 3.0\nmin_tokens = 1\n'
-                    'system_prompt = ""\nmax_tokens = 40\n[kind_thresholds]\n')
+    toml.write_text(
+        'signal = "surprise"\nstatistic = "max"\nwindow = 4\nthreshold = 3.0\nmin_tokens = 1\n'
+        'system_prompt = ""\nmax_tokens = 40\n[kind_thresholds]\n'
+    )
     out = tmp_path / "trade"
-    assert tradeoff.main(["--data", str(data), "--base", str(base), "--point", f"p={toml}", "--oracle",
-                          "--out", str(out)]) == 0
+    assert (
+        tradeoff.main(["--data", str(data), "--base", str(base), "--point", f"p={toml}", "--oracle", "--out", str(out)])
+        == 0
+    )
     points = json.loads((out / "tradeoff.json").read_text())
     # The gate grounds Edgy0, Hard0, Hard1 (3 replies, 5/7 right); the oracle, 3 of the 4 wrong (6/7 right).
     p = points["intervene p"]

@@ -13,20 +13,27 @@ from surprisegate.trigger import TriggerPolicy, eligible, window_peak
 
 
 def cfg(**kw):
-    base = dict(mode="detect", signal="surprise", statistic="mean", window=4, threshold=3.0, min_tokens=2,
-                kind_thresholds={})
+    base = dict(
+        mode="detect", signal="surprise", statistic="mean", window=4, threshold=3.0, min_tokens=2, kind_thresholds={}
+    )
     return Config(**(base | kw))
 
 
-@pytest.mark.parametrize("n, window, min_tokens, expected", [
-    (0, 4, 1, False), (1, 4, 1, True), (3, 4, 4, False), (4, 4, 4, True), (2, 2, 8, True), (1, 2, 8, False)])
+@pytest.mark.parametrize(
+    "n, window, min_tokens, expected",
+    [(0, 4, 1, False), (1, 4, 1, True), (3, 4, 4, False), (4, 4, 4, True), (2, 2, 8, True), (1, 2, 8, False)],
+)
 def test_eligible_needs_min_of_min_tokens_and_window(n, window, min_tokens, expected):
     assert eligible(n, window, min_tokens) is expected
 
 
 @settings(max_examples=200, deadline=None)
-@given(values=st.lists(st.floats(0, 20, allow_nan=False), max_size=40), window=st.integers(1, 8),
-       min_tokens=st.integers(1, 8), statistic=st.sampled_from(["mean", "max", "p90"]))
+@given(
+    values=st.lists(st.floats(0, 20, allow_nan=False), max_size=40),
+    window=st.integers(1, 8),
+    min_tokens=st.integers(1, 8),
+    statistic=st.sampled_from(["mean", "max", "p90"]),
+)
 def test_the_online_window_max_is_calibrates_peak(values, window, min_tokens, statistic):
     policy = TriggerPolicy(cfg(window=window, min_tokens=min_tokens, statistic=statistic), "Who?")
     for i, v in enumerate(values):

@@ -28,14 +28,41 @@ WIRE = Path(__file__).resolve().parents[2] / "shared" / "wire"
 REPO = Path(__file__).resolve().parents[1]
 
 CORPUS = [
-    {"doc_id": "paris", "title": "Paris", "text": "Paris is the capital and largest city of France. It lies on the Seine."},
+    {
+        "doc_id": "paris",
+        "title": "Paris",
+        "text": "Paris is the capital and largest city of France. It lies on the Seine.",
+    },
     {"doc_id": "berlin", "text": "Berlin is the capital of Germany. It has about 3.8 million inhabitants."},
     {"doc_id": "seine", "text": "The Seine is a river in northern France.", "url": "https://example.org/seine"},
 ]
 # SearxNG's top-level keys and result keys (searx/webutils.py get_json_response; shared/wire/searxng_search.json).
-SEARXNG_KEYS = {"query", "number_of_results", "results", "answers", "corrections", "infoboxes", "suggestions", "unresponsive_engines"}
-SEARXNG_RESULT_KEYS = {"url", "title", "content", "engine", "template", "parsed_url", "img_src", "thumbnail", "priority",
-                       "engines", "positions", "score", "category", "publishedDate"}
+SEARXNG_KEYS = {
+    "query",
+    "number_of_results",
+    "results",
+    "answers",
+    "corrections",
+    "infoboxes",
+    "suggestions",
+    "unresponsive_engines",
+}
+SEARXNG_RESULT_KEYS = {
+    "url",
+    "title",
+    "content",
+    "engine",
+    "template",
+    "parsed_url",
+    "img_src",
+    "thumbnail",
+    "priority",
+    "engines",
+    "positions",
+    "score",
+    "category",
+    "publishedDate",
+}
 
 
 def get(url: str) -> tuple[int, str, bytes]:
@@ -90,7 +117,9 @@ def test_given_url_and_derived_title(server):
     assert berlin["title"].startswith("Berlin is the capital")  # no title given: the text's first words
 
 
-@pytest.mark.parametrize("params", [{"q": "France"}, {"q": "France", "format": "html"}, {"q": "France", "format": "rss"}])
+@pytest.mark.parametrize(
+    "params", [{"q": "France"}, {"q": "France", "format": "html"}, {"q": "France", "format": "rss"}]
+)
 def test_formats_other_than_json_are_forbidden(server, params):
     status, _, _ = get(search_url(server, **params))
     assert status == 403
@@ -115,7 +144,9 @@ def test_no_match_and_paging(server):
 
 
 def test_post_form_like_searxng(server):
-    request = urllib.request.Request(f"{server.url}/search", data=urlencode({"q": "Berlin", "format": "json"}).encode(), method="POST")
+    request = urllib.request.Request(
+        f"{server.url}/search", data=urlencode({"q": "Berlin", "format": "json"}).encode(), method="POST"
+    )
     with urllib.request.urlopen(request, timeout=5) as response:
         assert doc_id_from_url(json.loads(response.read())["results"][0]["url"]) == "berlin"
 
@@ -162,8 +193,12 @@ def test_main_serves_until_stopped(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(row) + "\n" for row in CORPUS))
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    process = subprocess.Popen([sys.executable, "-m", "surprisegate.websearch_server", "--corpus", str(corpus), "--port", "0", "--quiet"],
-                               stderr=subprocess.PIPE, text=True, env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "surprisegate.websearch_server", "--corpus", str(corpus), "--port", "0", "--quiet"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = process.stderr.readline()  # "serving 3 documents at http://127.0.0.1:PORT/search?..."
         assert "serving 3 documents" in line, line

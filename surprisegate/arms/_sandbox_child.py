@@ -45,9 +45,13 @@ BLOCKED_EVENTS = {
     "resource.prlimit": "changing resource limits",
 }
 # Modules whose import alone gives process creation or native code without an audit event of their own.
-BLOCKED_IMPORTS = {"_posixsubprocess": "starting a subprocess", "subprocess": "starting a subprocess",
-                   "multiprocessing": "starting a subprocess", "_ctypes": "loading native code",
-                   "ctypes": "loading native code"}
+BLOCKED_IMPORTS = {
+    "_posixsubprocess": "starting a subprocess",
+    "subprocess": "starting a subprocess",
+    "multiprocessing": "starting a subprocess",
+    "_ctypes": "loading native code",
+    "ctypes": "loading native code",
+}
 # Events that touch paths: (argument positions written, argument positions read).
 PATH_EVENTS = {
     "os.remove": ((0,), ()),
@@ -92,7 +96,7 @@ def main():
     if settings["drop_to"]:
         _drop_privileges(*settings["drop_to"])
     isolation["uid"] = os.getuid()
-    violations = []
+    violations: list[str] = []
     if settings["guard"]:
         _install_guard(violations, os.getcwd())
     outcome = _run(code, settings["max_repr_chars"])

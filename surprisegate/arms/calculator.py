@@ -15,6 +15,7 @@ import re
 import time
 from decimal import ROUND_HALF_EVEN, Decimal, localcontext
 from fractions import Fraction
+from typing import cast
 
 from surprisegate.arms import Evidence, Query
 from surprisegate.errors import ArmError, InputError
@@ -61,9 +62,7 @@ def calculate(expression: str) -> Number:
     if not text:
         raise InputError(f"expression {_shown(expression)} is empty; give arithmetic such as '37 * 48'")
     if len(text) > MAX_EXPRESSION_CHARS:
-        raise InputError(
-            f"expression of {len(text)} characters is too long; keep it under {MAX_EXPRESSION_CHARS}"
-        )
+        raise InputError(f"expression of {len(text)} characters is too long; keep it under {MAX_EXPRESSION_CHARS}")
     try:
         tree = ast.parse(text, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
@@ -139,7 +138,7 @@ def _power(base: Number, exponent: Number, expression: str) -> Number:
     if base == -1 and isinstance(exponent, int):
         return 1 if exponent % 2 == 0 else -1
     # Estimate the size of the result from logarithms before computing it: 9**9**9 is refused here.
-    magnitude = abs(base)
+    magnitude = cast(Number, abs(base))  # typeshed's abs() of a union is `object`
     log10_result = abs(float(exponent)) * abs(_log10(magnitude))
     if log10_result > MAX_RESULT_DIGITS:
         raise InputError(
@@ -170,8 +169,7 @@ def _checked(value: Number, expression: str) -> Number:
     parts = (value.numerator, value.denominator) if isinstance(value, Fraction) else (value,)
     if any(abs(part) > MAX_RESULT for part in parts):
         raise InputError(
-            f"expression {_shown(expression)} produces a number over {MAX_RESULT_DIGITS} digits; "
-            "use smaller operands"
+            f"expression {_shown(expression)} produces a number over {MAX_RESULT_DIGITS} digits; use smaller operands"
         )
     return value
 
@@ -258,8 +256,10 @@ _NUMBER = r"-?\d+(?:\.\d+)?"
 # An operand in a phrase template: a number, or a group an earlier template already produced.
 _OPERAND = rf"(?:{_NUMBER}|\([^()]*\))"
 
-_UNITS = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen " \
+_UNITS = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
     "sixteen seventeen eighteen nineteen".split()
+)
 _TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
 _NUMBER_WORDS = {word: value for value, word in enumerate(_UNITS)}
 _NUMBER_WORDS.update({word: 20 + 10 * i for i, word in enumerate(_TENS)})
@@ -268,8 +268,10 @@ _NUMBER_WORDS.update({word: 20 + 10 * i for i, word in enumerate(_TENS)})
 # symbolic group so later templates and the tokenizer see plain arithmetic.
 _TEMPLATES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(rf"({_NUMBER})\s*(?:%|percent|per\s+cent)\s+of\s+({_OPERAND})"), r"(\1 / 100 * \2)"),
-    (re.compile(rf"(?:the\s+)?remainder\s+(?:when|of)\s+({_OPERAND})\s+(?:is\s+)?divided\s+by\s+({_OPERAND})"),
-     r"(\1 % \2)"),
+    (
+        re.compile(rf"(?:the\s+)?remainder\s+(?:when|of)\s+({_OPERAND})\s+(?:is\s+)?divided\s+by\s+({_OPERAND})"),
+        r"(\1 % \2)",
+    ),
     (re.compile(rf"(?:the\s+)?sum\s+of\s+({_OPERAND})\s+and\s+({_OPERAND})"), r"(\1 + \2)"),
     (re.compile(rf"(?:the\s+)?product\s+of\s+({_OPERAND})\s+and\s+({_OPERAND})"), r"(\1 * \2)"),
     (re.compile(rf"(?:the\s+)?difference\s+(?:between|of)\s+({_OPERAND})\s+and\s+({_OPERAND})"), r"(\1 - \2)"),
@@ -397,7 +399,7 @@ _NUMBER_WORD = re.compile(
 
 
 def _number_words_to_digits(text: str) -> str:
-    """"five" -> "5", "twenty-one" -> "21"; larger number words are left alone."""
+    """ "five" -> "5", "twenty-one" -> "21"; larger number words are left alone."""
 
     def to_digits(match: re.Match[str]) -> str:
         if match.group("single"):
@@ -537,6 +539,12 @@ class CalculatorTool:
             source="tool:calculator",
             observable=1.0,
             # "ast": evaluated in-process by the AST walker above, which knows only numbers and operators.
-            detail={"tool": "calculator", "input": expression, "output": value_text, "sandbox": "ast", "exact": exact,
-                    "field": field_name},
+            detail={
+                "tool": "calculator",
+                "input": expression,
+                "output": value_text,
+                "sandbox": "ast",
+                "exact": exact,
+                "field": field_name,
+            },
         )

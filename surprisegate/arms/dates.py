@@ -13,6 +13,7 @@ import functools
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from surprisegate.arms import Evidence
@@ -24,8 +25,18 @@ MAX_DAY_OFFSET = 1_000_000  # about 2700 years: beyond that "N days after" is no
 
 _WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 _MONTHS = {
-    "jan": 1, "feb": 2, "mar": 3, "apr": 4, "may": 5, "jun": 6,
-    "jul": 7, "aug": 8, "sep": 9, "oct": 10, "nov": 11, "dec": 12,
+    "jan": 1,
+    "feb": 2,
+    "mar": 3,
+    "apr": 4,
+    "may": 5,
+    "jun": 6,
+    "jul": 7,
+    "aug": 8,
+    "sep": 9,
+    "oct": 10,
+    "nov": 11,
+    "dec": 12,
 }
 
 
@@ -64,7 +75,7 @@ def today_in(zone: str, now: datetime | None = None) -> date:
 
 
 def format_date(day: date) -> str:
-    """"4 July 1976": unambiguous in every English locale, unlike 7/4/1976."""
+    """ "4 July 1976": unambiguous in every English locale, unlike 7/4/1976."""
     return f"{day.day} {day:%B} {day.year}"
 
 
@@ -163,7 +174,7 @@ def find_dates(text: str) -> list[DateMention]:
 
 def _mention(match: re.Match[str]) -> DateMention | None:
     groups = match.groupdict()
-    common = {"text": match.group(), "start": match.start(), "end": match.end()}
+    common: dict[str, Any] = {"text": match.group(), "start": match.start(), "end": match.end()}
     if groups.get("relative"):
         return DateMention(relative=groups["relative"].lower(), **common)
     if groups.get("holiday"):
@@ -184,7 +195,7 @@ def _share_years(mentions: list[DateMention]) -> list[DateMention]:
     shared = []
     for i, mention in enumerate(mentions):
         if mention.year is None and mention.month is not None and mention.relative is None:
-            later = next((m.year for m in mentions[i + 1:] if m.year is not None), None)
+            later = next((m.year for m in mentions[i + 1 :] if m.year is not None), None)
             earlier = next((m.year for m in reversed(mentions[:i]) if m.year is not None), None)
             year = later if later is not None else earlier
             if year is not None:
@@ -224,8 +235,9 @@ _ZONE_PHRASE = re.compile(
     r"\bin\s+(?P<zone>[A-Za-z][A-Za-z_+\-]*/[A-Za-z_+\-0-9]+(?:/[A-Za-z_+\-0-9]+)?"  # Asia/Tokyo
     r"|UTC|GMT|[A-Z][a-z]+(?:\s+[A-Z][a-z]+){0,2})"  # Tokyo, New York, Los Angeles
 )
-_COUNT_WORDS = {word: n for n, word in enumerate(
-    "a two three four five six seven eight nine ten eleven twelve".split(), start=1)}
+_COUNT_WORDS = {
+    word: n for n, word in enumerate("a two three four five six seven eight nine ten eleven twelve".split(), start=1)
+}
 _COUNT_WORDS.update(an=1, one=1)
 _COUNT = rf"(?P<count>\d{{1,7}}|{'|'.join(_COUNT_WORDS)})"
 _OFFSET = re.compile(
@@ -233,10 +245,10 @@ _OFFSET = re.compile(
     r"(?P<direction>after|before|from|later\s+than|earlier\s+than|prior\s+to|since)\s+",
     re.IGNORECASE,
 )
-_IN_DAYS = re.compile(r"\bin\s+(?P<count>\d{1,7})\s+(?P<unit>days?|weeks?)\b(?!\s+(?:after|before|from))",
-                      re.IGNORECASE)
-_PLUS_DAYS = re.compile(r"\s*(?P<sign>plus|\+|minus|-)\s*(?P<count>\d{1,7})\s+(?P<unit>days?|weeks?)\b",
-                        re.IGNORECASE)
+_IN_DAYS = re.compile(
+    r"\bin\s+(?P<count>\d{1,7})\s+(?P<unit>days?|weeks?)\b(?!\s+(?:after|before|from))", re.IGNORECASE
+)
+_PLUS_DAYS = re.compile(r"\s*(?P<sign>plus|\+|minus|-)\s*(?P<count>\d{1,7})\s+(?P<unit>days?|weeks?)\b", re.IGNORECASE)
 _ASKS_SPAN = re.compile(
     r"\bhow\s+(?:many|much)\s+(?:days|weeks|time)\b|\bnumber\s+of\s+days\b|\bhow\s+long\b"
     r"|\bdays?\s+(?:are\s+there\s+|is\s+it\s+|left\s+)?(?:between|from|until|till|since|to)\b",
@@ -303,7 +315,9 @@ def _offset_question(text: str, mentions: list[DateMention]) -> DateQuestion | N
         plus = _PLUS_DAYS.match(text, mention.end)
         if plus:
             days = _count(plus.group("count"), plus.group("unit"))
-            return DateQuestion("add_days", text, (mention,), days=-days if plus.group("sign") in ("minus", "-") else days)
+            return DateQuestion(
+                "add_days", text, (mention,), days=-days if plus.group("sign") in ("minus", "-") else days
+            )
     moved = _IN_DAYS.search(text)  # "what date will it be in 100 days"
     if moved and re.search(r"\b(?:date|day)\b", text, re.IGNORECASE):
         today = DateMention("today", moved.start(), moved.start(), relative="today")
@@ -350,8 +364,10 @@ def _today_question(text: str, mentions: list[DateMention], force: bool = False)
     if phrase:
         words = phrase.group("zone").split()
         # "New York City" -> "New York": the longest leading words that name a zone.
-        zone = next((resolve_zone(" ".join(words[:n])) for n in range(len(words), 0, -1)
-                     if resolve_zone(" ".join(words[:n]))), None)
+        zone = next(
+            (resolve_zone(" ".join(words[:n])) for n in range(len(words), 0, -1) if resolve_zone(" ".join(words[:n]))),
+            None,
+        )
         if zone is None:  # a place we cannot map to a zone: a wrong "today" is worse than none
             return None
     relative = next((m for m in mentions if m.relative in ("tomorrow", "yesterday")), None)
@@ -378,25 +394,39 @@ def answer_date_question(question: DateQuestion, now: datetime | None = None, de
     today = today_in(zone, now)
     assumptions: list[str] = []
     if question.kind == "today":
-        shift = {"tomorrow": 1, "yesterday": -1}.get(question.dates[0].relative, 0) if question.dates else 0
+        shift = {"tomorrow": 1, "yesterday": -1}.get(question.dates[0].relative or "", 0) if question.dates else 0
         day = add_days(today, shift)
         label = {1: "Tomorrow", -1: "Yesterday"}.get(shift, "Today")
         verb = "was" if shift < 0 else "is"
-        return DateAnswer(question, day.isoformat(), f"today({zone}) = {day.isoformat()}",
-                          f"{label} in {zone} {verb} {weekday(day)}, {format_date(day)}.", (day.isoformat(),))
+        return DateAnswer(
+            question,
+            day.isoformat(),
+            f"today({zone}) = {day.isoformat()}",
+            f"{label} in {zone} {verb} {weekday(day)}, {format_date(day)}.",
+            (day.isoformat(),),
+        )
     if question.kind == "weekday":
         day = _resolve(question.dates[0], today, assumptions)
-        return DateAnswer(question, weekday(day), f"weekday({day.isoformat()}) = {weekday(day)}",
-                          f"{format_date(day)} is a {weekday(day)}.", (day.isoformat(),), tuple(assumptions))
+        return DateAnswer(
+            question,
+            weekday(day),
+            f"weekday({day.isoformat()}) = {weekday(day)}",
+            f"{format_date(day)} is a {weekday(day)}.",
+            (day.isoformat(),),
+            tuple(assumptions),
+        )
     if question.kind == "add_days":
         start = _resolve(question.dates[0], today, assumptions)
         end = add_days(start, question.days)
         direction = "after" if question.days >= 0 else "before"
         anchor = "today" if question.dates[0].relative in ("today", "now") else format_date(start)
         return DateAnswer(
-            question, end.isoformat(), f"{start.isoformat()} {question.days:+d} days = {end.isoformat()}",
+            question,
+            end.isoformat(),
+            f"{start.isoformat()} {question.days:+d} days = {end.isoformat()}",
             f"{abs(question.days)} days {direction} {anchor} is {weekday(end)}, {format_date(end)}.",
-            (start.isoformat(), end.isoformat()), tuple(assumptions),
+            (start.isoformat(), end.isoformat()),
+            tuple(assumptions),
         )
     if question.kind == "days_between":
         first, second = question.dates
@@ -408,8 +438,14 @@ def answer_date_question(question: DateQuestion, now: datetime | None = None, de
         shown_end = "today" if second.relative == "today" else format_date(end)
         sentence = f"From {shown_start} to {shown_end} is {abs(count)} day{'s' if abs(count) != 1 else ''}"
         sentence += " (the second date is earlier)." if count < 0 else "."
-        return DateAnswer(question, str(abs(count)), f"days({start.isoformat()}, {end.isoformat()}) = {count}",
-                          sentence, (start.isoformat(), end.isoformat()), tuple(assumptions))
+        return DateAnswer(
+            question,
+            str(abs(count)),
+            f"days({start.isoformat()}, {end.isoformat()}) = {count}",
+            sentence,
+            (start.isoformat(), end.isoformat()),
+            tuple(assumptions),
+        )
     raise InputError(f"date question kind {question.kind!r} is unknown")
 
 
@@ -425,7 +461,7 @@ def _resolve(mention: DateMention, today: date, assumptions: list[str], upcoming
     if mention.year is not None:
         return _make_date(mention.year, month, day_of_month, mention.text)
     _make_date(2000, month, day_of_month, mention.text)  # 2000 was a leap year: refuses only 31 April and such
-    step = {True: 1, False: -1}.get(upcoming, 0)
+    step = 0 if upcoming is None else (1 if upcoming else -1)
     for offset in range(9):  # 29 February recurs within 8 years
         year = today.year + step * offset
         try:

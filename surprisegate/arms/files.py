@@ -60,15 +60,20 @@ def resolve_path(path: str, roots: Sequence[str | os.PathLike]) -> tuple[Path, P
         raise ToolRefused("bad_path", f"path {path[:60]!r}... is too long or contains NUL; give a plain file path")
     written = PurePosixPath(path.strip())
     if ".." in written.parts:
-        raise ToolRefused("parent_escape",
-                          f"path {path!r} contains '..'; only files inside the allowed roots ({shown_roots}) are read")
+        raise ToolRefused(
+            "parent_escape",
+            f"path {path!r} contains '..'; only files inside the allowed roots ({shown_roots}) are read",
+        )
     if path.strip().startswith("~"):
-        raise ToolRefused("home_path", f"path {path!r} starts with '~', which is not expanded; "
-                                       f"give a path inside {shown_roots}")
+        raise ToolRefused(
+            "home_path", f"path {path!r} starts with '~', which is not expanded; give a path inside {shown_roots}"
+        )
     if written.is_absolute():
         # Lexically outside every root: refused without touching the filesystem, so nothing leaks.
-        configured = [Path(os.path.abspath(os.fspath(r))) for r in (roots if not isinstance(roots, (str, os.PathLike))
-                                                                     else [roots])]
+        configured = [
+            Path(os.path.abspath(os.fspath(r)))
+            for r in (roots if not isinstance(roots, (str, os.PathLike)) else [roots])
+        ]
         if not any(_is_within(Path(written), root) for root in [*real_roots, *configured]):
             raise ToolRefused("outside_roots", f"path {path!r} is outside the allowed roots ({shown_roots})")
         candidates = [Path(written)]
@@ -80,8 +85,11 @@ def resolve_path(path: str, roots: Sequence[str | os.PathLike]) -> tuple[Path, P
         real = Path(os.path.realpath(candidate))
         root = next((r for r in real_roots if _is_within(real, r)), None)
         if root is None:
-            raise ToolRefused("symlink_escape", f"path {path!r} resolves through a symlink to {real}, "
-                                                f"outside the allowed roots ({shown_roots}); it is not read")
+            raise ToolRefused(
+                "symlink_escape",
+                f"path {path!r} resolves through a symlink to {real}, "
+                f"outside the allowed roots ({shown_roots}); it is not read",
+            )
         return real, root
     raise ToolRefused("not_found", f"file {path!r} was not found under the allowed roots ({shown_roots})")
 
@@ -101,8 +109,10 @@ def read_file(path: str, roots: Sequence[str | os.PathLike], max_bytes: int = DE
             raise ToolRefused("not_regular", f"path {path!r} is {kind}; only regular files are read")
         opened = _opened_path(fd)
         if opened is not None and not _is_within(opened, root):  # swapped for a symlink after the check
-            raise ToolRefused("symlink_escape", f"path {path!r} changed while being opened and now leads outside "
-                                                f"{root}; it is not read")
+            raise ToolRefused(
+                "symlink_escape",
+                f"path {path!r} changed while being opened and now leads outside {root}; it is not read",
+            )
         data = os.read(fd, max_bytes + 1)
     finally:
         os.close(fd)

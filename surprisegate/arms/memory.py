@@ -38,8 +38,13 @@ class MemoryStore(Protocol):
     def search(self, query: str, k: int = 5, context: str = "", deadline: float | None = None) -> list[Hit]: ...
 
 
-def best_sentences(passage: str, weights: dict[str, float], count: int = 1, relation: str | None = None,
-                   answer_shape: re.Pattern | None = None) -> str:
+def best_sentences(
+    passage: str,
+    weights: dict[str, float],
+    count: int = 1,
+    relation: str | None = None,
+    answer_shape: re.Pattern | None = None,
+) -> str:
     """The `count` sentences of `passage` that best match the question, in passage order.
 
     `weights` maps stemmed question words to weights. Sentences holding the stemmed `relation` word
@@ -62,8 +67,9 @@ class MemoryArm:
     name = "memory"
 
     def __init__(self, store: MemoryStore, floor: float = DEFAULT_FLOOR, k: int = 5, max_sentences: int = 1):
-        check_arm_settings(floor, DEFAULT_FLOOR, k=(k, "passages to consider"),
-                           max_sentences=(max_sentences, "sentences per passage"))
+        check_arm_settings(
+            floor, DEFAULT_FLOOR, k=(k, "passages to consider"), max_sentences=(max_sentences, "sentences per passage")
+        )
         self.store = store
         self.floor = floor
         self.k = k

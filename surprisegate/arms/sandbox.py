@@ -45,10 +45,35 @@ SANDBOX_UID = 65534  # "nobody": when we run as root, the snippet runs as this u
 SANDBOX_GID = 65534
 _CHILD_SOURCE = (Path(__file__).with_name("_sandbox_child.py")).read_text(encoding="utf-8")
 # Modules imported before root is dropped: after the drop a stdlib under /root may be unreadable.
-_PRELOAD = ("math", "cmath", "itertools", "functools", "collections", "operator", "re", "json", "string",
-            "fractions", "decimal", "statistics", "datetime", "random", "heapq", "bisect", "textwrap",
-            "unicodedata", "copy", "dataclasses", "enum", "typing", "calendar", "hashlib", "base64",
-            "socket", "encodings.idna")  # socket: a network attempt must meet the guard and the namespace
+_PRELOAD = (
+    "math",
+    "cmath",
+    "itertools",
+    "functools",
+    "collections",
+    "operator",
+    "re",
+    "json",
+    "string",
+    "fractions",
+    "decimal",
+    "statistics",
+    "datetime",
+    "random",
+    "heapq",
+    "bisect",
+    "textwrap",
+    "unicodedata",
+    "copy",
+    "dataclasses",
+    "enum",
+    "typing",
+    "calendar",
+    "hashlib",
+    "base64",
+    "socket",
+    "encodings.idna",
+)  # socket: a network attempt must meet the guard and the namespace
 
 
 @dataclass(frozen=True)
@@ -152,7 +177,9 @@ def sandbox_mode(mode: str = "auto") -> str:
 # running
 
 
-def run_python(code: str, limits: SandboxLimits | None = None, *, mode: str = "auto", guard: bool = True) -> SandboxResult:
+def run_python(
+    code: str, limits: SandboxLimits | None = None, *, mode: str = "auto", guard: bool = True
+) -> SandboxResult:
     """Run `code` in the sandbox and report. Statements run; a final expression's repr is `value`.
 
     `mode`: "auto" (bwrap when usable, else rlimits), "bwrap" (refuses when unusable) or "rlimits".
@@ -195,16 +222,27 @@ def _run(code: str, limits: SandboxLimits, mode: str, guard: bool) -> SandboxRes
         work_dir.mkdir(mode=0o700)
         if as_root:
             os.chown(work_dir, SANDBOX_UID, SANDBOX_GID)
-        with open(run_path / "snippet.py", "rb") as stdin, open(run_path / "stdout", "wb") as stdout, \
-                open(run_path / "stderr", "wb") as stderr, open(run_path / "report", "wb") as report:
+        with (
+            open(run_path / "snippet.py", "rb") as stdin,
+            open(run_path / "stdout", "wb") as stdout,
+            open(run_path / "stderr", "wb") as stderr,
+            open(run_path / "report", "wb") as report,
+        ):
             settings = _child_settings(limits, mode, guard, as_root, report.fileno())
             argv = [interpreter, "-I", "-S", "-c", _CHILD_SOURCE, json.dumps(settings)]
             if mode == "bwrap":
                 argv = _bwrap_argv(interpreter, limits, as_root) + argv
             try:
                 process = subprocess.Popen(
-                    argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=work_dir, env={},
-                    pass_fds=(report.fileno(),), start_new_session=True, close_fds=True,
+                    argv,
+                    stdin=stdin,
+                    stdout=stdout,
+                    stderr=stderr,
+                    cwd=work_dir,
+                    env={},
+                    pass_fds=(report.fileno(),),
+                    start_new_session=True,
+                    close_fds=True,
                 )
             except OSError as err:
                 return SandboxResult("unavailable", f"could not start the sandbox: {err}", mode)
@@ -261,8 +299,16 @@ def _count_processes(uid: int) -> int:
 
 def _bwrap_argv(interpreter: str, limits: SandboxLimits, as_root: bool) -> list[str]:
     """bwrap arguments: namespaces, read-only system and interpreter trees, a private tmpfs cwd."""
-    argv = [_bwrap_path() or "bwrap", "--die-with-parent", "--new-session",
-            "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    argv = [
+        _bwrap_path() or "bwrap",
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-ipc",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+    ]
     if as_root:
         # No user namespace: the uid must really change so RLIMIT_NPROC binds; the child drops these caps.
         argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
@@ -290,8 +336,19 @@ def _bwrap_argv(interpreter: str, limits: SandboxLimits, as_root: bool) -> list[
     argv += ["--proc", "/proc", "--dev", "/dev"]
     if "--size" in _bwrap_help():
         argv += ["--size", str(limits.tmpfs_bytes)]
-    argv += ["--tmpfs", "/tmp", "--perms", "0777" if as_root else "0700", "--dir", "/tmp/work", "--chdir", "/tmp/work",
-             "--hostname", "sandbox", "--"]
+    argv += [
+        "--tmpfs",
+        "/tmp",
+        "--perms",
+        "0777" if as_root else "0700",
+        "--dir",
+        "/tmp/work",
+        "--chdir",
+        "/tmp/work",
+        "--hostname",
+        "sandbox",
+        "--",
+    ]
     return argv
 
 
@@ -312,8 +369,8 @@ def _wait_then_kill_group(process, timeout_s: float) -> bool:
     pause = 0.001
     timed_out = True
     while time.monotonic() < deadline:
-        try:
-            exited = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        try:  # None while the leader still runs (WNOHANG)
+            exited = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
         except ChildProcessError:
             exited = True
         if exited:
@@ -348,17 +405,32 @@ def _parse_report(line: str) -> dict | None:
     return report if isinstance(report, dict) else None
 
 
-_SIGNAL_STATUS = {signal.SIGXCPU: ("cpu_limit", "the CPU-time limit was reached"),
-                  signal.SIGXFSZ: ("file_size_limit", "the file-size limit was reached"),
-                  signal.SIGKILL: ("killed", "killed (CPU hard limit or out of memory)"),
-                  signal.SIGSEGV: ("killed", "crashed with a segmentation fault (often the memory limit)")}
+_SIGNAL_STATUS = {
+    signal.SIGXCPU: ("cpu_limit", "the CPU-time limit was reached"),
+    signal.SIGXFSZ: ("file_size_limit", "the file-size limit was reached"),
+    signal.SIGKILL: ("killed", "killed (CPU hard limit or out of memory)"),
+    signal.SIGSEGV: ("killed", "crashed with a segmentation fault (often the memory limit)"),
+}
 
 
-def _result(returncode: int, timed_out: bool, child: dict | None, output: dict, limits: SandboxLimits, mode: str,
-            duration_ms: float) -> SandboxResult:
+def _result(
+    returncode: int,
+    timed_out: bool,
+    child: dict | None,
+    output: dict,
+    limits: SandboxLimits,
+    mode: str,
+    duration_ms: float,
+) -> SandboxResult:
     (stdout, stdout_cut), (stderr, stderr_cut) = output["stdout"], output["stderr"]
-    common = {"sandbox": mode, "stdout": stdout, "stderr": stderr, "exit_code": returncode,
-              "duration_ms": duration_ms, "truncated": stdout_cut or stderr_cut}
+    common = {
+        "sandbox": mode,
+        "stdout": stdout,
+        "stderr": stderr,
+        "exit_code": returncode,
+        "duration_ms": duration_ms,
+        "truncated": stdout_cut or stderr_cut,
+    }
     if child is not None:
         common["violations"] = tuple(str(v) for v in child.get("violations") or ())
         common["isolation"] = child.get("isolation") or {}
@@ -367,8 +439,12 @@ def _result(returncode: int, timed_out: bool, child: dict | None, output: dict, 
     if child is None:
         return _result_without_report(returncode, stderr, common)
     if common.get("violations"):
-        return SandboxResult("blocked", f"the snippet tried {common['violations'][0]}; the sandbox refused",
-                             exception=child.get("exception"), **common)
+        return SandboxResult(
+            "blocked",
+            f"the snippet tried {common['violations'][0]}; the sandbox refused",
+            exception=child.get("exception"),
+            **common,
+        )
     if child.get("outcome") == "ok":
         return SandboxResult("ok", "ran to completion", value=child.get("value"), **common)
     name, message, code = child.get("exception") or "Exception", child.get("message") or "", child.get("errno")
@@ -454,8 +530,18 @@ def _is_runnable(code: str) -> bool:
             expression = expression.value
         if isinstance(expression, ast.Name):  # `notes.txt`, `config`: names, not computations
             return False
-    doing = (ast.Call, ast.Subscript, ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.Set, ast.comprehension,
-             ast.JoinedStr, ast.Lambda)
+    doing = (
+        ast.Call,
+        ast.Subscript,
+        ast.Constant,
+        ast.List,
+        ast.Tuple,
+        ast.Dict,
+        ast.Set,
+        ast.comprehension,
+        ast.JoinedStr,
+        ast.Lambda,
+    )
     return any(isinstance(node, doing) for node in ast.walk(tree))
 
 
@@ -470,6 +556,7 @@ def snippet_evidence(code: str, result: SandboxResult, field_name: str = "") -> 
     shown = code if len(code) <= SHOWN_CODE_CHARS else code[: SHOWN_CODE_CHARS - 3] + "..."
     shown = f"`{shown}`" if "\n" not in shown else f"```\n{shown}\n```"
     printed = result.stdout.strip()
+    output: str | None
     if result.status == "error":
         sentence = f"{shown} raises {result.reason}."
         output = f"raises {result.reason}"

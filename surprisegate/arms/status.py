@@ -43,7 +43,7 @@ class StatusTarget:
 
 
 def parse_target(text: str) -> StatusTarget:
-    """"host:port", "tcp://host:port" or an http(s) URL -> StatusTarget; ConfigError when malformed."""
+    """ "host:port", "tcp://host:port" or an http(s) URL -> StatusTarget; ConfigError when malformed."""
     if not isinstance(text, str) or not text.strip() or len(text) > 2048 or any(c.isspace() for c in text.strip()):
         raise ConfigError(f"status target {text!r} must be 'host:port' or an http(s) URL, e.g. 'localhost:8080'")
     written = text.strip()
@@ -109,8 +109,11 @@ def check_status(target: StatusTarget | str, allowed: Sequence[StatusTarget | st
     allowed_targets = [parse_target(a) if isinstance(a, str) else a for a in allowed]
     if not is_allowed(target, allowed_targets):
         listed = ", ".join(a.label for a in allowed_targets) or "nothing"
-        raise ToolRefused("not_allowed", f"status target {target.label} is not on the allow-list ({listed}); "
-                                         "add it to allowed_status_targets to check it")
+        raise ToolRefused(
+            "not_allowed",
+            f"status target {target.label} is not on the allow-list ({listed}); "
+            "add it to allowed_status_targets to check it",
+        )
     started = time.monotonic()
     if started >= deadline:
         raise ToolRefused("timeout", f"no time left to check {target.label}: the round's deadline has passed")
@@ -197,8 +200,7 @@ def _head(connection: socket.socket, target: StatusTarget, deadline: float) -> t
     default_port = 443 if target.scheme == "https" else 80
     if target.port != default_port:
         host_header += f":{target.port}"
-    client.request("HEAD", target.path, headers={"Host": host_header, "User-Agent": USER_AGENT,
-                                                   "Connection": "close"})
+    client.request("HEAD", target.path, headers={"Host": host_header, "User-Agent": USER_AGENT, "Connection": "close"})
     sock.settimeout(max(0.01, deadline - time.monotonic()))
     response = client.getresponse()
     return response.status, response.reason
@@ -207,7 +209,9 @@ def _head(connection: socket.socket, target: StatusTarget, deadline: float) -> t
 # --------------------------------------------------------------------------------------------------
 # finding a status question in text
 
-STATUS_WORDS = r"\b(?:up|down|online|offline|reachable|unreachable|responding|open|closed|listening|running|ping|status)\b"
+STATUS_WORDS = (
+    r"\b(?:up|down|online|offline|reachable|unreachable|responding|open|closed|listening|running|ping|status)\b"
+)
 _STATUS_WORD = re.compile(STATUS_WORDS, re.IGNORECASE)
 _URL = re.compile(r"\bhttps?://[^\s'\"<>`()\[\]]{1,2000}", re.IGNORECASE)
 _HOST_PORT = re.compile(
@@ -240,7 +244,7 @@ class StatusRequest:
 
 
 def extract_status_request(text: str) -> StatusRequest | None:
-    """"Is https://api.example.org/health up?", "is localhost:8000 responding", "is port 8080 open" -> request."""
+    """ "Is https://api.example.org/health up?", "is localhost:8000 responding", "is port 8080 open" -> request."""
     if not text or not _STATUS_WORD.search(text[:4000]):
         return None
     text = text[:4000]
@@ -253,8 +257,9 @@ def extract_status_request(text: str) -> StatusRequest | None:
     port = _PORT.search(text)
     host = _HOST.search(text)
     if port or host:
-        return StatusRequest(text, host=host.group("host").lower() if host else None,
-                             port=int(port.group("port")) if port else None)
+        return StatusRequest(
+            text, host=host.group("host").lower() if host else None, port=int(port.group("port")) if port else None
+        )
     return None
 
 
@@ -266,8 +271,11 @@ def resolve_request(request: StatusRequest, allowed: Sequence[StatusTarget]) -> 
             return parse_target(request.target)
         except ConfigError as err:
             raise ToolRefused("bad_target", str(err)) from None
-    matches = [a for a in allowed
-               if (request.host is None or a.host == request.host) and (request.port is None or a.port == request.port)]
+    matches = [
+        a
+        for a in allowed
+        if (request.host is None or a.host == request.host) and (request.port is None or a.port == request.port)
+    ]
     # "port 8080" means this machine: prefer loopback entries when several hosts listen on that port.
     if request.host is None and len(matches) > 1:
         matches = [a for a in matches if a.host in ("localhost", "127.0.0.1", "::1")] or matches

@@ -150,7 +150,8 @@ class ToolArm:
             allowed_status_targets = [allowed_status_targets]
         if not (0 < file_max_bytes <= 16 * 2**20):
             raise ConfigError(f"file_max_bytes={file_max_bytes!r}: use 1 to {16 * 2**20} bytes")
-        if dates.resolve_zone(default_timezone) is None:
+        zone = dates.resolve_zone(default_timezone)
+        if zone is None:
             raise ConfigError(f"default_timezone={default_timezone!r} is unknown; use an IANA name such as 'UTC'")
         sandbox.sandbox_mode(python_sandbox)  # validates the name
         self.tools = tuple(tools)
@@ -159,7 +160,7 @@ class ToolArm:
         self.python_limits = sandbox.SandboxLimits(timeout_s=python_timeout_s, memory_bytes=python_memory_mb * 2**20)
         self.python_sandbox = python_sandbox
         self.file_max_bytes = file_max_bytes
-        self.default_timezone = dates.resolve_zone(default_timezone)
+        self.default_timezone = zone
         self.clock = clock
         if warm_up:
             # pint's registry (about a second) and the bwrap probe: done now, not inside a round's deadline.
@@ -206,8 +207,10 @@ class ToolArm:
     def _run_python(self, call, deadline: float) -> Evidence:
         remaining = deadline - time.monotonic() - 0.05  # leave time to turn the result into evidence
         if remaining < MIN_PYTHON_SECONDS:
-            raise ToolRefused("timeout", f"only {max(remaining, 0):.2f} s left before the round's deadline; "
-                                         "not enough to run a snippet")
+            raise ToolRefused(
+                "timeout",
+                f"only {max(remaining, 0):.2f} s left before the round's deadline; not enough to run a snippet",
+            )
         limits = dataclasses.replace(self.python_limits, timeout_s=min(self.python_limits.timeout_s, remaining))
         result = sandbox.run_python(call.request.code, limits, mode=self.python_sandbox)
         if result.status not in ("ok", "error"):  # contained, not an answer: say what happened

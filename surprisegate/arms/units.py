@@ -13,11 +13,15 @@ import re
 import threading
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 from surprisegate.arms import Evidence
-from surprisegate.arms.toolkit import tool_evidence
 from surprisegate.arms.calculator import format_number
+from surprisegate.arms.toolkit import tool_evidence
 from surprisegate.errors import InputError, MissingDependency
+
+if TYPE_CHECKING:
+    import pint
 
 MAX_MAGNITUDE = 1e15
 MAX_UNIT_CHARS = 60
@@ -66,14 +70,28 @@ UNIT_ALIASES: dict[str, tuple[str, ...]] = {
     "week": ("weeks", "week"),
     # speed
     "mile / hour": ("miles per hour", "mile per hour", "mph"),
-    "kilometer / hour": ("kilometres per hour", "kilometers per hour", "kilometre per hour", "kilometer per hour",
-                         "km/h", "kmh", "kph"),
+    "kilometer / hour": (
+        "kilometres per hour",
+        "kilometers per hour",
+        "kilometre per hour",
+        "kilometer per hour",
+        "km/h",
+        "kmh",
+        "kph",
+    ),
     "meter / second": ("metres per second", "meters per second", "metre per second", "meter per second", "m/s"),
     "knot": ("knots", "knot", "kn"),
     # area
     "meter ** 2": ("square metres", "square meters", "square metre", "square meter", "sq m", "m²", "m2"),
-    "kilometer ** 2": ("square kilometres", "square kilometers", "square kilometre", "square kilometer",
-                       "sq km", "km²", "km2"),
+    "kilometer ** 2": (
+        "square kilometres",
+        "square kilometers",
+        "square kilometre",
+        "square kilometer",
+        "sq km",
+        "km²",
+        "km2",
+    ),
     "foot ** 2": ("square feet", "square foot", "sq ft", "ft²", "ft2"),
     "mile ** 2": ("square miles", "square mile", "sq mi", "mi²"),
     "acre": ("acres", "acre"),
@@ -118,8 +136,12 @@ def _alternation(names: list[str]) -> str:
 
 
 _UNIT = (
-    r"(?:(?i:degrees?\s+)?(?:(?i:" + _alternation(list(_ALIAS_TO_UNIT)) + r")"
-    + r"|" + _alternation(list(_SYMBOL_TO_UNIT)) + r"))(?![\w°²³/])"
+    r"(?:(?i:degrees?\s+)?(?:(?i:"
+    + _alternation(list(_ALIAS_TO_UNIT))
+    + r")"
+    + r"|"
+    + _alternation(list(_SYMBOL_TO_UNIT))
+    + r"))(?![\w°²³/])"
 )
 _NUMBER = r"-?\d{1,15}(?:,\d{3})*(?:\.\d+)?"
 _AMOUNT = rf"(?:(?P<value>{_NUMBER})\s*|(?P<one>(?i:an?|one))\s+)"  # "26.2 miles", "26.2mi", "a day"
@@ -132,8 +154,10 @@ _CONVERSIONS = [
         rf"{_AMOUNT}(?P<source>{_UNIT})"
     ),
     # 26.2 miles in km; what is 100 °F in °C; 5 feet to metres
-    re.compile(rf"(?<![\w.])(?P<value>{_NUMBER})\s*(?P<source>{_UNIT})\s+(?i:in|to|into|as|in\s+terms\s+of)\s+"
-               rf"(?P<target>{_UNIT})"),
+    re.compile(
+        rf"(?<![\w.])(?P<value>{_NUMBER})\s*(?P<source>{_UNIT})\s+(?i:in|to|into|as|in\s+terms\s+of)\s+"
+        rf"(?P<target>{_UNIT})"
+    ),
 ]
 
 
@@ -185,7 +209,7 @@ def extract_conversion(text: str) -> Conversion | None:
 # --------------------------------------------------------------------------------------------------
 # pint
 
-_registry = None
+_registry: pint.UnitRegistry | None = None
 _registry_lock = threading.Lock()
 
 
@@ -232,9 +256,17 @@ class ConversionResult:
 
 # Where pint's abbreviation reads oddly ("d", "cp", "t"), people's words instead: (singular, plural).
 _SPELLED_OUT = {
-    "day": ("day", "days"), "week": ("week", "weeks"), "stone": ("stone", "stone"), "metric_ton": ("tonne", "tonnes"),
-    "quart": ("quart", "quarts"), "pint": ("pint", "pints"), "cup": ("cup", "cups"), "acre": ("acre", "acres"),
-    "knot": ("knot", "knots"), "fluid_ounce": ("fl oz", "fl oz"), "mile / hour": ("mph", "mph"),
+    "day": ("day", "days"),
+    "week": ("week", "weeks"),
+    "stone": ("stone", "stone"),
+    "metric_ton": ("tonne", "tonnes"),
+    "quart": ("quart", "quarts"),
+    "pint": ("pint", "pints"),
+    "cup": ("cup", "cups"),
+    "acre": ("acre", "acres"),
+    "knot": ("knot", "knots"),
+    "fluid_ounce": ("fl oz", "fl oz"),
+    "mile / hour": ("mph", "mph"),
 }
 
 
@@ -281,8 +313,14 @@ def convert(value: float | Fraction | str, source: str, target: str) -> Conversi
     # Rounding that only hides float noise (0.30479999999999996 -> 0.3048) still counts as exact.
     exact = abs(float(Fraction(shown)) - result) <= 1e-9 * max(abs(result), 1e-300)
     conversion = Conversion(magnitude, source_unit, target_unit, f"{value} {source} -> {target}")
-    return ConversionResult(conversion, result, _symbol(source_unit, quantity, float(magnitude)),
-                            _symbol(target_unit, converted, result), shown, exact)
+    return ConversionResult(
+        conversion,
+        result,
+        _symbol(source_unit, quantity, float(magnitude)),
+        _symbol(target_unit, converted, result),
+        shown,
+        exact,
+    )
 
 
 def _pint_unit(written: str) -> str:
@@ -305,8 +343,9 @@ def _pint_unit(written: str) -> str:
 def convert_conversion(conversion: Conversion) -> ConversionResult:
     """Run a conversion found by `extract_conversion`, keeping the phrase it came from."""
     result = convert(conversion.value, conversion.source, conversion.target)
-    return ConversionResult(conversion, result.result, result.source_symbol, result.target_symbol, result.shown,
-                            result.exact)
+    return ConversionResult(
+        conversion, result.result, result.source_symbol, result.target_symbol, result.shown, result.exact
+    )
 
 
 def conversion_evidence(result: ConversionResult, field_name: str = "") -> Evidence:

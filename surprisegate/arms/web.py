@@ -141,7 +141,9 @@ def resolve_address(host: str, port: int) -> list[tuple]:
 class _Exchange:
     """One request, run in a worker thread; `phase` says where it is if the caller gives up."""
 
-    def __init__(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None, deadline: float, label: str):
+    def __init__(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None, deadline: float, label: str
+    ):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise WebBadResponse(f"{label}: url {url!r} is not an http(s) url; check the provider's base url", label)
@@ -212,7 +214,9 @@ class _Exchange:
                     break
                 body += chunk
                 if len(body) > MAX_RESPONSE_BYTES:
-                    raise WebBadResponse(f"{self.label}: response from {self.host} is over {MAX_RESPONSE_BYTES} bytes", self.label)
+                    raise WebBadResponse(
+                        f"{self.label}: response from {self.host} is over {MAX_RESPONSE_BYTES} bytes", self.label
+                    )
             headers = {name.lower(): value for name, value in response.getheaders()}
             return HttpResponse(response.status, headers, _decoded(bytes(body), headers, self.label))
         except WebSearchError:
@@ -220,7 +224,9 @@ class _Exchange:
         except TimeoutError as err:
             raise WebTimeout(f"{self.label}: no answer by the deadline (while {self.phase})", self.label) from err
         except socket.gaierror as err:
-            raise WebUnavailable(f"{self.label}: cannot resolve {self.host}: {err.strerror or err}", self.label) from err
+            raise WebUnavailable(
+                f"{self.label}: cannot resolve {self.host}: {err.strerror or err}", self.label
+            ) from err
         except ssl.SSLError as err:
             raise WebUnavailable(f"{self.label}: TLS failed with {self.host}: {err.reason or err}", self.label) from err
         except (OSError, http.client.HTTPException) as err:
@@ -254,8 +260,12 @@ class _Exchange:
                     self._sock = None
                 sock.close()
         if isinstance(last_error, ConnectionRefusedError):
-            raise WebUnavailable(f"{self.label}: connection refused by {self.host}:{self.port}; is the server running?", self.label)
-        raise WebUnavailable(f"{self.label}: cannot connect to {self.host}:{self.port}: {last_error or 'no address'}", self.label)
+            raise WebUnavailable(
+                f"{self.label}: connection refused by {self.host}:{self.port}; is the server running?", self.label
+            )
+        raise WebUnavailable(
+            f"{self.label}: cannot connect to {self.host}:{self.port}: {last_error or 'no address'}", self.label
+        )
 
     def _own(self, sock: socket.socket) -> None:
         with self._lock:
@@ -277,8 +287,15 @@ def _decoded(body: bytes, headers: Mapping[str, str], label: str) -> bytes:
     return body
 
 
-def http_request(method: str, url: str, *, deadline: float, headers: Mapping[str, str] | None = None,
-                 body: bytes | None = None, label: str = "web") -> HttpResponse:
+def http_request(
+    method: str,
+    url: str,
+    *,
+    deadline: float,
+    headers: Mapping[str, str] | None = None,
+    body: bytes | None = None,
+    label: str = "web",
+) -> HttpResponse:
     """One HTTP request that returns or raises by `deadline` (absolute `time.monotonic()`).
 
     Resolution, connection, TLS, sending and reading all count. Raises WebTimeout (a TimeoutError)
@@ -324,7 +341,9 @@ def _json(response: HttpResponse, label: str) -> object:
         return json.loads(response.body)
     except ValueError as err:
         start = response.text()[:60].strip()
-        raise WebBadResponse(f"{label}: {response.status} response is not JSON (starts {start!r})", label, response.status) from err
+        raise WebBadResponse(
+            f"{label}: {response.status} response is not JSON (starts {start!r})", label, response.status
+        ) from err
 
 
 def _error_detail(payload: object) -> str:
@@ -358,8 +377,9 @@ def _raise_for_status(label: str, response: HttpResponse, key_env: str | None = 
         raise WebForbidden(f"{label}: 403 forbidden{said}{hint_403}", label, status)
     if status == 429:
         retry = response.headers.get("retry-after")
-        raise WebRateLimited(f"{label}: 429 rate limited{said} — wait{' ' + retry + ' s' if retry else ''} and retry",
-                             label, status)
+        raise WebRateLimited(
+            f"{label}: 429 rate limited{said} — wait{' ' + retry + ' s' if retry else ''} and retry", label, status
+        )
     if status >= 500:
         raise WebUnavailable(f"{label}: {status} server error{said}; try again later", label, status)
     raise WebBadResponse(f"{label}: {status}{said}", label, status)
@@ -396,40 +416,66 @@ class SearxngSearch(SearchProvider):
 
     name = "searxng"
 
-    def __init__(self, base_url: str | None = None, env: Mapping[str, str] | None = None, user_agent: str | None = None):
+    def __init__(
+        self, base_url: str | None = None, env: Mapping[str, str] | None = None, user_agent: str | None = None
+    ):
         super().__init__(env, user_agent)
         env = os.environ if env is None else env
-        base = _base_url(base_url or env.get("SURPRISEGATE_SEARXNG_URL"), DEFAULT_SEARXNG_URL, "SURPRISEGATE_SEARXNG_URL")
+        base = _base_url(
+            base_url or env.get("SURPRISEGATE_SEARXNG_URL"), DEFAULT_SEARXNG_URL, "SURPRISEGATE_SEARXNG_URL"
+        )
         self.search_url = base if base.endswith("/search") else base + "/search"
 
     def search(self, text: str, count: int, deadline: float) -> list[SearchResult]:
         url = f"{self.search_url}?{urlencode({'q': text, 'format': 'json'})}"
-        response = http_request("GET", url, deadline=deadline, label=self.name,
-                                headers={"Accept": "application/json", "User-Agent": self.user_agent})
-        _raise_for_status(self.name, response, hint_403=(
-            f" — JSON output is off on {self.search_url}: add `json` to search.formats in its settings.yml, "
-            "or set SURPRISEGATE_SEARXNG_URL to an instance that allows it"))
+        response = http_request(
+            "GET",
+            url,
+            deadline=deadline,
+            label=self.name,
+            headers={"Accept": "application/json", "User-Agent": self.user_agent},
+        )
+        _raise_for_status(
+            self.name,
+            response,
+            hint_403=(
+                f" — JSON output is off on {self.search_url}: add `json` to search.formats in its settings.yml, "
+                "or set SURPRISEGATE_SEARXNG_URL to an instance that allows it"
+            ),
+        )
         payload = _json(response, self.name)
         if not isinstance(payload, Mapping) or not isinstance(payload.get("results", []), list):
-            raise WebBadResponse(f"{self.name}: the answer has no results list; is {self.search_url} a SearxNG?", self.name)
+            raise WebBadResponse(
+                f"{self.name}: the answer has no results list; is {self.search_url} a SearxNG?", self.name
+            )
         if payload.get("error") and not payload.get("results"):  # SearxNG reports query errors as 200 {"error": ...}
             raise WebBadResponse(f"{self.name}: {payload['error']}", self.name, response.status)
-        results = []
+        results: list[SearchResult] = []
         for item in payload.get("results", []):
             if isinstance(item, Mapping) and (item.get("content") or item.get("title")):
-                results.append(SearchResult(str(item.get("url") or ""), strip_html(str(item.get("title") or "")),
-                                            strip_html(str(item.get("content") or "")), len(results), _number(item.get("score"))))
+                results.append(
+                    SearchResult(
+                        str(item.get("url") or ""),
+                        strip_html(str(item.get("title") or "")),
+                        strip_html(str(item.get("content") or "")),
+                        len(results),
+                        _number(item.get("score")),
+                    )
+                )
         return results[:count]
 
 
 class _KeyedSearch(SearchProvider):
     """A provider that needs an API key (from the argument or `key_env`) and has a base url (or `url_env`)."""
 
+    key_env: str  # every keyed provider names the env variable of its key
     url_env = ""  # the env variable that overrides the endpoint
     default_url = ""
     key_hint = ""  # where to get a key, for the message when it is missing
 
-    def __init__(self, api_key: str | None, base_url: str | None, env: Mapping[str, str] | None, user_agent: str | None):
+    def __init__(
+        self, api_key: str | None, base_url: str | None, env: Mapping[str, str] | None, user_agent: str | None
+    ):
         super().__init__(env, user_agent)
         env = os.environ if env is None else env
         self.api_key = (api_key or env.get(self.key_env) or "").strip()
@@ -453,8 +499,14 @@ class BraveSearch(_KeyedSearch):
     key_env, url_env, default_url = "BRAVE_API_KEY", "SURPRISEGATE_BRAVE_URL", DEFAULT_BRAVE_URL
     key_hint = "a subscription token from api-dashboard.search.brave.com"
 
-    def __init__(self, api_key: str | None = None, base_url: str | None = None, env: Mapping[str, str] | None = None,
-                 user_agent: str | None = None, extra_snippets: bool = True):
+    def __init__(
+        self,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user_agent: str | None = None,
+        extra_snippets: bool = True,
+    ):
         super().__init__(api_key, base_url, env, user_agent)
         self.extra_snippets = extra_snippets  # up to 5 more excerpts per result, on plans that allow it
 
@@ -463,22 +515,34 @@ class BraveSearch(_KeyedSearch):
         params = {"q": text, "count": max(1, min(count, 20))}
         if self.extra_snippets:
             params["extra_snippets"] = "true"
-        response = http_request("GET", f"{self.search_url}?{urlencode(params)}", deadline=deadline, label=self.name, headers={
-            "Accept": "application/json", "Accept-Encoding": "gzip", "User-Agent": self.user_agent,
-            "X-Subscription-Token": self.api_key})
+        response = http_request(
+            "GET",
+            f"{self.search_url}?{urlencode(params)}",
+            deadline=deadline,
+            label=self.name,
+            headers={
+                "Accept": "application/json",
+                "Accept-Encoding": "gzip",
+                "User-Agent": self.user_agent,
+                "X-Subscription-Token": self.api_key,
+            },
+        )
         if response.status >= 400:
             self._raise_error(response)
         payload = _json(response, self.name)
         web = payload.get("web") if isinstance(payload, Mapping) else None
-        results = []
+        results: list[SearchResult] = []
         for item in (web or {}).get("results", []) if isinstance(web, Mapping) else []:
             if not isinstance(item, Mapping):
                 continue
             snippets = [str(item.get("description") or "")] + [str(s) for s in item.get("extra_snippets") or []]
             snippet_text = " ".join(strip_html(s) for s in snippets if s)
             if snippet_text:
-                results.append(SearchResult(str(item.get("url") or ""), strip_html(str(item.get("title") or "")), snippet_text,
-                                            len(results)))
+                results.append(
+                    SearchResult(
+                        str(item.get("url") or ""), strip_html(str(item.get("title") or "")), snippet_text, len(results)
+                    )
+                )
         return results[:count]
 
     def _raise_error(self, response: HttpResponse) -> None:
@@ -492,15 +556,32 @@ class BraveSearch(_KeyedSearch):
         code, detail, meta = str(error.get("code") or ""), str(error.get("detail") or ""), error.get("meta") or {}
         status = response.status
         if code == "SUBSCRIPTION_TOKEN_INVALID" or status == 401:
-            raise WebKeyError(f"brave: {status} {code or 'unauthorized'} — set BRAVE_API_KEY to a valid key", self.name, status, code)
+            raise WebKeyError(
+                f"brave: {status} {code or 'unauthorized'} — set BRAVE_API_KEY to a valid key", self.name, status, code
+            )
         if code == "RATE_LIMITED":
-            plan = f" (plan {meta.get('plan')}: {meta.get('rate_limit')} request/s)" if isinstance(meta, Mapping) and meta.get("plan") else ""
-            raise WebRateLimited(f"brave: {status} RATE_LIMITED{plan} — slow down or upgrade the plan", self.name, status, code)
+            plan = (
+                f" (plan {meta.get('plan')}: {meta.get('rate_limit')} request/s)"
+                if isinstance(meta, Mapping) and meta.get("plan")
+                else ""
+            )
+            raise WebRateLimited(
+                f"brave: {status} RATE_LIMITED{plan} — slow down or upgrade the plan", self.name, status, code
+            )
         if code == "QUOTA_LIMITED":
-            raise WebRateLimited(f"brave: {status} QUOTA_LIMITED — the plan's monthly quota is used up", self.name, status, code)
+            raise WebRateLimited(
+                f"brave: {status} QUOTA_LIMITED — the plan's monthly quota is used up", self.name, status, code
+            )
         if code == "VALIDATION":
-            problems = "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg')}"
-                                 for e in (meta.get("errors") or []) if isinstance(e, Mapping)) if isinstance(meta, Mapping) else ""
+            problems = (
+                "; ".join(
+                    f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg')}"
+                    for e in (meta.get("errors") or [])
+                    if isinstance(e, Mapping)
+                )
+                if isinstance(meta, Mapping)
+                else ""
+            )
             raise WebBadResponse(f"brave: {status} VALIDATION {problems or detail}", self.name, status, code)
         if code:
             raise WebBadResponse(f"brave: {status} {code} {detail}".rstrip(), self.name, status, code)
@@ -514,8 +595,15 @@ class TavilySearch(_KeyedSearch):
     key_env, url_env, default_url = "TAVILY_API_KEY", "SURPRISEGATE_TAVILY_URL", DEFAULT_TAVILY_URL
     key_hint = "tvly-..., from app.tavily.com"
 
-    def __init__(self, api_key: str | None = None, base_url: str | None = None, env: Mapping[str, str] | None = None,
-                 user_agent: str | None = None, search_depth: str = "basic", topic: str = "general"):
+    def __init__(
+        self,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user_agent: str | None = None,
+        search_depth: str = "basic",
+        topic: str = "general",
+    ):
         if search_depth not in ("basic", "advanced"):
             raise ConfigError(f"search_depth={search_depth!r}: use 'basic' or 'advanced'")
         if topic not in ("general", "news"):
@@ -534,22 +622,41 @@ class TavilySearch(_KeyedSearch):
             "include_images": False,
             "topic": self.topic,
         }
-        response = http_request("POST", self.search_url, deadline=deadline, label=self.name,
-                                body=json.dumps(request).encode("utf-8"), headers={
-                                    "Content-Type": "application/json", "Accept": "application/json",
-                                    "Authorization": f"Bearer {self.api_key}", "User-Agent": self.user_agent})
+        response = http_request(
+            "POST",
+            self.search_url,
+            deadline=deadline,
+            label=self.name,
+            body=json.dumps(request).encode("utf-8"),
+            headers={
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+                "Authorization": f"Bearer {self.api_key}",
+                "User-Agent": self.user_agent,
+            },
+        )
         if response.status in (432, 433):  # Tavily's plan and pay-as-you-go limits
             detail = _error_detail(_json_or_none(response.body))
-            raise WebRateLimited(f"tavily: {response.status} usage limit reached{': ' + detail if detail else ''} — "
-                                 "upgrade the plan or wait for the quota to reset", self.name, response.status)
+            raise WebRateLimited(
+                f"tavily: {response.status} usage limit reached{': ' + detail if detail else ''} — "
+                "upgrade the plan or wait for the quota to reset",
+                self.name,
+                response.status,
+            )
         _raise_for_status(self.name, response, key_env=self.key_env if response.status in (401, 403) else None)
         payload = _json(response, self.name)
-        results = []
+        results: list[SearchResult] = []
         for item in payload.get("results", []) if isinstance(payload, Mapping) else []:
             if isinstance(item, Mapping) and (item.get("content") or item.get("raw_content")):
-                results.append(SearchResult(str(item.get("url") or ""), strip_html(str(item.get("title") or "")),
-                                            strip_html(str(item.get("content") or item.get("raw_content"))), len(results),
-                                            _number(item.get("score"))))
+                results.append(
+                    SearchResult(
+                        str(item.get("url") or ""),
+                        strip_html(str(item.get("title") or "")),
+                        strip_html(str(item.get("content") or item.get("raw_content"))),
+                        len(results),
+                        _number(item.get("score")),
+                    )
+                )
         return results[:count]
 
 
@@ -562,14 +669,21 @@ class WikipediaSearch(SearchProvider):
 
     name = "wikipedia"
 
-    def __init__(self, base_url: str | None = None, api: str = "action", summaries: bool = True,
-                 env: Mapping[str, str] | None = None, user_agent: str | None = None):
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api: str = "action",
+        summaries: bool = True,
+        env: Mapping[str, str] | None = None,
+        user_agent: str | None = None,
+    ):
         super().__init__(env, user_agent)
         env = os.environ if env is None else env
         if api not in ("action", "rest"):
             raise ConfigError(f"api={api!r}: use 'action' (w/api.php) or 'rest' (w/rest.php/v1/search/page)")
-        self.base_url = _base_url(base_url or env.get("SURPRISEGATE_WIKIPEDIA_URL"), DEFAULT_WIKIPEDIA_URL,
-                                  "SURPRISEGATE_WIKIPEDIA_URL")
+        self.base_url = _base_url(
+            base_url or env.get("SURPRISEGATE_WIKIPEDIA_URL"), DEFAULT_WIKIPEDIA_URL, "SURPRISEGATE_WIKIPEDIA_URL"
+        )
         self.api, self.summaries = api, summaries
 
     def _headers(self) -> dict[str, str]:
@@ -592,8 +706,15 @@ class WikipediaSearch(SearchProvider):
     def _search(self, keywords: str, count: int, deadline: float) -> list[SearchResult]:
         limit = max(1, min(count, 50))
         if self.api == "action":
-            params = {"action": "query", "list": "search", "srsearch": keywords, "format": "json", "formatversion": "2",
-                      "srprop": "snippet|timestamp|wordcount|size", "srlimit": limit}
+            params = {
+                "action": "query",
+                "list": "search",
+                "srsearch": keywords,
+                "format": "json",
+                "formatversion": "2",
+                "srprop": "snippet|timestamp|wordcount|size",
+                "srlimit": limit,
+            }
             url = f"{self.base_url}/w/api.php?{urlencode(params)}"
         else:
             url = f"{self.base_url}/w/rest.php/v1/search/page?{urlencode({'q': keywords, 'limit': limit})}"
@@ -605,15 +726,24 @@ class WikipediaSearch(SearchProvider):
         if self.api == "action":
             if "error" in payload:  # the Action API reports errors as 200 {"error": {"code", "info"}}
                 error = payload["error"] if isinstance(payload["error"], Mapping) else {}
-                raise WebBadResponse(f"wikipedia: {error.get('code', 'error')}: {error.get('info', '')}".rstrip(": "), self.name)
+                raise WebBadResponse(
+                    f"wikipedia: {error.get('code', 'error')}: {error.get('info', '')}".rstrip(": "), self.name
+                )
             items = (payload.get("query") or {}).get("search") or []
             pairs = [(item.get("title"), item.get("snippet")) for item in items if isinstance(item, Mapping)]
         else:
             items = payload.get("pages") or []
-            pairs = [(item.get("title"), " ".join(filter(None, [item.get("description") and f"{item['description']}.",
-                                                             item.get("excerpt")])))
-                     for item in items if isinstance(item, Mapping)]
-        results = []
+            pairs = [
+                (
+                    item.get("title"),
+                    " ".join(
+                        filter(None, [item.get("description") and f"{item['description']}.", item.get("excerpt")])
+                    ),
+                )
+                for item in items
+                if isinstance(item, Mapping)
+            ]
+        results: list[SearchResult] = []
         for title, snippet in pairs:
             if title:
                 page_url = f"{self.base_url}/wiki/{quote(str(title).replace(' ', '_'))}"
@@ -642,8 +772,11 @@ class WikipediaSearch(SearchProvider):
         merged = []
         for result in results:
             extract, page_url = extracts.get(result.rank, ("", ""))
-            merged.append(SearchResult(page_url or result.url, result.title, extract or result.text, result.rank)
-                          if extract else result)
+            merged.append(
+                SearchResult(page_url or result.url, result.title, extract or result.text, result.rank)
+                if extract
+                else result
+            )
         return merged
 
 
@@ -659,7 +792,10 @@ def _json_or_none(body: bytes) -> object:
 
 
 _PROVIDER_CLASSES: dict[str, Callable[..., SearchProvider]] = {
-    "searxng": SearxngSearch, "brave": BraveSearch, "tavily": TavilySearch, "wikipedia": WikipediaSearch,
+    "searxng": SearxngSearch,
+    "brave": BraveSearch,
+    "tavily": TavilySearch,
+    "wikipedia": WikipediaSearch,
 }
 
 
@@ -711,7 +847,9 @@ class _Candidate:
     sentence_stems: list[set[str]]
 
 
-def _pick_sentences(sentence_stems: list[set[str]], weights: dict[str, float], idf: dict[str, float], count: int) -> list[int]:
+def _pick_sentences(
+    sentence_stems: list[set[str]], weights: dict[str, float], idf: dict[str, float], count: int
+) -> list[int]:
     """Indices of up to `count` sentences, picked greedily by the question weight they add, in the order to show them.
 
     Greedy coverage, not the top `count` by score: a multi-hop question ("the network of the show
@@ -721,6 +859,7 @@ def _pick_sentences(sentence_stems: list[set[str]], weights: dict[str, float], i
     is a village in Ulster County."), and a small model restates the first sentence it is shown
     (halueval_qa_dev, 100 items: intervene 0.40 -> 0.44, no answer broken). Otherwise text order.
     """
+
     def gain(index: int, covered: set[str]) -> tuple[float, int]:
         new = (sentence_stems[index] - covered) & weights.keys()
         return (sum(weights[s] * idf[s] for s in new), -index)  # ties: the earlier sentence
@@ -738,8 +877,16 @@ def _pick_sentences(sentence_stems: list[set[str]], weights: dict[str, float], i
     return sorted(chosen)
 
 
-def results_to_evidence(results: list[SearchResult], query: Query, provider: str, *, searched: str,
-                        floor: float = DEFAULT_FLOOR, max_results: int = 3, max_sentences: int = 2) -> list[Evidence]:
+def results_to_evidence(
+    results: list[SearchResult],
+    query: Query,
+    provider: str,
+    *,
+    searched: str,
+    floor: float = DEFAULT_FLOOR,
+    max_results: int = 3,
+    max_sentences: int = 2,
+) -> list[Evidence]:
     """The best sentence(s) of each top result as Evidence, best first, those under `floor` dropped.
 
     Sentences are scored by the IDF-weighted question words they hold (IDF over all the results'
@@ -768,15 +915,24 @@ def results_to_evidence(results: list[SearchResult], query: Query, provider: str
         if confidence < floor or not snippet:
             continue
         result = candidate.result
-        evidence.append(Evidence(
-            claim=snippet,
-            evidence=snippet,
-            confidence=confidence,
-            source=f"web:{provider}:{result.url or result.title}",
-            observable=0.0,
-            detail={"title": result.title, "url": result.url, "rank": result.rank, "provider_score": result.provider_score,
-                    "search": searched, "coverage": round(coverage, 4), "result_text": result.text[:RESULT_TEXT_CHARS]},
-        ))
+        evidence.append(
+            Evidence(
+                claim=snippet,
+                evidence=snippet,
+                confidence=confidence,
+                source=f"web:{provider}:{result.url or result.title}",
+                observable=0.0,
+                detail={
+                    "title": result.title,
+                    "url": result.url,
+                    "rank": result.rank,
+                    "provider_score": result.provider_score,
+                    "search": searched,
+                    "coverage": round(coverage, 4),
+                    "result_text": result.text[:RESULT_TEXT_CHARS],
+                },
+            )
+        )
     evidence.sort(key=lambda e: (-e.confidence, e.detail["rank"]))
     return evidence
 
@@ -786,11 +942,23 @@ class WebArm:
 
     name = "web"
 
-    def __init__(self, provider: str | SearchProvider = "searxng", floor: float = DEFAULT_FLOOR, max_results: int = 3,
-                 cache: bool = True, max_sentences: int = 2, cache_size: int = CACHE_SIZE, **provider_options):
-        check_arm_settings(floor, DEFAULT_FLOOR, max_results=(max_results, "results to use"),
-                           max_sentences=(max_sentences, "sentences per result"),
-                           cache_size=(cache_size, "searches to remember"))
+    def __init__(
+        self,
+        provider: str | SearchProvider = "searxng",
+        floor: float = DEFAULT_FLOOR,
+        max_results: int = 3,
+        cache: bool = True,
+        max_sentences: int = 2,
+        cache_size: int = CACHE_SIZE,
+        **provider_options,
+    ):
+        check_arm_settings(
+            floor,
+            DEFAULT_FLOOR,
+            max_results=(max_results, "results to use"),
+            max_sentences=(max_sentences, "sentences per result"),
+            cache_size=(cache_size, "searches to remember"),
+        )
         self.provider = make_provider(provider, **provider_options) if isinstance(provider, str) else provider
         self.floor, self.max_results, self.max_sentences = floor, max_results, max_sentences
         # Keyed by provider + search text: a second round on the same question costs no request. Least
@@ -809,8 +977,15 @@ class WebArm:
         if not searched:
             return []
         results = self._search(searched, deadline)
-        return results_to_evidence(results, query, self.provider.name, searched=searched, floor=self.floor,
-                                   max_results=self.max_results, max_sentences=self.max_sentences)
+        return results_to_evidence(
+            results,
+            query,
+            self.provider.name,
+            searched=searched,
+            floor=self.floor,
+            max_results=self.max_results,
+            max_sentences=self.max_sentences,
+        )
 
     def _search(self, searched: str, deadline: float) -> list[SearchResult]:
         key = (self.provider.name, searched)

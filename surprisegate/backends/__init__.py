@@ -16,8 +16,9 @@ The controller talks to these protocols only; `open_backend` (registry.py) picks
 from __future__ import annotations
 
 import math
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -73,6 +74,12 @@ class Sampling:
         return Step(token, piece, surprise, entropy, top)
 
 
+class Steps(Iterator[Step], Protocol):
+    """What `Session.steps` returns: one step per token, and `close()` to stop early (as a generator's)."""
+
+    def close(self) -> None: ...
+
+
 @runtime_checkable
 class Session(Protocol):
     """One request's context on a steerable backend."""
@@ -87,8 +94,14 @@ class Session(Protocol):
         """(tokens dropped, "trim" | "reprefill") by the latest `steps` call: receipts say how a rewind ran."""
         ...
 
-    def steps(self, tokens: Sequence[int], sampling: Sampling, *, batch_until: int | None = None,
-              banned: frozenset[int] = frozenset()) -> Iterator[Step]:
+    def steps(
+        self,
+        tokens: Sequence[int],
+        sampling: Sampling,
+        *,
+        batch_until: int | None = None,
+        banned: frozenset[int] = frozenset(),
+    ) -> Steps:
         """Continue from `tokens` (keeping the longest common prefix of what the session holds) and yield
         one step per token. A step's token is fed only when the next step is asked for, so closing the
         iterator right after a step leaves that token out of the context. `banned` applies to the first
@@ -132,8 +145,7 @@ class BlackBoxBackend(Protocol):
     name: str
     model_id: str
 
-    def chat_steps(self, messages: list[dict[str, str]], sampling: Sampling) -> Iterator[Step]:
-        ...
+    def chat_steps(self, messages: list[dict[str, str]], sampling: Sampling) -> Iterator[Step]: ...
 
 
 class LocalModel(Protocol):
@@ -148,8 +160,7 @@ class LocalModel(Protocol):
         """Next-token logits for the current context (recomputed if a trim made them stale)."""
         ...
 
-    def can_trim(self) -> bool:
-        ...
+    def can_trim(self) -> bool: ...
 
     def trim(self, n: int) -> int:
         """Drop the last `n` tokens from the context and KV cache; return how many were dropped."""
@@ -159,14 +170,13 @@ class LocalModel(Protocol):
         """Drop the whole context."""
         ...
 
-    def token_bytes(self, token_id: int) -> bytes:
-        ...
+    def token_bytes(self, token_id: int) -> bytes: ...
 
 
 def common_prefix(held: Sequence[int], wanted: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""
     n = 0
-    for have, want in zip(held, wanted):
+    for have, want in zip(held, wanted, strict=False):  # stops at the shorter one
         if have != want:
             break
         n += 1
@@ -182,13 +192,16 @@ class LocalSession:
         self._fresh = False  # the model's logits describe `_held` (no trim since the last append)
         self._last: tuple[int, str] = (0, "trim")
         model.reset()  # the cache is this session's now; an older session of this model is superseded
-        setattr(model, "_surprisegate_session", self)
+        # A mark on the caller's model object, which the LocalModel protocol does not declare.
+        setattr(model, "_surprisegate_session", self)  # noqa: B010
 
     def _check_current(self) -> None:
         if getattr(self._model, "_surprisegate_session", None) is not self:
-            raise BackendError("this session's model has started another session since, which took its one KV "
-                               "cache; run one session at a time on this backend, or load the model once per "
-                               "concurrent request")
+            raise BackendError(
+                "this session's model has started another session since, which took its one KV "
+                "cache; run one session at a time on this backend, or load the model once per "
+                "concurrent request"
+            )
 
     @property
     def tokens(self) -> Sequence[int]:
@@ -201,14 +214,20 @@ class LocalSession:
     def close(self) -> None:
         self._held, self._fresh = [], False
 
-    def steps(self, tokens: Sequence[int], sampling: Sampling, *, batch_until: int | None = None,
-              banned: frozenset[int] = frozenset()) -> Iterator[Step]:
+    def steps(
+        self,
+        tokens: Sequence[int],
+        sampling: Sampling,
+        *,
+        batch_until: int | None = None,
+        banned: frozenset[int] = frozenset(),
+    ) -> Steps:
         self._check_current()
         # Eager: the context is fed (and `last_continue` set) here; the returned iterator only decodes.
         logits = self._continue_from(list(tokens), len(tokens) if batch_until is None else batch_until)
         return self._decode(logits, sampling, banned)
 
-    def _decode(self, logits: np.ndarray, sampling: Sampling, banned: frozenset[int]) -> Iterator[Step]:
+    def _decode(self, logits: np.ndarray, sampling: Sampling, banned: frozenset[int]) -> Generator[Step, None, None]:
         while True:
             token = sampling.choose(logits, banned)
             banned = frozenset()
@@ -237,7 +256,7 @@ class LocalSession:
         logits = None
         if common < batch_until:
             logits = self._model.append(target[common:batch_until])
-        for token in target[max(common, batch_until):]:
+        for token in target[max(common, batch_until) :]:
             logits = self._model.append([token])
         assert logits is not None
         self._held, self._fresh = target, True

@@ -12,7 +12,8 @@ import inspect
 import json
 import os
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -30,9 +31,7 @@ _MISSING_TORCH = (
     "the transformers backend needs torch and transformers: "
     "pip install torch==2.13.0 && pip install 'surprisegate[transformers]'"
 )
-_MISSING_GGUF = (
-    "loading a .gguf file with transformers needs gguf and accelerate: pip install gguf accelerate"
-)
+_MISSING_GGUF = "loading a .gguf file with transformers needs gguf and accelerate: pip install gguf accelerate"
 # Special tokens that end a turn across chat formats (the list llama.cpp matches by text).
 END_OF_TURN_TOKENS = frozenset(
     {"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<EOT>"}
@@ -88,9 +87,10 @@ class TransformersBackend(LocalBackend):
         with self._torch.inference_mode():
             for start in range(0, len(new_tokens), PREFILL_CHUNK_TOKENS):
                 chunk = new_tokens[start : start + PREFILL_CHUNK_TOKENS]
-                self._next_logits = self._forward(chunk)
+                logits = self._forward(chunk)
+                self._next_logits = logits
                 self._tokens.extend(chunk)
-        return self._next_logits
+        return logits
 
     def logits(self) -> np.ndarray:
         if self._next_logits is not None:
@@ -202,8 +202,14 @@ class TransformersBackend(LocalBackend):
 
 
 def from_transformers(
-    model: str | None = None, *, device: str = "cpu", dtype: str = "float32", n_ctx: int | None = None,
-    seed: int = 0, threads: int = 0, **kwargs: Any
+    model: str | None = None,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    n_ctx: int | None = None,
+    seed: int = 0,
+    threads: int = 0,
+    **kwargs: Any,
 ) -> TransformersBackend:
     """Load a causal LM with transformers.
 
@@ -212,7 +218,8 @@ def from_transformers(
     """
     if kwargs:
         raise ConfigError(
-            f"from_transformers got unknown options {sorted(kwargs)}; it takes model, device, dtype, n_ctx, seed and threads"
+            f"from_transformers got unknown options {sorted(kwargs)}; it takes model, device, dtype, n_ctx, seed "
+            "and threads"
         )
     if dtype not in _DTYPES:
         raise ConfigError(f"dtype={dtype!r} is not supported; use one of: {', '.join(_DTYPES)}")
@@ -224,9 +231,7 @@ def from_transformers(
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as err:
         raise MissingDependency(_MISSING_TORCH) from err
-    if gguf_file is not None and not all(
-        importlib.util.find_spec(name) for name in ("gguf", "accelerate")
-    ):
+    if gguf_file is not None and not all(importlib.util.find_spec(name) for name in ("gguf", "accelerate")):
         raise MissingDependency(_MISSING_GGUF)
 
     load_options: dict[str, Any] = {"local_files_only": True}
@@ -245,7 +250,9 @@ def from_transformers(
         torch.set_num_threads(threads)
     torch.manual_seed(seed)  # sampling happens in the controller; this only pins any model-side randomness
     # n_ctx is accepted for parity with llama.cpp: the cache grows as needed, up to the model's own limit.
-    return TransformersBackend(causal_lm.to(device), tokenizer, model_id)
+    # transformers types `.to` through a decorator whose wrapper takes the model as its first argument; the
+    # second ignore code keeps venvs without transformers (where the line is clean) from flagging it.
+    return TransformersBackend(causal_lm.to(device), tokenizer, model_id)  # type: ignore[arg-type, unused-ignore]
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -339,10 +346,7 @@ def _build_token_bytes_table(tokenizer: Any) -> list[bytes]:
         elif byte_level:
             # GPT-2 byte-level BPE: each character stands for one byte ('Ġ' is a space).
             table.append(
-                b"".join(
-                    bytes([byte_of_char[ch]]) if ch in byte_of_char else ch.encode("utf-8")
-                    for ch in piece
-                )
+                b"".join(bytes([byte_of_char[ch]]) if ch in byte_of_char else ch.encode("utf-8") for ch in piece)
             )
         elif match := _BYTE_FALLBACK_TOKEN.match(piece):
             # SentencePiece byte fallback: <0xE2> is the single byte 0xE2.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ..config import Config
 from ..prompting import PromptLayout, chat_messages
@@ -38,7 +38,9 @@ def bench_decode(n_tokens: int = 256, repeats: int = 5, progress: Callable[[str]
         llama.reset()
         out: list[int] = []
         t0 = time.perf_counter()
-        for tok in llama.generate(prompt_tokens, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        for tok in llama.generate(
+            prompt_tokens, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True
+        ):
             if tok in backend.eos_token_ids or len(out) >= n_tokens:
                 break
             out.append(tok)
@@ -54,13 +56,18 @@ def bench_decode(n_tokens: int = 256, repeats: int = 5, progress: Callable[[str]
                 break
         return out, time.perf_counter() - t0
 
-    plain(); detect()  # warm-up: page in weights, build caches
-    plain_s, detect_s = [], []
+    plain()
+    detect()  # warm-up: page in weights, build caches
+    plain_s: list[float] = []
+    detect_s: list[float] = []
     same_tokens = True
     n_plain = n_detect = 0
     for i in range(repeats):
-        for name, fn, sink in (("plain", plain, plain_s), ("detect", detect, detect_s)) if i % 2 == 0 else \
-                (("detect", detect, detect_s), ("plain", plain, plain_s)):
+        for name, fn, sink in (
+            (("plain", plain, plain_s), ("detect", detect, detect_s))
+            if i % 2 == 0
+            else (("detect", detect, detect_s), ("plain", plain, plain_s))
+        ):
             toks, seconds = fn()
             sink.append(len(toks) / seconds)
             if name == "plain":
@@ -88,11 +95,18 @@ def bench_decode(n_tokens: int = 256, repeats: int = 5, progress: Callable[[str]
 def _filler_text(n_sentences: int) -> str:
     subjects = ["The river", "A committee", "The old bridge", "Our library", "The northern station", "A small museum"]
     verbs = ["opened", "was rebuilt", "closed", "expanded", "was renamed", "moved"]
-    return " ".join(f"{subjects[i % 6]} number {i} {verbs[(i * 7) % 6]} in {1800 + (i * 37) % 220}." for i in range(n_sentences))
+    return " ".join(
+        f"{subjects[i % 6]} number {i} {verbs[(i * 7) % 6]} in {1800 + (i * 37) % 220}." for i in range(n_sentences)
+    )
 
 
-def bench_rewind(context_tokens: int = 1500, repeats: int = 5, span: int = 16, segment_tokens: int = 30,
-                 progress: Callable[[str], None] = _noop) -> dict:
+def bench_rewind(
+    context_tokens: int = 1500,
+    repeats: int = 5,
+    span: int = 16,
+    segment_tokens: int = 30,
+    progress: Callable[[str], None] = _noop,
+) -> dict:
     from ..backends import Sampling
     from ..backends.llamacpp import from_llamacpp
 
@@ -122,14 +136,20 @@ def bench_rewind(context_tokens: int = 1500, repeats: int = 5, span: int = 16, s
         steps.close()
         return elapsed
 
-    reprefill(); rewind()  # warm-up
+    reprefill()
+    rewind()  # warm-up
     base, cand = [], []
     for i in range(repeats):
         if i % 2 == 0:
-            base.append(reprefill()); cand.append(rewind())
+            base.append(reprefill())
+            cand.append(rewind())
         else:
-            cand.append(rewind()); base.append(reprefill())
-        progress(f"rewind repeat {i + 1}/{repeats}: re-prefill {base[-1] * 1000:.0f} ms, rewind+inject+re-decode {cand[-1] * 1000:.0f} ms")
+            cand.append(rewind())
+            base.append(reprefill())
+        progress(
+            f"rewind repeat {i + 1}/{repeats}: re-prefill {base[-1] * 1000:.0f} ms, rewind+inject+re-decode "
+            f"{cand[-1] * 1000:.0f} ms"
+        )
     b, c = statistics.median(base), statistics.median(cand)
     return {
         "benchmark": "rewind",

@@ -78,41 +78,65 @@ def synthetic_world(n_passages: int, seed: int = SEED) -> tuple[list[dict[str, s
     for country in countries:
         capital, other = rng.sample(cities, 2)
         currency = name()
-        add("country", country,
+        add(
+            "country",
+            country,
             f"{country} is a country in {rng.choice(CONTINENTS)}. The capital of {country} is {capital}. "
             f"The currency of {country} is the {currency} crown. "
             f"The population of {country} is about {rng.randint(10**5, 10**8):,}.",
-            f"What is the capital of {country}?", f"The capital of {country} is {other}")
+            f"What is the capital of {country}?",
+            f"The capital of {country} is {other}",
+        )
     for city in cities:
         country = rng.choice(countries)
-        add("city", city,
+        add(
+            "city",
+            city,
             f"{city} is a city in {country} with a population of about {rng.randint(2000, 5 * 10**6):,}. "
             f"It lies on the {rng.choice(rivers)} river.",
-            f"In which country is the city of {city}?", f"{city} is a city in {rng.choice(countries)}")
+            f"In which country is the city of {city}?",
+            f"{city} is a city in {rng.choice(countries)}",
+        )
     for _ in range(counts["person"]):
         first, last = name(), name()
         birthplace = rng.choice(cities)
-        add("person", f"{first} {last}",
+        add(
+            "person",
+            f"{first} {last}",
             f"{first} {last} was born in {birthplace} in {rng.randint(1920, 2005)}. "
             f"{first} works as {_article(rng.choice(JOBS))} at {rng.choice(companies)}.",
-            f"Where was {first} {last} born?", f"{first} {last} was born in {rng.choice(cities)}")
+            f"Where was {first} {last} born?",
+            f"{first} {last} was born in {rng.choice(cities)}",
+        )
     for company in companies:
         boss = f"{name()} {name()}"
-        add("company", company,
+        add(
+            "company",
+            company,
             f"{company} is {_article(rng.choice(INDUSTRIES))} company founded in {rng.randint(1850, 2020)} "
             f"and based in {rng.choice(cities)}. Its chief executive is {boss}.",
-            f"Who runs {company}?", f"The chief executive of {company} is {boss}")
+            f"Who runs {company}?",
+            f"The chief executive of {company} is {boss}",
+        )
     for river in rivers:
-        add("river", f"{river} river",
+        add(
+            "river",
+            f"{river} river",
             f"The {river} river is {rng.randint(20, 4000):,} km long and flows through {rng.choice(countries)} "
             f"into the {rng.choice(SEAS)}.",
-            f"How long is the {river} river?", f"The {river} river is {rng.randint(20, 4000)} km long")
+            f"How long is the {river} river?",
+            f"The {river} river is {rng.randint(20, 4000)} km long",
+        )
     for _ in range(counts["mountain"]):
         mountain = name()
-        add("mountain", f"Mount {mountain}",
+        add(
+            "mountain",
+            f"Mount {mountain}",
             f"Mount {mountain} rises {rng.randint(300, 8800):,} m above sea level in the {name()} range of "
             f"{rng.choice(countries)}.",
-            f"How high is Mount {mountain}?", f"Mount {mountain} is {rng.randint(300, 8800)} m high")
+            f"How high is Mount {mountain}?",
+            f"Mount {mountain} is {rng.randint(300, 8800)} m high",
+        )
     return passages, questions
 
 
@@ -137,9 +161,13 @@ def bench_memory(
     with tempfile.TemporaryDirectory(prefix="surprisegate-bench-") as folder:
         with SQLiteMemory(Path(folder) / "memory.sqlite", create=True) as store:
             build_s, first_search_s = fill_and_warm(store, passages, asked[0], "sqlite", progress)
-            by_mode = time_modes(store, asked, ("hybrid", *(m for m in SEARCH_MODES if m != "hybrid")), "sqlite", progress)
+            by_mode = time_modes(
+                store, asked, ("hybrid", *(m for m in SEARCH_MODES if m != "hybrid")), "sqlite", progress
+            )
             stats = store.stats()
-        result["sqlite"] = latency_summary(by_mode, "hybrid", build_s, first_search_s, stats) | {"file_bytes": stats["file_bytes"]}
+        result["sqlite"] = latency_summary(by_mode, "hybrid", build_s, first_search_s, stats) | {
+            "file_bytes": stats["file_bytes"]
+        }
     result["milvus"] = milvus_bench(passages, asked, progress) if milvus_bench is not None else None
     return result
 

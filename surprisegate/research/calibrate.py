@@ -14,18 +14,20 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..config import Config, to_toml
 from ..errors import InputError
-from .labeling import CLOZE_INSTRUCTION, iter_labels
 from ..signals import SIGNALS, copy_flags, question_kind, signal_value
 from ..surprise import topk_entropy, topk_entropy_bounds
 from ..trigger import window_peak  # the loop's own rule: calibration thresholds what the loop compares
+from .labeling import CLOZE_INSTRUCTION, iter_labels
 
 WINDOWS = (4, 8, 16, 32)
 STATISTICS = ("mean", "p90", "max")
@@ -38,7 +40,7 @@ OBJECTIVES = ("recall", "precision")
 # ------------------------------------------------------------------------------------------------
 # pure metrics
 # ------------------------------------------------------------------------------------------------
-def auroc(scores: Sequence[float], labels: Sequence[int]) -> float:
+def auroc(scores: ArrayLike, labels: ArrayLike) -> float:
     """Probability a random positive scores above a random negative (ties count half). NaN if one class."""
     s = np.asarray(scores, dtype=float)
     y = np.asarray(labels, dtype=int)
@@ -58,7 +60,7 @@ def _average_ranks(values: np.ndarray) -> np.ndarray:
         j = i
         while j + 1 < len(values) and sorted_vals[j + 1] == sorted_vals[i]:
             j += 1
-        ranks[order[i: j + 1]] = (i + j) / 2 + 1
+        ranks[order[i : j + 1]] = (i + j) / 2 + 1
         i = j + 1
     return ranks
 
@@ -110,8 +112,10 @@ class Labelled:
 
 def check_top_k(top_k: int | None) -> None:
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K):
-        raise InputError(f"--top-k={top_k!r} must be a whole number from 1 to {MAX_TOP_K} (the most logprobs a "
-                         "server streams per token, and what labels keep); omit it to use the full distribution")
+        raise InputError(
+            f"--top-k={top_k!r} must be a whole number from 1 to {MAX_TOP_K} (the most logprobs a "
+            "server streams per token, and what labels keep); omit it to use the full distribution"
+        )
 
 
 def topk_entropies(record: dict, top_k: int, source: str = "--labels") -> list[float]:
@@ -119,13 +123,17 @@ def topk_entropies(record: dict, top_k: int, source: str = "--labels") -> list[f
     top = record.get("top_logprobs")
     n = len(record.get("surprises") or [])
     if top is None or len(top) != n:
-        raise InputError(f"{source} has no top-k logprobs for every token (row {record.get('id')!r}: labelled before "
-                         "`label` kept them), so --top-k cannot be computed; re-run `surprisegate label --data FILE "
-                         f"--out NEW_FOLDER` and calibrate on that folder, or drop --top-k={top_k}")
+        raise InputError(
+            f"{source} has no top-k logprobs for every token (row {record.get('id')!r}: labelled before "
+            "`label` kept them), so --top-k cannot be computed; re-run `surprisegate label --data FILE "
+            f"--out NEW_FOLDER` and calibrate on that folder, or drop --top-k={top_k}"
+        )
     short = min((len(t) for t in top), default=top_k)
     if short < top_k:
-        raise InputError(f"--top-k={top_k} but {source} kept only {short} logprobs for a token of row "
-                         f"{record.get('id')!r}; pass --top-k {short} or less, or re-run `surprisegate label`")
+        raise InputError(
+            f"--top-k={top_k} but {source} kept only {short} logprobs for a token of row "
+            f"{record.get('id')!r}; pass --top-k {short} or less, or re-run `surprisegate label`"
+        )
     vocab = record.get("vocab_size")
     try:
         return [topk_entropy(t[:top_k], vocab) for t in top]
@@ -133,8 +141,9 @@ def topk_entropies(record: dict, top_k: int, source: str = "--labels") -> list[f
         raise InputError(f"{source}, row {record.get('id')!r}: {err}") from None
 
 
-def prepare(records: Iterable[dict], top_k: int | None = None, source: str = "--labels",
-            allow_empty: bool = False) -> list[Labelled]:
+def prepare(
+    records: Iterable[dict], top_k: int | None = None, source: str = "--labels", allow_empty: bool = False
+) -> list[Labelled]:
     """Label rows -> per-signal sequences. `top_k`: entropy estimated from that many top logprobs."""
     check_top_k(top_k)
     out = []
@@ -149,7 +158,7 @@ def prepare(records: Iterable[dict], top_k: int | None = None, source: str = "--
             entropies = r.get("entropies") or [math.nan] * len(r["surprises"])
         seqs = {}
         for sig in SIGNALS:
-            values = (signal_value(sig, s, h, c) for s, h, c in zip(r["surprises"], entropies, flags))
+            values = (signal_value(sig, s, h, c) for s, h, c in zip(r["surprises"], entropies, flags, strict=False))
             seqs[sig] = [v for v in values if v is not None]  # novel signals skip copied tokens
         question = CLOZE_INSTRUCTION.format(question=r["question"]) if r.get("format") == "cloze" else r["question"]
         out.append(Labelled(r["id"], r["correct"], r.get("category") or "", seqs, question_kind(question)))
@@ -173,8 +182,12 @@ def reply_aggregates(values: list[float], tail_cut: float = 4.0) -> dict[str, fl
     if not values:
         return {"mean": 0.0, "p90": 0.0, "max": 0.0, "tail_mass": 0.0}
     a = np.asarray(values, dtype=float)
-    return {"mean": float(a.mean()), "p90": float(np.percentile(a, 90)), "max": float(a.max()),
-            "tail_mass": float((a > tail_cut).mean())}
+    return {
+        "mean": float(a.mean()),
+        "p90": float(np.percentile(a, 90)),
+        "max": float(a.max()),
+        "tail_mass": float((a > tail_cut).mean()),
+    }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -183,7 +196,7 @@ def reply_aggregates(values: list[float], tail_cut: float = 4.0) -> dict[str, fl
 def signal_table(items: list[Labelled], bootstrap: int = 500, min_tokens: int = 4) -> list[dict]:
     """AUROC (95% CI) of every signal × feature, best first."""
     labels = np.array([0 if it.correct else 1 for it in items])
-    rows = []
+    rows: list[dict[str, Any]] = []
     for sig in SIGNALS:
         if any(math.isnan(v) for it in items for v in it.sequences[sig][:1]):
             continue  # entropies missing in old labels
@@ -201,8 +214,14 @@ def signal_table(items: list[Labelled], bootstrap: int = 500, min_tokens: int = 
     return rows
 
 
-def sweep(items: list[Labelled], signals=SIGNALS, windows=WINDOWS, statistics=STATISTICS,
-          min_tokens_options=(1, 4), n_thresholds: int = 60) -> list[dict]:
+def sweep(
+    items: list[Labelled],
+    signals=SIGNALS,
+    windows=WINDOWS,
+    statistics=STATISTICS,
+    min_tokens_options=(1, 4),
+    n_thresholds: int = 60,
+) -> list[dict]:
     """Every online trigger rule with its intervention precision and recall (positives: wrong replies)."""
     labels = np.array([0 if it.correct else 1 for it in items])
     points = []
@@ -215,14 +234,27 @@ def sweep(items: list[Labelled], signals=SIGNALS, windows=WINDOWS, statistics=ST
         for t in np.unique(np.quantile(peaks, np.linspace(0.02, 0.98, n_thresholds))):
             fired = peaks > t
             precision, recall = precision_recall(fired, labels)
-            points.append({"signal": sig, "statistic": stat, "window": w, "min_tokens": mt,
-                           "threshold": round(float(t), 4), "precision": precision, "recall": recall,
-                           "trigger_rate": float(fired.mean())})
+            points.append(
+                {
+                    "signal": sig,
+                    "statistic": stat,
+                    "window": w,
+                    "min_tokens": mt,
+                    "threshold": round(float(t), 4),
+                    "precision": precision,
+                    "recall": recall,
+                    "trigger_rate": float(fired.mean()),
+                }
+            )
     return points
 
 
-def choose(points: list[dict], min_recall: float = MIN_RECALL, objective: str = "precision",
-           min_precision: float = MIN_PRECISION) -> dict:
+def choose(
+    points: list[dict],
+    min_recall: float = MIN_RECALL,
+    objective: str = "precision",
+    min_precision: float = MIN_PRECISION,
+) -> dict:
     """objective "precision": highest precision at recall >= min_recall (ties: higher recall).
     objective "recall": highest recall at precision >= min_precision and recall >= min_recall; when no
     point reaches min_precision, falls back to the "precision" rule.
@@ -268,7 +300,7 @@ def fit_kind_model(peaks: np.ndarray, labels: np.ndarray, kinds: list[str]) -> d
 
 def kind_scores(peaks: np.ndarray, kinds: list[str], model: dict, beta: float) -> np.ndarray:
     out = np.empty(len(peaks))
-    for i, (x, k) in enumerate(zip(peaks, kinds)):
+    for i, (x, k) in enumerate(zip(peaks, kinds, strict=True)):
         prior, mu, sd = model.get(k, model["_global"])
         out[i] = _logit(prior) + beta * (x - mu) / sd
     return out
@@ -280,13 +312,14 @@ def cross_validated_scores(peaks, labels, kinds, beta, folds: int = 5, seed: int
     out = np.empty(len(peaks))
     for f in range(folds):
         train, test = fold != f, fold == f
-        model = fit_kind_model(peaks[train], labels[train], [k for k, t in zip(kinds, train) if t])
-        out[test] = kind_scores(peaks[test], [k for k, t in zip(kinds, test) if t], model, beta)
+        model = fit_kind_model(peaks[train], labels[train], [k for k, t in zip(kinds, train, strict=True) if t])
+        out[test] = kind_scores(peaks[test], [k for k, t in zip(kinds, test, strict=True) if t], model, beta)
     return out
 
 
 def kind_thresholds(model: dict, beta: float, cut: float) -> tuple[float, dict[str, float]]:
     """Turn the score cut into a threshold in bits per kind: score > cut  <=>  peak > threshold_k."""
+
     def threshold(prior, mu, sd):
         return mu + sd * (cut - _logit(prior)) / beta
 
@@ -294,41 +327,60 @@ def kind_thresholds(model: dict, beta: float, cut: float) -> tuple[float, dict[s
     return glob, {k: round(threshold(*v), 4) for k, v in model.items() if k != "_global"}
 
 
-def calibrate_kinds(items: list[Labelled], rules: list[dict], objective: str = "precision",
-                    min_precision: float = MIN_PRECISION) -> dict:
+def calibrate_kinds(
+    items: list[Labelled], rules: list[dict], objective: str = "precision", min_precision: float = MIN_PRECISION
+) -> dict:
     """Best (rule, beta) by cross-validated AUROC; the operating point on those honest scores."""
     labels = np.array([0 if it.correct else 1 for it in items])
     kinds = [it.kind for it in items]
-    best = None
+    best: dict[str, Any] | None = None
     for rule in rules:
-        peaks = np.array([window_peak(it.sequences[rule["signal"]], rule["window"], rule["statistic"],
-                                      rule["min_tokens"]) for it in items])
+        peaks = np.array(
+            [
+                window_peak(it.sequences[rule["signal"]], rule["window"], rule["statistic"], rule["min_tokens"])
+                for it in items
+            ]
+        )
         for beta in BETAS:
             scores = cross_validated_scores(peaks, labels, kinds, beta)
             a = auroc(scores, labels)
             if best is None or a > best["auroc"]:
                 best = {"rule": rule, "beta": beta, "auroc": a, "scores": scores, "peaks": peaks}
+    assert best is not None, "calibrate_kinds needs at least one rule"
     scores = best["scores"]
     points = []
     for cut in np.unique(np.quantile(scores, np.linspace(0.02, 0.98, 80))):
         precision, recall = precision_recall(scores > cut, labels)
-        points.append({"cut": float(cut), "precision": precision, "recall": recall,
-                       "trigger_rate": float((scores > cut).mean())})
+        points.append(
+            {"cut": float(cut), "precision": precision, "recall": recall, "trigger_rate": float((scores > cut).mean())}
+        )
     chosen = choose(points, objective=objective, min_precision=min_precision)
     highest_precision = choose(points, objective="precision")
     model = fit_kind_model(best["peaks"], labels, kinds)
     glob, per_kind = kind_thresholds(model, best["beta"], chosen["cut"])
     lo, hi = bootstrap_auroc(scores, labels)
-    return {"rule": best["rule"], "beta": best["beta"], "auroc_cv": best["auroc"], "ci_low": lo, "ci_high": hi,
-            "chosen": chosen,
+    return {
+        "rule": best["rule"],
+        "beta": best["beta"],
+        "auroc_cv": best["auroc"],
+        "ci_low": lo,
+        "ci_high": hi,
+        "chosen": chosen,
         "objective": objective,
-        "min_precision": min_precision, "highest_precision_point": highest_precision, "threshold": round(glob, 4), "kind_thresholds": per_kind,
-            "kinds": {k: {"prior_wrong": round(v[0], 3), "mean": round(v[1], 3), "sd": round(v[2], 3)}
-                      for k, v in model.items()}, "scores": scores}
+        "min_precision": min_precision,
+        "highest_precision_point": highest_precision,
+        "threshold": round(glob, 4),
+        "kind_thresholds": per_kind,
+        "kinds": {
+            k: {"prior_wrong": round(v[0], 3), "mean": round(v[1], 3), "sd": round(v[2], 3)} for k, v in model.items()
+        },
+        "scores": scores,
+    }
 
 
-def plot_curves(items: list[Labelled], chosen: dict, baseline: dict, out_dir: Path,
-                kind_scores: np.ndarray | None = None) -> list[str]:
+def plot_curves(
+    items: list[Labelled], chosen: dict, baseline: dict, out_dir: Path, kind_scores: np.ndarray | None = None
+) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -338,7 +390,9 @@ def plot_curves(items: list[Labelled], chosen: dict, baseline: dict, out_dir: Pa
     curves = {}
     for name, p in (("chosen", chosen), ("baseline", baseline)):
         if name == "chosen" and kind_scores is not None:
-            curves[f"chosen: {p['signal']} {p['statistic']} W={p['window']} + per-kind (cross-validated)"] = list(kind_scores)
+            curves[f"chosen: {p['signal']} {p['statistic']} W={p['window']} + per-kind (cross-validated)"] = list(
+                kind_scores
+            )
             continue
         scores = [window_peak(it.sequences[p["signal"]], p["window"], p["statistic"], p["min_tokens"]) for it in items]
         curves[f"{name}: {p['signal']} {p['statistic']} W={p['window']}"] = scores
@@ -378,16 +432,25 @@ def plot_curves(items: list[Labelled], chosen: dict, baseline: dict, out_dir: Pa
     return paths
 
 
-def calibrate(label_dirs: list[str | Path], out_config: str | Path, base: Config | None = None,
-              bootstrap: int = 500, objective: str = "precision", min_precision: float = MIN_PRECISION,
-              progress: Callable[[str], None] = lambda m: None, top_k: int | None = None) -> dict:
+def calibrate(
+    label_dirs: list[str | Path],
+    out_config: str | Path,
+    base: Config | None = None,
+    bootstrap: int = 500,
+    objective: str = "precision",
+    min_precision: float = MIN_PRECISION,
+    progress: Callable[[str], None] = lambda m: None,
+    top_k: int | None = None,
+) -> dict:
     """Compute the report, write the chosen operating point into a TOML config, and plots beside it.
 
     `top_k`: compute the signals from the top K logprobs only (what a server streams); None: full distribution.
     """
     items = load_items(label_dirs, top_k)
-    progress(f"{len(items)} labelled replies, {sum(not it.correct for it in items)} wrong"
-             + (f"; entropy estimated from the top {top_k} logprobs" if top_k else ""))
+    progress(
+        f"{len(items)} labelled replies, {sum(not it.correct for it in items)} wrong"
+        + (f"; entropy estimated from the top {top_k} logprobs" if top_k else "")
+    )
     table = signal_table(items, bootstrap=bootstrap)
     progress("swept AUROC; sweeping trigger rules ...")
     points = sweep(items)
@@ -411,22 +474,45 @@ def calibrate(label_dirs: list[str | Path], out_config: str | Path, base: Config
     use_kinds = kinds["auroc_cv"] > table[0]["auroc"]
     if use_kinds:
         rule = kinds["rule"]
-        config = base.replace(signal=rule["signal"], statistic=rule["statistic"], window=rule["window"],
-                              min_tokens=rule["min_tokens"], threshold=kinds["threshold"],
-                              kind_thresholds=kinds["kind_thresholds"])
-        chosen = {**rule, "threshold": kinds["threshold"], "precision": kinds["chosen"]["precision"],
-                  "recall": kinds["chosen"]["recall"], "trigger_rate": kinds["chosen"]["trigger_rate"],
-                  "per_kind": True, "beta": kinds["beta"]}
+        config = base.replace(
+            signal=rule["signal"],
+            statistic=rule["statistic"],
+            window=rule["window"],
+            min_tokens=rule["min_tokens"],
+            threshold=kinds["threshold"],
+            kind_thresholds=kinds["kind_thresholds"],
+        )
+        chosen = {
+            **rule,
+            "threshold": kinds["threshold"],
+            "precision": kinds["chosen"]["precision"],
+            "recall": kinds["chosen"]["recall"],
+            "trigger_rate": kinds["chosen"]["trigger_rate"],
+            "per_kind": True,
+            "beta": kinds["beta"],
+        }
     else:
-        config = base.replace(signal=chosen["signal"], statistic=chosen["statistic"], window=chosen["window"],
-                              min_tokens=chosen["min_tokens"], threshold=chosen["threshold"], kind_thresholds={})
+        config = base.replace(
+            signal=chosen["signal"],
+            statistic=chosen["statistic"],
+            window=chosen["window"],
+            min_tokens=chosen["min_tokens"],
+            threshold=chosen["threshold"],
+            kind_thresholds={},
+        )
     out = Path(out_config)
     out.parent.mkdir(parents=True, exist_ok=True)
-    header = (f"# written by surprisegate calibrate from {len(items)} labelled replies\n"
-              f"# chosen: precision {chosen['precision']:.3f} at recall {chosen['recall']:.3f} "
-              f"(trigger rate {chosen['trigger_rate']:.3f})\n"
-              + (f"# signals from the top {top_k} logprobs only (calibrate --top-k {top_k}): for a backend that "
-                 f"streams {top_k}\n" if top_k else ""))
+    header = (
+        f"# written by surprisegate calibrate from {len(items)} labelled replies\n"
+        f"# chosen: precision {chosen['precision']:.3f} at recall {chosen['recall']:.3f} "
+        f"(trigger rate {chosen['trigger_rate']:.3f})\n"
+        + (
+            f"# signals from the top {top_k} logprobs only (calibrate --top-k {top_k}): for a backend that "
+            f"streams {top_k}\n"
+            if top_k
+            else ""
+        )
+    )
     out.write_text(header + to_toml(config))
     plots = plot_curves(items, chosen, baseline, out.parent, kind_scores=kinds["scores"] if use_kinds else None)
     best_plain = next(r for r in table if r["signal"] == "surprise")
@@ -435,10 +521,18 @@ def calibrate(label_dirs: list[str | Path], out_config: str | Path, base: Config
         "top_k": top_k,
         "n": len(items),
         "wrong": int(sum(not it.correct for it in items)),
-        "best": ({"signal": f"{kinds['rule']['signal']} {kinds['rule']['statistic']} W={kinds['rule']['window']} "
-                           f"+ per-kind normalisation", "feature": "cross-validated score", "auroc": kinds["auroc_cv"],
-                           "ci_low": kinds["ci_low"], "ci_high": kinds["ci_high"]}
-                 if kinds["auroc_cv"] > table[0]["auroc"] else table[0]),
+        "best": (
+            {
+                "signal": f"{kinds['rule']['signal']} {kinds['rule']['statistic']} W={kinds['rule']['window']} "
+                f"+ per-kind normalisation",
+                "feature": "cross-validated score",
+                "auroc": kinds["auroc_cv"],
+                "ci_low": kinds["ci_low"],
+                "ci_high": kinds["ci_high"],
+            }
+            if kinds["auroc_cv"] > table[0]["auroc"]
+            else table[0]
+        ),
         "per_kind": kinds_report,
         "best_plain_surprise": best_plain,
         "chosen": chosen,
@@ -466,7 +560,7 @@ def _estimate_errors(records: list[dict], ks: Sequence[int]) -> dict[int, dict]:
     errs: dict[int, list[float]] = {k: [] for k in ks}
     inside: dict[int, int] = {k: 0 for k in ks}
     for r in records:
-        for h, top in zip(r.get("entropies") or [], r.get("top_logprobs") or []):
+        for h, top in zip(r.get("entropies") or [], r.get("top_logprobs") or [], strict=False):
             for k in ks:
                 lo, hi = topk_entropy_bounds(top[:k], r.get("vocab_size"))
                 errs[k].append(topk_entropy(top[:k], r.get("vocab_size")) - h)
@@ -474,45 +568,76 @@ def _estimate_errors(records: list[dict], ks: Sequence[int]) -> dict[int, dict]:
     out = {}
     for k in ks:
         e = np.asarray(errs[k])
-        out[k] = {"tokens": int(e.size), "mean_abs_error_bits": float(np.abs(e).mean()) if e.size else math.nan,
-                  "mean_error_bits": float(e.mean()) if e.size else math.nan,
-                  "p90_abs_error_bits": float(np.percentile(np.abs(e), 90)) if e.size else math.nan,
-                  "within_bounds": inside[k] / e.size if e.size else math.nan}
+        out[k] = {
+            "tokens": int(e.size),
+            "mean_abs_error_bits": float(np.abs(e).mean()) if e.size else math.nan,
+            "mean_error_bits": float(e.mean()) if e.size else math.nan,
+            "p90_abs_error_bits": float(np.percentile(np.abs(e), 90)) if e.size else math.nan,
+            "within_bounds": inside[k] / e.size if e.size else math.nan,
+        }
     return out
 
 
-def topk_comparison(label_dirs: list[str | Path], ks: Sequence[int] = TOPK_COMPARED, base: Config | None = None,
-                    bootstrap: int = 500, progress: Callable[[str], None] = lambda m: None) -> dict:
+def topk_comparison(
+    label_dirs: list[str | Path],
+    ks: Sequence[int] = TOPK_COMPARED,
+    base: Config | None = None,
+    bootstrap: int = 500,
+    progress: Callable[[str], None] = lambda m: None,
+) -> dict:
     """Reply-level AUROC of the shipped rule (base's signal, statistic, window, min_tokens) with per-kind
     normalisation, cross-validated as `calibrate` does it (best beta by 5-fold CV AUROC, bootstrap CI),
     on the full distribution and with entropy estimated from the top K logprobs, for each K in `ks`."""
-    for k in ks:
-        check_top_k(k)
+    for size in ks:
+        check_top_k(size)
     base = base or Config()
-    rule = {"signal": base.signal, "statistic": base.statistic, "window": base.window, "min_tokens": base.min_tokens}
+    rule: dict[str, Any] = {
+        "signal": base.signal,
+        "statistic": base.statistic,
+        "window": base.window,
+        "min_tokens": base.min_tokens,
+    }
     records = [r for d in label_dirs for r in iter_labels([d])]
     rows = []
     baseline = None
     for k in (None, *ks):
         items = load_items(label_dirs, k)
         labels = np.array([0 if it.correct else 1 for it in items])
-        peaks = np.array([window_peak(it.sequences[rule["signal"]], rule["window"], rule["statistic"],
-                                      rule["min_tokens"]) for it in items])
+        peaks = np.array(
+            [
+                window_peak(it.sequences[rule["signal"]], rule["window"], rule["statistic"], rule["min_tokens"])
+                for it in items
+            ]
+        )
         lo, hi = bootstrap_auroc(peaks, labels, n=bootstrap)
         kinds = calibrate_kinds(items, [rule])
-        fired = np.array([p > base.kind_thresholds.get(it.kind, base.threshold) for p, it in zip(peaks, items)])
+        fired = np.array(
+            [p > base.kind_thresholds.get(it.kind, base.threshold) for p, it in zip(peaks, items, strict=True)]
+        )
         shipped_precision, shipped_recall = precision_recall(fired, labels)
         hp = kinds["highest_precision_point"]
-        rows.append({
-            "top_k": k, "n": len(items), "wrong": int(labels.sum()),
-            "plain_auroc": auroc(peaks, labels), "plain_ci": [lo, hi],
-            "per_kind_auroc_cv": kinds["auroc_cv"], "per_kind_ci": [kinds["ci_low"], kinds["ci_high"]],
-            "beta": kinds["beta"],
-            "precision_at_recall_0.5": {"precision": hp["precision"], "recall": hp["recall"],
-                                        "trigger_rate": hp["trigger_rate"]},
-            "shipped_thresholds_as_is": {"precision": shipped_precision, "recall": shipped_recall,
-                                         "trigger_rate": float(fired.mean())},
-        })
+        rows.append(
+            {
+                "top_k": k,
+                "n": len(items),
+                "wrong": int(labels.sum()),
+                "plain_auroc": auroc(peaks, labels),
+                "plain_ci": [lo, hi],
+                "per_kind_auroc_cv": kinds["auroc_cv"],
+                "per_kind_ci": [kinds["ci_low"], kinds["ci_high"]],
+                "beta": kinds["beta"],
+                "precision_at_recall_0.5": {
+                    "precision": hp["precision"],
+                    "recall": hp["recall"],
+                    "trigger_rate": hp["trigger_rate"],
+                },
+                "shipped_thresholds_as_is": {
+                    "precision": shipped_precision,
+                    "recall": shipped_recall,
+                    "trigger_rate": float(fired.mean()),
+                },
+            }
+        )
         if baseline is None:
             sp = np.array([window_peak(it.sequences["surprise"], 4, "mean", 4) for it in items])
             blo, bhi = bootstrap_auroc(sp, labels, n=bootstrap)
@@ -521,9 +646,14 @@ def topk_comparison(label_dirs: list[str | Path], ks: Sequence[int] = TOPK_COMPA
     errors = _estimate_errors(records, ks)
     for row in rows:
         row["estimate"] = errors.get(row["top_k"]) if row["top_k"] else None
-    return {"labels": [str(d) for d in label_dirs], "rule": rule, "bootstrap": bootstrap,
-            "estimator": "surprise.topk_entropy: midpoint of surprise.topk_entropy_bounds (vocab_size from the labels)",
-            "baseline_surprise": baseline, "rows": rows}
+    return {
+        "labels": [str(d) for d in label_dirs],
+        "rule": rule,
+        "bootstrap": bootstrap,
+        "estimator": "surprise.topk_entropy: midpoint of surprise.topk_entropy_bounds (vocab_size from the labels)",
+        "baseline_surprise": baseline,
+        "rows": rows,
+    }
 
 
 def topk_markdown(summary: dict) -> str:
@@ -531,33 +661,46 @@ def topk_markdown(summary: dict) -> str:
     rule = summary["rule"]
     name = f"{rule['signal']} {rule['statistic']} W={rule['window']}"
     n, wrong = summary["rows"][0]["n"], summary["rows"][0]["wrong"]
-    lines = [f"Labelled replies: {n} ({wrong} wrong); shipped rule {name} (min_tokens {rule['min_tokens']}), "
-             "reply-level AUROC with 95% bootstrap CI.", "",
-             f"| entropy from | estimate error, bits/token (mean abs; mean) | {name}, plain | "
-             f"**{name} + per-kind normalisation (5-fold cross-validated)** | precision at recall ≥ 0.5 | "
-             "shipped thresholds as they are: precision, recall (trigger rate) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"Labelled replies: {n} ({wrong} wrong); shipped rule {name} (min_tokens {rule['min_tokens']}), "
+        "reply-level AUROC with 95% bootstrap CI.",
+        "",
+        f"| entropy from | estimate error, bits/token (mean abs; mean) | {name}, plain | "
+        f"**{name} + per-kind normalisation (5-fold cross-validated)** | precision at recall ≥ 0.5 | "
+        "shipped thresholds as they are: precision, recall (trigger rate) |",
+        "|---|---|---|---|---|---|",
+    ]
     for row in summary["rows"]:
         k = row["top_k"]
         est = row["estimate"]
         err = "exact" if k is None else f"{est['mean_abs_error_bits']:.3f}; {est['mean_error_bits']:+.3f}"
         pr, sh = row["precision_at_recall_0.5"], row["shipped_thresholds_as_is"]
-        lines.append(f"| {'full distribution' if k is None else f'top-{k} logprobs (estimate)'} | {err} | "
-                     f"{row['plain_auroc']:.3f} [{row['plain_ci'][0]:.3f}, {row['plain_ci'][1]:.3f}] | "
-                     f"**{row['per_kind_auroc_cv']:.3f} [{row['per_kind_ci'][0]:.3f}, {row['per_kind_ci'][1]:.3f}]** | "
-                     f"{pr['precision']:.3f} at {pr['recall']:.3f} | "
-                     f"{sh['precision']:.3f}, {sh['recall']:.3f} ({sh['trigger_rate']:.2f}) |")
+        lines.append(
+            f"| {'full distribution' if k is None else f'top-{k} logprobs (estimate)'} | {err} | "
+            f"{row['plain_auroc']:.3f} [{row['plain_ci'][0]:.3f}, {row['plain_ci'][1]:.3f}] | "
+            f"**{row['per_kind_auroc_cv']:.3f} [{row['per_kind_ci'][0]:.3f}, {row['per_kind_ci'][1]:.3f}]** | "
+            f"{pr['precision']:.3f} at {pr['recall']:.3f} | "
+            f"{sh['precision']:.3f}, {sh['recall']:.3f} ({sh['trigger_rate']:.2f}) |"
+        )
     b = summary["baseline_surprise"]
-    lines += ["", f"Plain windowed surprise ({b['feature']}), exact at any k: {b['auroc']:.3f} "
-                  f"[{b['ci'][0]:.3f}, {b['ci'][1]:.3f}]. Entropy from the top k: `surprise.topk_entropy`, the "
-                  "midpoint of tight bounds (k-th probability caps the missing tokens; vocabulary size). "
-                  "Shipped thresholds: the config's per-kind thresholds, calibrated on the full entropy, "
-                  "applied to the estimate unchanged (recalibrate per k: `calibrate --top-k K`)."]
+    lines += [
+        "",
+        f"Plain windowed surprise ({b['feature']}), exact at any k: {b['auroc']:.3f} "
+        f"[{b['ci'][0]:.3f}, {b['ci'][1]:.3f}]. Entropy from the top k: `surprise.topk_entropy`, the "
+        "midpoint of tight bounds (k-th probability caps the missing tokens; vocabulary size). "
+        "Shipped thresholds: the config's per-kind thresholds, calibrated on the full entropy, "
+        "applied to the estimate unchanged (recalibrate per k: `calibrate --top-k K`).",
+    ]
     return "\n".join(lines) + "\n"
 
 
-def write_topk_comparison(label_dirs: list[str | Path], out_json: str | Path, ks: Sequence[int] = TOPK_COMPARED,
-                          bootstrap: int = 500, progress: Callable[[str], None] = lambda m: None) -> dict:
+def write_topk_comparison(
+    label_dirs: list[str | Path],
+    out_json: str | Path,
+    ks: Sequence[int] = TOPK_COMPARED,
+    bootstrap: int = 500,
+    progress: Callable[[str], None] = lambda m: None,
+) -> dict:
     """`calibrate --compare-top-k`: the JSON summary at `out_json`, the Markdown table beside it (.md)."""
     summary = topk_comparison(label_dirs, ks, bootstrap=bootstrap, progress=progress)
     out = Path(out_json)

@@ -23,23 +23,22 @@ import json
 import math
 import random
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
-
 
 from ..arms import Arm, Evidence, Query
-from ..config import Config, evidence_text
 from ..backends import Sampling
+from ..config import Config, evidence_text
 from ..controller import generate
-from ..grounding import arm_order, ground_round
 from ..errors import InputError
 from ..grading import grade
-from .labeling import guard_resume, prompt_for, read_items
+from ..grounding import arm_order, ground_round
 from ..prompting import PromptLayout, chat_messages
 from ..receipts import ReceiptWriter, read_receipts
 from ..router import route
 from ..text import ends_sentence
+from .labeling import guard_resume, prompt_for, read_items
 
 MODES = ("off", "detect", "intervene", "always", "flare", "oracle")
 FLARE_THETA = 0.4  # FLARE's probability threshold for a "low-confidence" token (paper default range 0.4-0.8)
@@ -73,18 +72,19 @@ class Outcome:
 # ------------------------------------------------------------------------------------------------
 # baselines that need their own decoding loop
 # ------------------------------------------------------------------------------------------------
-def _decode(backend, prompt_tokens: list[int], max_tokens: int, stop_at_sentence: bool = False,
-            already: str = "") -> tuple[list[int], list[float], str]:
+def _decode(
+    backend, prompt_tokens: list[int], max_tokens: int, stop_at_sentence: bool = False, already: str = ""
+) -> tuple[list[int], list[float], str]:
     """Greedy decode in a fresh session; returns (tokens, probabilities, text)."""
     session = backend.session()
     tokens, probs, pieces = [], [], []
     steps = session.steps(prompt_tokens, Sampling())
     try:
-        for _, step in zip(range(max_tokens), steps):
+        for _, step in zip(range(max_tokens), steps, strict=False):  # at most max_tokens steps
             if step.token in backend.eos_token_ids:
                 break
             tokens.append(step.token)
-            probs.append(2.0 ** -step.surprise)
+            probs.append(2.0**-step.surprise)
             pieces.append(step.piece)
             text = b"".join(pieces).decode("utf-8", "replace")
             if stop_at_sentence and ends_sentence(text) and len(text.strip()) > 1:
@@ -108,15 +108,22 @@ def run_always(backend, question: str, config: Config, arms: Mapping[str, Counti
     r = route("", question, prefix, available=tuple(arms))
     order = arm_order(config, r.span_class, arms)
     q = Query(span="", question=question, sentence=prefix, span_class=r.span_class)
-    evidence, _ = ground_round(arms, order, q, time.monotonic() + config.round_deadline_s,
-                               margin=config.arbitration_margin)
+    evidence, _ = ground_round(
+        arms, order, q, time.monotonic() + config.round_deadline_s, margin=config.arbitration_margin
+    )
     prompt = _prompt_tokens(backend, layout, evidence, config, prefix)
     tokens, _, text = _decode(backend, prompt, config.max_tokens)
     return Outcome(text, sum(a.calls for a in arms.values()), True, len(tokens), len(prompt))
 
 
-def run_flare(backend, question: str, config: Config, arms: Mapping[str, CountingArm], prefix: str = "",
-              theta: float = FLARE_THETA) -> Outcome:
+def run_flare(
+    backend,
+    question: str,
+    config: Config,
+    arms: Mapping[str, CountingArm],
+    prefix: str = "",
+    theta: float = FLARE_THETA,
+) -> Outcome:
     layout = PromptLayout.from_template(backend.chat_prompt, chat_messages(question, config.system_prompt))
     accepted, accepted_tokens = prefix, 0
     evidence: Evidence | None = None
@@ -136,8 +143,13 @@ def run_flare(backend, question: str, config: Config, arms: Mapping[str, Countin
             masked = "".join("" if i in low else piece for i, piece in enumerate(pieces)).strip()
             r = route(masked, question, accepted, available=tuple(arms))
             q = Query(span=masked, question=question, sentence=masked, span_class=r.span_class)
-            found, _ = ground_round(arms, arm_order(config, r.span_class, arms), q,
-                                    time.monotonic() + config.round_deadline_s, margin=config.arbitration_margin)
+            found, _ = ground_round(
+                arms,
+                arm_order(config, r.span_class, arms),
+                q,
+                time.monotonic() + config.round_deadline_s,
+                margin=config.arbitration_margin,
+            )
             if found:
                 # Regenerate the sentence from scratch: FLARE re-sends the whole prompt with the evidence.
                 evidence = found
@@ -149,7 +161,7 @@ def run_flare(backend, question: str, config: Config, arms: Mapping[str, Countin
         accepted_tokens += len(tokens)
         if not tokens or not ends_sentence(sentence):
             break  # end of turn (or budget) reached inside the sentence
-    return Outcome(accepted[len(prefix):], sum(a.calls for a in arms.values()), triggered, decoded, prefilled)
+    return Outcome(accepted[len(prefix) :], sum(a.calls for a in arms.values()), triggered, decoded, prefilled)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -158,8 +170,9 @@ def run_flare(backend, question: str, config: Config, arms: Mapping[str, Countin
 def oracle_config(config: Config) -> Config:
     """intervene with a trigger that fires at the first eligible window, whatever the question kind."""
     # One round: at this threshold every later window would fire too, grounding the rewrite itself again.
-    return config.replace(mode="intervene", threshold=ORACLE_THRESHOLD, kind_thresholds={},
-                          max_rounds=min(config.max_rounds, 1))
+    return config.replace(
+        mode="intervene", threshold=ORACLE_THRESHOLD, kind_thresholds={}, max_rounds=min(config.max_rounds, 1)
+    )
 
 
 def check_modes(modes: Sequence[str], flare_theta: float = FLARE_THETA, oracle_calls: int | None = None) -> None:
@@ -170,17 +183,23 @@ def check_modes(modes: Sequence[str], flare_theta: float = FLARE_THETA, oracle_c
     if not 0.0 < flare_theta < 1.0:
         raise InputError(f"--flare-theta={flare_theta!r} is not a probability in (0, 1); FLARE's paper uses 0.4-0.8")
     if oracle_calls is not None and oracle_calls < 0:
-        raise InputError(f"--oracle-calls={oracle_calls!r} is negative; pass how many replies the oracle may ground, "
-                         "e.g. --oracle-calls 20")
+        raise InputError(
+            f"--oracle-calls={oracle_calls!r} is negative; pass how many replies the oracle may ground, "
+            "e.g. --oracle-calls 20"
+        )
     if "oracle" not in modes:
         return
     listed = ",".join(modes)
     if "off" not in modes:
-        raise InputError(f"--modes={listed!r} asks for oracle, which grounds the items `off` got wrong; "
-                         f"add off, e.g. --modes off,{listed}")
+        raise InputError(
+            f"--modes={listed!r} asks for oracle, which grounds the items `off` got wrong; "
+            f"add off, e.g. --modes off,{listed}"
+        )
     if oracle_calls is None and "intervene" not in modes:
-        raise InputError(f"--modes={listed!r} asks for oracle but gives it no budget; add intervene to --modes "
-                         "(the oracle grounds as many replies as the gate did) or pass --oracle-calls N")
+        raise InputError(
+            f"--modes={listed!r} asks for oracle but gives it no budget; add intervene to --modes "
+            "(the oracle grounds as many replies as the gate did) or pass --oracle-calls N"
+        )
 
 
 def oracle_budget(intervene_rows: Mapping[str, dict], oracle_calls: int | None) -> tuple[int, str]:
@@ -222,8 +241,15 @@ def _accuracy(rows: Mapping[str, dict]) -> float:
     return sum(r["correct"] for r in rows.values()) / len(rows) if rows else math.nan
 
 
-def _oracle_pass(items: list[dict], rows: list[dict], budget: int, seed: int, run: Callable[[dict], dict],
-                 writer: ReceiptWriter, tick: Callable[[str], None]) -> set[str]:
+def _oracle_pass(
+    items: list[dict],
+    rows: list[dict],
+    budget: int,
+    seed: int,
+    run: Callable[[dict], dict],
+    writer: ReceiptWriter,
+    tick: Callable[[str], None],
+) -> set[str]:
     """Write an oracle row per item: a forced-trigger decode for the chosen ones, the `off` row for the rest."""
     off, saved = _latest(rows, "off"), _latest(rows, "oracle")
     chosen = choose_oracle_items(off, budget, seed)
@@ -232,8 +258,11 @@ def _oracle_pass(items: list[dict], rows: list[dict], budget: int, seed: int, ru
         if item["id"] in saved and oracle_row_fits(saved[item["id"]], pick):
             continue
         # Not chosen: the oracle leaves the reply alone, so it is the `off` reply; no need to decode it again.
-        writer.append(run(item) if pick else off[item["id"]] | {"mode": "oracle", "triggered": False,
-                                                               "grounding_calls": 0, "rounds": []})
+        writer.append(
+            run(item)
+            if pick
+            else off[item["id"]] | {"mode": "oracle", "triggered": False, "grounding_calls": 0, "rounds": []}
+        )
         tick(f"oracle {item['id']}")
     return chosen
 
@@ -241,16 +270,22 @@ def _oracle_pass(items: list[dict], rows: list[dict], budget: int, seed: int, ru
 def oracle_summary(rows: list[dict], budget: int, source: str, chosen: set[str]) -> dict:
     """summary["oracle"]: the budget, its source, and intervene's share of the oracle's gain (None without one)."""
     off, gate, oracle = _latest(rows, "off"), _latest(rows, "intervene"), _latest(rows, "oracle")
-    efficiency = (trigger_efficiency(_accuracy(off), _accuracy(gate), _accuracy(oracle)) if gate else None)
-    return {"budget": budget, "calls_source": source, "chosen": len(chosen),
-            "off_wrong": sum(1 for r in off.values() if not r["correct"]), "efficiency": efficiency}
+    efficiency = trigger_efficiency(_accuracy(off), _accuracy(gate), _accuracy(oracle)) if gate else None
+    return {
+        "budget": budget,
+        "calls_source": source,
+        "chosen": len(chosen),
+        "off_wrong": sum(1 for r in off.values() if not r["correct"]),
+        "efficiency": efficiency,
+    }
 
 
 # ------------------------------------------------------------------------------------------------
 # the A/B
 # ------------------------------------------------------------------------------------------------
-def run_mode(mode: str, backend, item: dict, config: Config, arms: Mapping[str, Arm],
-             flare_theta: float = FLARE_THETA) -> Outcome:
+def run_mode(
+    mode: str, backend, item: dict, config: Config, arms: Mapping[str, Arm], flare_theta: float = FLARE_THETA
+) -> Outcome:
     question, prefix = prompt_for(item)
     counted = {name: CountingArm(arm) for name, arm in arms.items()}
     if mode in ("off", "detect", "intervene", "oracle"):
@@ -259,9 +294,14 @@ def run_mode(mode: str, backend, item: dict, config: Config, arms: Mapping[str, 
         result = generate(backend, question, run_config, counted if grounds else {}, assistant_prefix=prefix)
         extra = result.receipt.get("extra", {})
         triggered = bool(result.rounds) or bool(extra.get("would_trigger"))
-        return Outcome(result.text, sum(a.calls for a in counted.values()), triggered,
-                       extra.get("tokens_decoded", result.n_tokens), extra.get("prompt_tokens", 0)
-                       + extra.get("tokens_injected", 0), result.rounds)
+        return Outcome(
+            result.text,
+            sum(a.calls for a in counted.values()),
+            triggered,
+            extra.get("tokens_decoded", result.n_tokens),
+            extra.get("prompt_tokens", 0) + extra.get("tokens_injected", 0),
+            result.rounds,
+        )
     if mode == "always":
         return run_always(backend, question, config, counted, prefix)
     if mode == "flare":
@@ -269,10 +309,20 @@ def run_mode(mode: str, backend, item: dict, config: Config, arms: Mapping[str, 
     raise InputError(f"--modes contains {mode!r}; use any of {', '.join(MODES)}")
 
 
-def evaluate(data: str | Path, modes: Sequence[str], backend, config: Config, arms: Mapping[str, Arm],
-             out_dir: str | Path, limit: int | None = None, sample: int | None = None, seed: int = 0,
-             progress: Callable[[int, int, str], None] | None = None, flare_theta: float = FLARE_THETA,
-             oracle_calls: int | None = None) -> dict:
+def evaluate(
+    data: str | Path,
+    modes: Sequence[str],
+    backend,
+    config: Config,
+    arms: Mapping[str, Arm],
+    out_dir: str | Path,
+    limit: int | None = None,
+    sample: int | None = None,
+    seed: int = 0,
+    progress: Callable[[int, int, str], None] | None = None,
+    flare_theta: float = FLARE_THETA,
+    oracle_calls: int | None = None,
+) -> dict:
     check_modes(modes, flare_theta, oracle_calls)
     items = read_items(data, limit)
     if sample and sample < len(items):
@@ -281,8 +331,13 @@ def evaluate(data: str | Path, modes: Sequence[str], backend, config: Config, ar
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
-    meta = {"data": str(Path(data).resolve()), "config": config.to_dict(), "model": backend.model_id,
-            "arms": sorted(arms), "flare_theta": flare_theta}
+    meta = {
+        "data": str(Path(data).resolve()),
+        "config": config.to_dict(),
+        "model": backend.model_id,
+        "arms": sorted(arms),
+        "flare_theta": flare_theta,
+    }
     if "oracle" in modes:
         # Recorded, not compared: older folders lack it, and oracle rows that no longer fit the budget are redone.
         meta["oracle_calls"] = oracle_calls
@@ -330,10 +385,18 @@ def _row(item: dict, mode: str, outcome: Outcome, started: float) -> dict:
     """One line of results.jsonl: the same fields for every mode."""
     graded = grade(outcome.reply, item)
     return {
-        "id": item["id"], "mode": mode, "category": item.get("category"), "relation": item.get("relation"),
-        "question": item["question"], "answers": item["answers"], "reply": outcome.reply,
-        "correct": graded.correct, "grounding_calls": outcome.grounding_calls, "triggered": outcome.triggered,
-        "tokens_decoded": outcome.tokens_decoded, "tokens_prefilled": outcome.tokens_prefilled,
+        "id": item["id"],
+        "mode": mode,
+        "category": item.get("category"),
+        "relation": item.get("relation"),
+        "question": item["question"],
+        "answers": item["answers"],
+        "reply": outcome.reply,
+        "correct": graded.correct,
+        "grounding_calls": outcome.grounding_calls,
+        "triggered": outcome.triggered,
+        "tokens_decoded": outcome.tokens_decoded,
+        "tokens_prefilled": outcome.tokens_prefilled,
         "rounds": [_round_summary(r, item) for r in outcome.rounds],
         "seconds": round(time.monotonic() - started, 3),
     }
@@ -343,8 +406,10 @@ def _round_summary(record: dict, item: dict) -> dict:
     """A round in a results row; a dropped rewrite keeps its text and grade (what the check cost, if anything)."""
     out = {k: record.get(k) for k in ("action", "reason", "tokens_dropped", "span_class")}
     out["source"] = (record.get("chosen") or {}).get("source")
-    out["retries"] = [{"how": t["how"], "rewrite": t["rewrite"], "rewrite_correct": grade(t["rewrite"], item).correct}
-                      for t in record.get("retries", [])]
+    out["retries"] = [
+        {"how": t["how"], "rewrite": t["rewrite"], "rewrite_correct": grade(t["rewrite"], item).correct}
+        for t in record.get("retries", [])
+    ]
     if record.get("action") == "reverted":
         out["rewritten_text"] = record.get("rewritten_text")
         out["rewrite_correct"] = grade(record.get("rewritten_text") or "", item).correct
@@ -367,9 +432,12 @@ def summarise(rows: list[dict], modes: Sequence[str]) -> dict:
         fixes = sum(1 for i, r in rs.items() if i in off and not off[i]["correct"] and r["correct"])
         triggered = [i for i, r in rs.items() if r["triggered"]]
         wrong_off = [i for i in rs if i in off and not off[i]["correct"]]
-        precision = (sum(1 for i in triggered if i in off and not off[i]["correct"]) / len(triggered)
-                     if triggered and off else math.nan)
-        recall = (sum(1 for i in wrong_off if rs[i]["triggered"]) / len(wrong_off) if wrong_off else math.nan)
+        precision = (
+            sum(1 for i in triggered if i in off and not off[i]["correct"]) / len(triggered)
+            if triggered and off
+            else math.nan
+        )
+        recall = sum(1 for i in wrong_off if rs[i]["triggered"]) / len(wrong_off) if wrong_off else math.nan
         out["modes"][m] = {
             "n": n,
             "accuracy": round(correct / n, 4),
@@ -390,22 +458,30 @@ def summarise(rows: list[dict], modes: Sequence[str]) -> dict:
 def oracle_line(oracle: dict) -> str:
     """The report's sentence on the oracle: what it grounded, on which budget, and the gate's efficiency."""
     efficiency = "–" if oracle["efficiency"] is None else f"{oracle['efficiency']:.2f}"
-    return (f"oracle: forced to ground {oracle['chosen']} of the {oracle['off_wrong']} replies `off` got wrong "
-            f"(budget {oracle['budget']} replies, from {oracle['calls_source']}); trigger efficiency "
-            f"(intervene − off) ÷ (oracle − off) accuracy = {efficiency}")
+    return (
+        f"oracle: forced to ground {oracle['chosen']} of the {oracle['off_wrong']} replies `off` got wrong "
+        f"(budget {oracle['budget']} replies, from {oracle['calls_source']}); trigger efficiency "
+        f"(intervene − off) ÷ (oracle − off) accuracy = {efficiency}"
+    )
 
 
 def write_report(summary: dict, rows: list[dict], out: Path, data, config: Config) -> None:
-    lines = [f"# surprisegate eval: {Path(str(data)).name}", "",
-             f"model: SmolLM2-135M-Instruct (embedded) unless the config says otherwise · "
-             f"signal {config.signal} {config.statistic} W={config.window} threshold {config.threshold}", "",
-             "| mode | n | accuracy | regressions | fixes | trigger rate | precision | recall | grounding calls | "
-             "tokens decoded | tokens prefilled | seconds |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# surprisegate eval: {Path(str(data)).name}",
+        "",
+        f"model: SmolLM2-135M-Instruct (embedded) unless the config says otherwise · "
+        f"signal {config.signal} {config.statistic} W={config.window} threshold {config.threshold}",
+        "",
+        "| mode | n | accuracy | regressions | fixes | trigger rate | precision | recall | grounding calls | "
+        "tokens decoded | tokens prefilled | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for m, s in summary["modes"].items():
-        lines.append(f"| {m} | {s['n']} | {s['accuracy']:.3f} | {s['regressions']} | {s['fixes']} | "
-                     f"{s['trigger_rate']:.2f} | {s['intervention_precision']} | {s['intervention_recall']} | "
-                     f"{s['grounding_calls']} | {s['tokens_decoded']} | {s['tokens_prefilled']} | {s['seconds']} |")
+        lines.append(
+            f"| {m} | {s['n']} | {s['accuracy']:.3f} | {s['regressions']} | {s['fixes']} | "
+            f"{s['trigger_rate']:.2f} | {s['intervention_precision']} | {s['intervention_recall']} | "
+            f"{s['grounding_calls']} | {s['tokens_decoded']} | {s['tokens_prefilled']} | {s['seconds']} |"
+        )
     if "oracle" in summary:
         lines += ["", oracle_line(summary["oracle"])]
     (out / "report.md").write_text("\n".join(lines) + "\n")

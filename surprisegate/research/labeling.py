@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from ..config import Config
 from ..errors import InputError
@@ -116,8 +116,10 @@ def guard_resume(path: Path, meta: dict, compare: tuple[str, ...] | None = None)
             changed += [k for k in _RUN_KEYS if k in meta and old.get(k) != meta.get(k)]
             if changed:
                 diffs = ", ".join(f"{k}: {_was(old, k)!r} -> {_was(meta, k)!r}" for k in changed)
-                raise InputError(f"--out={str(path.parent)!r} holds a run made with other settings ({diffs}); "
-                                 "pass a new --out, or delete that folder to start over")
+                raise InputError(
+                    f"--out={str(path.parent)!r} holds a run made with other settings ({diffs}); "
+                    "pass a new --out, or delete that folder to start over"
+                )
     path.write_text(json.dumps(meta, indent=2))
 
 
@@ -125,14 +127,23 @@ def _was(meta: dict, key: str):
     return meta.get(key) if key in _RUN_KEYS else meta.get("config", {}).get(key)
 
 
-def label(data: str | Path, out_dir: str | Path, backend, config: Config, limit: int | None = None,
-          progress: Callable[[int, int, str], None] | None = None) -> dict:
+def label(
+    data: str | Path,
+    out_dir: str | Path,
+    backend,
+    config: Config,
+    limit: int | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     items = read_items(data, limit)
     config = config.replace(mode="detect", top_logprobs=LABEL_TOP_LOGPROBS)
-    guard_resume(out / "label_config.json", {"data": str(Path(data).resolve()), "config": config.to_dict(),
-                                             "model": backend.model_id}, compare=LABEL_KEYS)
+    guard_resume(
+        out / "label_config.json",
+        {"data": str(Path(data).resolve()), "config": config.to_dict(), "model": backend.model_id},
+        compare=LABEL_KEYS,
+    )
     finished = done_ids(out)
     todo = [it for it in items if it["id"] not in finished]
     writer = ReceiptWriter(out / "labels.jsonl")
@@ -143,13 +154,19 @@ def label(data: str | Path, out_dir: str | Path, backend, config: Config, limit:
         correct += record["correct"]
         if progress:
             progress(i, len(todo), f"acc {correct / i:.2f}")
-    return {"items": len(items), "labelled_now": len(todo), "already_done": len(items) - len(todo),
-            "out": str(out / "labels.jsonl")}
+    return {
+        "items": len(items),
+        "labelled_now": len(todo),
+        "already_done": len(items) - len(todo),
+        "out": str(out / "labels.jsonl"),
+    }
 
 
 def iter_labels(label_dirs: list[str | Path]) -> Iterator[dict]:
     for d in label_dirs:
         path = Path(d) / "labels.jsonl" if Path(d).is_dir() else Path(d)
         if not path.exists():
-            raise InputError(f"--labels={str(d)!r} holds no labels.jsonl; run: surprisegate label --data FILE --out {d}")
+            raise InputError(
+                f"--labels={str(d)!r} holds no labels.jsonl; run: surprisegate label --data FILE --out {d}"
+            )
         yield from read_receipts(path)

@@ -5,8 +5,8 @@ works for both. How it stays the same:
 
 - Words: passages and queries are cut into words by SQLite's own FTS5 tokenizer (porter stemming, case
   and accent folding; `text.IndexStemmer`) run on an in-memory scratch table, so "capitals" meets
-  "capital" exactly as in SQLiteMemory. Milvus indexes those stems (`terms`, BM25 by a server-side `Function`) and keeps each
-  passage's distinct stems in an array (`words`) for document frequencies.
+  "capital" exactly as in SQLiteMemory. Milvus indexes those stems (`terms`, BM25 by a server-side
+  `Function`) and keeps each passage's distinct stems in an array (`words`) for document frequencies.
 - Score: the same IDF coverage of the query's terms. Whether a passage holds a term is read from its
   `words`; a term's document frequency is counted by the engine (one BM25 request lists the holders of
   all of a query's rare words; a common word is counted by `array_contains`), cached with the passage
@@ -29,15 +29,17 @@ without an embedder stays BM25-only.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import math
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -46,7 +48,6 @@ from ..text import IndexStemmer
 from .embed import Embedder, default_embedder, embedder_from_name
 from .sqlite import (
     CANDIDATE_POOL,
-    prepare_query,
     CONTEXT_WEIGHT,
     FORMAT_NAME,
     RRF_K,
@@ -60,6 +61,7 @@ from .sqlite import (
     check_deadline,
     check_mode,
     embedding_text,
+    prepare_query,
     query_bigrams,
 )
 
@@ -82,6 +84,8 @@ MISSING_CLIENT = "the Milvus memory store needs pymilvus; install it with: pip i
 
 
 _TOKENIZER = IndexStemmer()  # cuts words as SQLiteMemory's FTS5 index does
+_Frequencies = dict[tuple[str, ...], int]  # {group of stems: how many passages hold all of them}
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -222,7 +226,7 @@ class MilvusMemory:
     def _new_store_embedder(self, embedder: Embedder | str | None) -> Embedder | None:
         if embedder is None:
             self._embedder_problem = "the collection was built without vectors (embedder=None)"
-        if embedder != "auto":
+        if not isinstance(embedder, str):  # an Embedder, or None; the only string __init__ lets through is "auto"
             return embedder
         try:
             return default_embedder()
@@ -240,7 +244,7 @@ class MilvusMemory:
         if embedder is None:
             self._embedder_problem = f"opened with embedder=None, though the collection keeps {recorded!r} vectors"
             return
-        if embedder == "auto":
+        if isinstance(embedder, str):  # "auto", the only string __init__ lets through
             try:
                 embedder = embedder_from_name(recorded)
             except (MissingDependency, InputError) as err:
@@ -368,7 +372,8 @@ class MilvusMemory:
     def stats(self) -> dict:
         """What the store holds and how it will search (SQLiteMemory's keys, where they apply)."""
         passages = self.count()
-        usable = self.embedder is not None
+        embedder = self.embedder
+        usable = embedder is not None
         return {
             "backend": "milvus-lite" if self._is_lite else "milvus",
             "uri": self.uri,
@@ -377,8 +382,8 @@ class MilvusMemory:
             "passages": passages,
             "sources": self._source_count(),
             "vectors": passages if self._has_vectors else 0,  # the dense field is required on every row
-            "embedder": self.embedder.name if usable else None,
-            "dim": self.embedder.dim if usable else None,
+            "embedder": embedder.name if embedder is not None else None,
+            "dim": embedder.dim if embedder is not None else None,
             "search_modes": list(SEARCH_MODES) if usable else ["bm25"],
             "note": None if usable else f"{self._embedder_problem}; searching by BM25 only",
         }
@@ -434,7 +439,7 @@ class MilvusMemory:
                 if not new_rows:
                     continue
                 if self.embedder is not None:
-                    self._embed(new_rows)
+                    self._embed(new_rows, self.embedder)
                     report.embedded += len(new_rows)
                 self._call("insert", self.collection, new_rows)
                 written.extend(row["id"] for row in new_rows)
@@ -448,16 +453,16 @@ class MilvusMemory:
                 self._forget_frequencies()
         return report
 
-    def _embed(self, rows: list[dict]) -> None:
+    def _embed(self, rows: list[dict], embedder: Embedder) -> None:
         vectors = np.asarray(
-            self.embedder.encode([embedding_text(row["title"], row["text"]) for row in rows]), dtype=np.float32
+            embedder.encode([embedding_text(row["title"], row["text"]) for row in rows]), dtype=np.float32
         )
-        if vectors.shape != (len(rows), self.embedder.dim):
+        if vectors.shape != (len(rows), embedder.dim):
             raise InputError(
-                f"embedder={self.embedder.name!r} returned shape {vectors.shape} for {len(rows)} texts; "
-                f"expected ({len(rows)}, {self.embedder.dim})"
+                f"embedder={embedder.name!r} returned shape {vectors.shape} for {len(rows)} texts; "
+                f"expected ({len(rows)}, {embedder.dim})"
             )
-        for row, vector in zip(rows, vectors):
+        for row, vector in zip(rows, vectors, strict=True):
             row["dense"] = vector
 
     def _rows(self, passages: Iterable[Mapping[str, str]]) -> list[dict]:
@@ -470,14 +475,14 @@ class MilvusMemory:
             source, title = str(passage.get("source") or ""), passage.get("title") or ""
             rows.append({"id": _content_hash(text), "source": source, "title": title, "text": text})
         stems = _TOKENIZER.passages([(row["title"], row["text"]) for row in rows])
-        for row, (title_stems, text_stems) in zip(rows, stems):
+        for row, (title_stems, text_stems) in zip(rows, stems, strict=True):
             title_stems = [stem for stem in title_stems if len(stem.encode()) <= WORD_BYTES]
             text_stems = [stem for stem in text_stems if len(stem.encode()) <= WORD_BYTES]
             row["words"] = sorted(set(title_stems) | set(text_stems))
             row["terms"] = " ".join(title_stems) + "\n" + " ".join(text_stems)
             _check_limits(row)
             pairs = " ".join(
-                _pair_token(*pair) for stems_ in (title_stems, text_stems) for pair in zip(stems_, stems_[1:])
+                _pair_token(*pair) for stems_ in (title_stems, text_stems) for pair in itertools.pairwise(stems_)
             )
             if len(row["terms"].encode()) + 1 + len(pairs) <= TEXT_BYTES:  # a very long passage goes without
                 row["terms"] += "\n" + pairs
@@ -572,9 +577,12 @@ class MilvusMemory:
         pool = max(k, CANDIDATE_POOL)
 
         if mode == "dense":
-            found = self._dense(query_vector, k, deadline, fields=_fields(True)) if query_vector.any() else []
-            cosines = {candidate.id: float(candidate.vector @ query_vector) for candidate in found}
-            return [_hit(candidate, max(0.0, cosines[candidate.id]), 0.0, cosines[candidate.id]) for candidate in found]
+            assert query_vector is not None  # an embedder is there (checked above), and dense keeps a zero vector
+            nearest = self._dense(query_vector, k, deadline, fields=_fields(True)) if query_vector.any() else []
+            cosines = {candidate.id: float(candidate.vector @ query_vector) for candidate in nearest}
+            return [
+                _hit(candidate, max(0.0, cosines[candidate.id]), 0.0, cosines[candidate.id]) for candidate in nearest
+            ]
 
         # Round trips that do not wait on each other's answers run side by side: the counts behind
         # `score`, the dense search, and the BM25 searches.
@@ -636,7 +644,7 @@ class MilvusMemory:
         return sorted(query_bm25, key=ranking.__getitem__), query_bm25
 
     def _bm25(
-        self, text: str, limit: int, deadline: float | None, among: list[str] | None = None, fields: list[str] = ()
+        self, text: str, limit: int, deadline: float | None, among: list[str] | None = None, fields: Sequence[str] = ()
     ) -> list[tuple[_Candidate, float]]:
         """(passage, bm25) best first, bm25 negated as in SQLite (lower is better); `among` limits the
         ids. The passages hold only the `fields` asked for."""
@@ -656,7 +664,7 @@ class MilvusMemory:
         return [(_candidate(hit), -abs(float(hit["distance"]))) for hit in results[0] if hit["distance"]]
 
     def _dense(
-        self, vector: np.ndarray, limit: int, deadline: float | None, fields: list[str] = ()
+        self, vector: np.ndarray, limit: int, deadline: float | None, fields: Sequence[str] = ()
     ) -> list[_Candidate]:
         """The `limit` passages whose vectors are nearest `vector`, best first, holding the `fields` asked for."""
         results = self._call(
@@ -742,24 +750,32 @@ class MilvusMemory:
 
     # -- document frequencies --------------------------------------------------------------------
 
-    def _start_counts(self, groups: list[tuple[str, ...]], deadline: float | None):
+    def _start_counts(
+        self, groups: list[tuple[str, ...]], deadline: float | None
+    ) -> tuple[Future[int], int, _Frequencies, Future[_Frequencies]]:
         """Start counting the store's passages (unless counted within TOTAL_TTL_S) and, for each group
         of stems not cached, the passages holding all of them. Hand the result to `_finish_counts`."""
-        groups = {group for group in groups if group}  # a word of punctuation only is held by none
+        wanted = {group for group in groups if group}  # a word of punctuation only is held by none
         with self._df_lock:
-            cached = {group: self._df_cache[group] for group in groups if group in self._df_cache}
+            cached = {group: self._df_cache[group] for group in wanted if group in self._df_cache}
             cached_total = self._df_cache_total
             recent = time.monotonic() - self._total_counted_at < TOTAL_TTL_S
         total = _done(cached_total) if recent else self._workers.submit(self._count_passages, deadline)
-        missing = sorted(groups - cached.keys())
-        pending = self._workers.submit(self._count_holding, missing, deadline) if missing else _done({})
+        missing = sorted(wanted - cached.keys())
+        no_counts: _Frequencies = {}
+        pending = self._workers.submit(self._count_holding, missing, deadline) if missing else _done(no_counts)
         return total, cached_total, cached, pending
 
     def _finish_counts(
-        self, total: Future, cached_total: int, cached: dict, pending: Future, deadline: float | None
-    ) -> tuple[int, dict[tuple[str, ...], int]]:
+        self,
+        counting: Future[int],
+        cached_total: int,
+        cached: _Frequencies,
+        pending: Future[_Frequencies],
+        deadline: float | None,
+    ) -> tuple[int, _Frequencies]:
         """(passage count, {group: document frequency}) from `_start_counts`."""
-        total = total.result()
+        total = counting.result()
         frequencies = pending.result()
         if total != cached_total:  # the store changed since those were cached: count them again
             frequencies.update(self._count_holding(list(cached), deadline))
@@ -767,7 +783,8 @@ class MilvusMemory:
             frequencies.update(cached)
         with self._df_lock:
             if self._df_cache_total == total:
-                if len(self._df_cache) + len(frequencies) > IndexStemmer.CACHE_LIMIT:  # bound it in long-lived processes
+                # Bound it in long-lived processes.
+                if len(self._df_cache) + len(frequencies) > IndexStemmer.CACHE_LIMIT:
                     self._df_cache.clear()
                 self._df_cache.update(frequencies)
         return total, frequencies
@@ -789,7 +806,7 @@ class MilvusMemory:
         or more is counted by a filter instead, and then cached like any other.
         """
         counts: dict[tuple[str, ...], int] = {}
-        single = [group for group in groups if len(group) == 1]
+        single: list[tuple[str, ...]] = [group for group in groups if len(group) == 1]
         per_request = 16  # keeps queries x limit within Milvus's 16,384 results per request
         for start in range(0, len(single), per_request):
             chunk = single[start : start + per_request]
@@ -803,7 +820,7 @@ class MilvusMemory:
                 output_fields=[],
                 deadline=deadline,
             )
-            for group, holders in zip(chunk, results):
+            for group, holders in zip(chunk, results, strict=False):
                 if len(holders) < DF_PROBE_LIMIT:
                     counts[group] = sum(1 for hit in holders if hit["distance"])
         for group in groups:
@@ -825,8 +842,8 @@ class MilvusMemory:
             self._total_counted_at = -math.inf
 
 
-def _done(value) -> Future:
-    future = Future()
+def _done(value: _T) -> Future[_T]:
+    future: Future[_T] = Future()
     future.set_result(value)
     return future
 
@@ -870,7 +887,7 @@ def _hit(candidate: _Candidate, score: float, bm25: float, cosine: float | None)
     )
 
 
-def _stem_text(terms: list[QueryTerm], bigrams: list[str] = ()) -> str:
+def _stem_text(terms: list[QueryTerm], bigrams: Sequence[str] = ()) -> str:
     """The query for Milvus's BM25 (which, like FTS5's OR query, sums over words): the terms' stems,
     each once, then a pair token for each adjacent word pair, standing in for FTS5's phrases."""
     tokens: dict[str, None] = {}
@@ -878,7 +895,7 @@ def _stem_text(terms: list[QueryTerm], bigrams: list[str] = ()) -> str:
         tokens.update(dict.fromkeys(_TOKENIZER.stems(term.word)))
     for bigram in bigrams:
         stems = [stem for word in bigram.split() for stem in _TOKENIZER.stems(word)]
-        tokens.update(dict.fromkeys(_pair_token(*pair) for pair in zip(stems, stems[1:])))
+        tokens.update(dict.fromkeys(_pair_token(*pair) for pair in itertools.pairwise(stems)))
     return " ".join(tokens)
 
 

@@ -33,12 +33,16 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
 from ..errors import InputError, MissingDependency
 from ..text import FTS_TOKENIZER, QUERY_STOPWORDS, WORD, split_sentences, stops_between
 from .embed import Embedder, default_embedder, embedder_from_name
+
+if TYPE_CHECKING:
+    from threadpoolctl import ThreadpoolController
 
 FORMAT_NAME = "surprisegate-memory"
 SCHEMA_VERSION = 2  # 2 added passage_vectors; version-1 stores are upgraded on their first write
@@ -71,6 +75,7 @@ MAX_CHUNK_CHARS = 800
 HOLDERS_SCAN_RATIO = 50
 EMBED_BATCH = 1024  # passages embedded and written per step of an ingest
 
+
 @dataclass(frozen=True)
 class Hit:
     text: str
@@ -94,6 +99,12 @@ class IngestReport:
         self.skipped_duplicates += other.skipped_duplicates
         self.embedded += other.embedded
         self.errors.extend(other.errors)
+
+
+class _AddsPassages(Protocol):
+    """A store that `add_jsonl` and `add_text_files` can fill: MilvusMemory borrows them too."""
+
+    def add_passages(self, passages: Iterable[Mapping[str, str]]) -> IngestReport: ...
 
 
 NUMBER_WEIGHT = 0.25
@@ -256,7 +267,8 @@ def embedding_text(title: str, text: str) -> str:
     return text if not title or text.startswith(title) else f"{title}\n{text}"
 
 
-_BLAS = None  # threadpoolctl's controller, found on first use; False without threadpoolctl
+# threadpoolctl's controller, found on first use; False without threadpoolctl.
+_BLAS: ThreadpoolController | Literal[False] | None = None
 _BLAS_LOCK = threading.Lock()
 
 
@@ -416,7 +428,10 @@ class SQLiteMemory:
             usable = self._search_embedder() is not None and (vectors > 0 or passages == 0)
             note = None
             if not usable:
-                why = self._embedder_problem or "the store has no vectors yet; run `surprisegate memory reindex --memory PATH` to add them"
+                why = (
+                    self._embedder_problem
+                    or "the store has no vectors yet; run `surprisegate memory reindex --memory PATH` to add them"
+                )
                 note = f"{why}; searching by BM25 only"
             elif vectors < passages:
                 note = f"{passages - vectors} passages have no vector yet (dense search misses them); run reindex()"
@@ -463,6 +478,7 @@ class SQLiteMemory:
                     continue
                 report.added += 1
                 if embedder is not None:
+                    assert cursor.lastrowid is not None  # set by the INSERT that just added a row
                     pending.append((cursor.lastrowid, embedding_text(title, text)))
                     if len(pending) >= EMBED_BATCH:
                         report.embedded += self._write_vectors(embedder, pending)
@@ -472,7 +488,11 @@ class SQLiteMemory:
         return report
 
     def add_jsonl(
-        self, path: str | Path, text_field: str = "text", id_field: str = "kb_id", title_field: str = "title"
+        self: _AddsPassages,
+        path: str | Path,
+        text_field: str = "text",
+        id_field: str = "kb_id",
+        title_field: str = "title",
     ) -> IngestReport:
         """Ingest one JSON object per line. Bad lines are reported by number; the rest still goes in."""
         path = Path(path)
@@ -506,7 +526,7 @@ class SQLiteMemory:
         report.errors = errors
         return report
 
-    def add_text_files(self, paths: Iterable[str | Path]) -> IngestReport:
+    def add_text_files(self: _AddsPassages, paths: Iterable[str | Path]) -> IngestReport:
         """Ingest .txt/.md files, and such files found under folders, as paragraph-sized passages.
 
         A passage's source is "file:<path relative to the argument's folder>#<chunk number>".
@@ -633,7 +653,7 @@ class SQLiteMemory:
             )
         self._conn.executemany(
             "INSERT OR REPLACE INTO passage_vectors(id, vector) VALUES (?, ?)",
-            ((rowid, vector.tobytes()) for (rowid, _), vector in zip(items, vectors)),
+            ((rowid, vector.tobytes()) for (rowid, _), vector in zip(items, vectors, strict=True)),
         )
         return len(items)
 
@@ -785,16 +805,22 @@ class SQLiteMemory:
         index = self._vector_index() if mode != "bm25" else None
         if self._total() == 0:
             return []
-        if mode == "dense" and index is None:
-            raise InputError(
-                f"mode='dense' needs vectors, but memory={str(self.path)!r} cannot use any "
-                f"({self._embedder_problem or 'it has none yet'}); "
-                "run reindex(), or search with mode='hybrid' or 'bm25'"
-            )
-        similarities = None
-        if index is not None:
+        if index is None:
+            if mode == "dense":
+                raise InputError(
+                    f"mode='dense' needs vectors, but memory={str(self.path)!r} cannot use any "
+                    f"({self._embedder_problem or 'it has none yet'}); "
+                    "run reindex(), or search with mode='hybrid' or 'bm25'"
+                )
+            lexical, query_bm25 = self._lexical(terms, bigrams, context_terms, pool)
             check_deadline(deadline)
-            similarities = index.similarities(self._search_embedder().encode([query])[0])
+            best = lexical[:k]  # BM25 alone
+            return self._hits(best, self._scores(terms, context_terms, best), query_bm25, {})
+
+        check_deadline(deadline)
+        embedder = self._search_embedder()
+        assert embedder is not None  # the vector index is loaded only when there is one
+        similarities = index.similarities(embedder.encode([query])[0])
         if mode == "dense":
             best = [int(index.ids[at]) for at in index.best(similarities, k)]
             cosines = {rowid: float(similarities[index.position(rowid)]) for rowid in best}
@@ -802,10 +828,6 @@ class SQLiteMemory:
 
         lexical, query_bm25 = self._lexical(terms, bigrams, context_terms, pool)
         check_deadline(deadline)
-        if index is None:  # BM25 alone
-            best = lexical[:k]
-            return self._hits(best, self._scores(terms, context_terms, best), query_bm25, {})
-
         dense = [int(index.ids[at]) for at in index.best(similarities, pool)]
         fused: dict[int, float] = {}
         for ranking in (lexical, dense):
@@ -822,7 +844,7 @@ class SQLiteMemory:
                     names_held[rowid] += 1
         order = sorted(fused, key=lambda rowid: (-names_held[rowid], -fused[rowid], lexical_rank.get(rowid, pool)))
         # Vector-only finds must hold a word of the query, so that `score` (and the floor) can judge them.
-        best: list[int] = []
+        best = []
         scores: dict[int, float] = {}
         for start in range(0, len(order), k):
             batch = order[start : start + k]
@@ -851,7 +873,8 @@ class SQLiteMemory:
         phrases = sorted((p for p in [t.word for t in terms] + bigrams if self._frequency(p)), key=self._frequency)
         if not phrases:
             return [], {}
-        anchors, postings = [], 0
+        anchors: list[str] = []
+        postings = 0
         for phrase in phrases:
             if anchors and postings + self._frequency(phrase) > ANCHOR_POSTINGS:
                 break
