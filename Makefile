@@ -11,9 +11,11 @@ demo: setup
 # asks for all of them; the same command runs in CI (.ci/run).
 test: export EXTRAS ?= llamacpp,test,transformers,eval,milvus,minilm
 test: setup
+	bash scripts/check.sh
 	.venv/bin/python -m pytest -q
 
 test-fast: setup
+	bash scripts/check.sh
 	.venv/bin/python -m pytest -q -m "not slow"
 
 bench: setup
