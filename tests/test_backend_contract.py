@@ -45,8 +45,10 @@ CONTRACT_BACKENDS = {
     "transformers": _transformers,
     # The real llama.cpp server (`make llama-server`) on a free loopback port: tests/test_backend_llama_server.py.
     "llama-server": lambda request: importlib.import_module("test_backend_llama_server").contract_backend(request),
+    # One llama.cpp model holding 4 sessions (sequence ids), batched: tests/test_sessions.py.
+    "llamacpp-sessions": lambda request: importlib.import_module("test_sessions").contract_backend(request),
 }
-SLOW = {"llamacpp", "transformers", "llama-server"}
+SLOW = {"llamacpp", "transformers", "llama-server", "llamacpp-sessions"}
 
 
 @pytest.fixture(scope="module", params=[pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
