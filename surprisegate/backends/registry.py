@@ -28,21 +28,40 @@ class BackendEntry:
         return self.kind == "server"
 
 
-BACKENDS: dict[str, BackendEntry] = {e.name: e for e in (
-    BackendEntry("llamacpp", "in-process", True, "surprisegate.backends.llamacpp:from_llamacpp",
-                 "GGUF path (default: the embedded SmolLM2-135M-Instruct)"),
-    BackendEntry("transformers", "in-process", True, "surprisegate.backends.transformers:from_transformers",
-                 "Hugging Face model directory (default: the embedded model's directory, if converted)"),
-    BackendEntry("llama-server", "server", True, "surprisegate.backends.llama_server:from_llama_server", "optional: the server's own model"),
-    BackendEntry("vllm", "server", True, "surprisegate.backends.vllm:from_vllm", "served model name"),
-    BackendEntry("sglang", "server", True, "surprisegate.backends.sglang:from_sglang", "served model name"),
-    BackendEntry("ollama", "server", True, "surprisegate.backends.ollama:from_ollama", "model name"),
-    BackendEntry("openai", "cloud", False, "", "model name"),
-    BackendEntry("xai", "cloud", False, "", "model name"),
-    BackendEntry("gemini", "cloud", False, "", "model name"),
-    BackendEntry("ollama-chat", "cloud", False, "", "model name"),
-    BackendEntry("anthropic", "cloud", False, "", "model name"),
-)}
+BACKENDS: dict[str, BackendEntry] = {
+    e.name: e
+    for e in (
+        BackendEntry(
+            "llamacpp",
+            "in-process",
+            True,
+            "surprisegate.backends.llamacpp:from_llamacpp",
+            "GGUF path (default: the embedded SmolLM2-135M-Instruct)",
+        ),
+        BackendEntry(
+            "transformers",
+            "in-process",
+            True,
+            "surprisegate.backends.transformers:from_transformers",
+            "Hugging Face model directory (default: the embedded model's directory, if converted)",
+        ),
+        BackendEntry(
+            "llama-server",
+            "server",
+            True,
+            "surprisegate.backends.llama_server:from_llama_server",
+            "optional: the server's own model",
+        ),
+        BackendEntry("vllm", "server", True, "surprisegate.backends.vllm:from_vllm", "served model name"),
+        BackendEntry("sglang", "server", True, "surprisegate.backends.sglang:from_sglang", "served model name"),
+        BackendEntry("ollama", "server", True, "surprisegate.backends.ollama:from_ollama", "model name"),
+        BackendEntry("openai", "cloud", False, "", "model name"),
+        BackendEntry("xai", "cloud", False, "", "model name"),
+        BackendEntry("gemini", "cloud", False, "", "model name"),
+        BackendEntry("ollama-chat", "cloud", False, "", "model name"),
+        BackendEntry("anthropic", "cloud", False, "", "model name"),
+    )
+}
 
 
 def parse_backend(spec: str) -> tuple[BackendEntry, dict[str, Any]]:
@@ -59,9 +78,11 @@ def parse_backend(spec: str) -> tuple[BackendEntry, dict[str, Any]]:
     scheme, _, transport = parts.scheme.partition("+")
     entry = BACKENDS.get(scheme)
     if entry is None or not entry.addressed_by_uri or transport not in ("", "https"):
-        raise ConfigError(f"backend={spec!r}: {parts.scheme!r} is not a server scheme; use one of: "
-                          f"{', '.join(n + '://HOST:PORT' for n, e in BACKENDS.items() if e.addressed_by_uri)}"
-                          " (add +https for TLS)")
+        raise ConfigError(
+            f"backend={spec!r}: {parts.scheme!r} is not a server scheme; use one of: "
+            f"{', '.join(n + '://HOST:PORT' for n, e in BACKENDS.items() if e.addressed_by_uri)}"
+            " (add +https for TLS)"
+        )
     try:
         port = parts.port
     except ValueError:
@@ -79,8 +100,10 @@ def open_backend(spec: str, model: str | None = None, **options: Any) -> Any:
     """Load the backend `spec` names (a name or a URI) with `model` and backend options."""
     entry, address = parse_backend(spec)
     if not entry.factory:
-        raise ConfigError(f"backend={spec!r} ({entry.kind}) is not available in this version yet; "
-                          "use --backend llamacpp or --backend transformers")
+        raise ConfigError(
+            f"backend={spec!r} ({entry.kind}) is not available in this version yet; "
+            "use --backend llamacpp or --backend transformers"
+        )
     module_name, _, function = entry.factory.partition(":")
     factory = getattr(importlib.import_module(module_name), function)
     return factory(model, **address, **options)
