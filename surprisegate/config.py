@@ -171,6 +171,13 @@ class Config:
     temperature: float = field(default=0.0, metadata={"flag": True, "help": "0 = greedy"})
     seed: int = field(default=0, metadata={"help": "sampling seed (temperature > 0)"})
     n_ctx: int = field(default=4096, metadata={"help": "context window of the local backend"})
+    sessions: int = field(
+        default=1,
+        metadata={
+            "help": "independent sessions (requests) one loaded llama.cpp model serves at once, decoded together in "
+            "one batch; 1 = one context"
+        },
+    )
     threads: int = field(default=0, metadata={"flag": True, "help": "CPU threads for the local backend; 0 = all cores"})
 
     def __post_init__(self) -> None:
@@ -216,6 +223,15 @@ def _validate(c: Config) -> None:
     choice("stream", STREAM_POLICIES)
     choice("injection", INJECTIONS)
     choice("tool_python_sandbox", ("auto", "bwrap", "rlimits"))
+    if not 1 <= c.sessions <= 64:
+        _fail("sessions", c.sessions, "use a whole number of sessions from 1 to 64, e.g. 4", "argument")
+    if c.sessions > 1 and c.backend != "llamacpp":
+        _fail(
+            "sessions",
+            c.sessions,
+            f"several sessions need backend='llamacpp' (backend={c.backend!r}); use 1",
+            "argument",
+        )
     if not 0 <= c.top_logprobs <= 20:
         _fail(
             "top_logprobs",

@@ -113,8 +113,10 @@ def load_backend(config: Config) -> Any:
     """The backend the config names (registry: backends/registry.py)."""
     from .backends.registry import open_backend
 
+    # Only a backend that holds several sessions takes the option (the others keep their signature).
+    sessions = {"sessions": config.sessions} if config.sessions > 1 else {}
     return open_backend(
-        config.backend, config.model or None, n_ctx=config.n_ctx, seed=config.seed, threads=config.threads
+        config.backend, config.model or None, n_ctx=config.n_ctx, seed=config.seed, threads=config.threads, **sessions
     )
 
 
