@@ -433,6 +433,9 @@ class _ReplyLoop:
         new_context = context.tokens[:keep] + segment + refeed
         self._continue_from(new_context)
         trimmed, method = self.session.last_continue
+        # A server session reports how its resume request went (in-process sessions have no such record).
+        request = getattr(self.session, "last_request", None) or {}
+        record.prompt_path, record.cached_tokens = request.get("path"), request.get("cached")
         context.tokens[:] = new_context
         context.turn_start = context.turn_start if turn_start is None else turn_start
         reply.cut(trigger.span_start)

@@ -284,6 +284,9 @@ class ConvergenceRecord:
     already_grounded: bool = False  # resumed because the same evidence was injected in an earlier round
     retries: list[dict[str, Any]] = field(default_factory=list)  # one more try of a failed rewrite: problem, text, how
     rewritten_text: str | None = None  # a reverted round: the rewrite that was dropped
+    # A server backend: how the resume after the rewind reached the server, and the prompt tokens its cache served.
+    prompt_path: str | None = None  # "token-ids" | "text"
+    cached_tokens: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ConvergenceRecord:
@@ -342,6 +345,8 @@ class ConvergenceRecord:
             **({"already_grounded": True} if self.already_grounded else {}),
             **({"retries": to_jsonable(self.retries)} if self.retries else {}),
             **({"rewritten_text": self.rewritten_text} if self.rewritten_text is not None else {}),
+            **({"prompt_path": self.prompt_path} if self.prompt_path is not None else {}),
+            **({"cached_tokens": self.cached_tokens} if self.cached_tokens is not None else {}),
         }
 
 

@@ -601,5 +601,8 @@ def test_real_server_end_to_end_grounds_the_demo_question(real, llama_backend):
     assert "Ouagadougou" in remote.text
     rounds = remote.receipt["rounds"]
     assert rounds and rounds[0]["action"] == "rewound"
+    # The receipt says how the resume reached the server and what its prefix cache served.
+    assert rounds[0]["prompt_path"] == "token-ids" and rounds[0]["cached_tokens"] > 0
+    assert "cached_tokens" not in local.receipt["rounds"][0]  # in process: no server, no such record
     assert remote.text == local.text
     assert not math.isnan(remote.receipt["surprise"]["mean"])
