@@ -508,3 +508,16 @@ def test_a_rewrite_that_answers_another_kind_of_question_is_reverted():
 
 
 # --- arm arbitration ------------------------------------------------------------------------------------
+
+
+def test_the_loop_reads_in_one_sitting():
+    # Issue 10: the loop is short named parts; a function past 60 lines is a sign a part wants splitting.
+    import ast
+    import inspect
+
+    from surprisegate import controller, grounding, trigger
+
+    for module in (controller, grounding, trigger):
+        tree = ast.parse(inspect.getsource(module))
+        lengths = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        assert max(lengths.values()) < 60, {k: v for k, v in lengths.items() if v >= 60}
