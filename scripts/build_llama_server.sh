@@ -37,6 +37,11 @@ if [ "${FORCE:-0}" != 1 ] && [ -x "$DEST" ] && [ -f "$DEST.stamp" ] && [ "$(cat 
   exit 0
 fi
 
+# No system cmake: the PyPI package (the same one the wheel build pulls in) into .venv.
+if ! command -v cmake >/dev/null 2>&1 && [ -x .venv/bin/python ]; then
+  echo "build_llama_server: no cmake on PATH; installing it from PyPI into .venv" >&2
+  .venv/bin/python -m pip install -q --disable-pip-version-check cmake && export PATH="$PWD/.venv/bin:$PATH"
+fi
 for tool in cmake c++; do
   command -v "$tool" >/dev/null 2>&1 || { echo "build_llama_server: '$tool' not found; install cmake and a C++ compiler (apt-get install cmake g++)" >&2; exit 1; }
 done
