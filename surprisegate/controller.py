@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .arms import Arm, Evidence, Query
-from .backends import Sampling, SteerableBackend, Step
+from .backends import Sampling, SteerableBackend, Step, Steps
 from .config import Config, evidence_text
 from .events import Done, Event, Grounding, Rewind, Token, Trigger
 from .grounding import arm_order, ground_round
@@ -245,10 +245,11 @@ class _ReplyLoop:
         self.eos = backend.eos_token_ids
         self.max_decoded = config.max_tokens * (config.max_rounds + 2) + 8  # every round may rewrite, a revert redo
         self.session = backend.session()
-        self.steps: Iterator[Step] = iter(())
+        self.steps: Steps | None = None  # the current continuation; replaced on every rewind
 
     def close(self) -> None:
-        self.steps.close() if hasattr(self.steps, "close") else None
+        if self.steps is not None:
+            self.steps.close()
         self.session.close()
 
     # --- the loop -------------------------------------------------------------------------------
@@ -256,6 +257,7 @@ class _ReplyLoop:
         c, reply = self.config, self.reply
         self._continue_from(self.prompt_tokens)
         while len(reply.tokens) < c.max_tokens and self.decoded < self.max_decoded:
+            assert self.steps is not None  # set before the loop, replaced on every rewind
             step = next(self.steps)
             self.decoded += 1
             if step.token in self.eos:
@@ -277,9 +279,8 @@ class _ReplyLoop:
         self, tokens: list[int], batch_until: int | None = None, banned: frozenset[int] = frozenset()
     ) -> None:
         """Abort the current steps and continue the session from `tokens`."""
-        close = getattr(self.steps, "close", None)
-        if close is not None:
-            close()
+        if self.steps is not None:
+            self.steps.close()
         self.steps = self.session.steps(tokens, self.sampling, batch_until=batch_until, banned=banned)
 
     def _measure(self, step: Step) -> tuple[float, bool]:
