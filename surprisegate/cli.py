@@ -714,6 +714,26 @@ def bench_rewind(context_tokens: int, repeats: int, as_json: bool) -> None:
     click.echo(json.dumps(out) if as_json else _pretty(out))
 
 
+@bench.command("http")
+@click.option("--backend", "backend_uri", default=None, help="A running llama-server://HOST:PORT (default: start one).")
+@click.option("--context", "context_tokens", default=1500, show_default=True, type=int)
+@click.option("--tokens", default=256, show_default=True, type=int)
+@click.option("--repeats", default=5, show_default=True, type=int)
+@click.option("--json", "as_json", is_flag=True)
+def bench_http(backend_uri: str | None, context_tokens: int, tokens: int, repeats: int, as_json: bool) -> None:
+    """Over llama-server: resume-after-rewind ÷ cold prompt ms (server timings), detect ÷ plain stream tokens/s."""
+    from .research.bench import bench_http as run
+
+    out = run(
+        backend_uri=backend_uri,
+        context_tokens=context_tokens,
+        n_tokens=tokens,
+        repeats=repeats,
+        progress=lambda m: click.echo(m, err=True),
+    )
+    click.echo(json.dumps(out) if as_json else _pretty(out))
+
+
 @bench.command("memory")
 @click.option("--passages", "n_passages", default=100_000, show_default=True, type=int)
 @click.option("--queries", default=200, show_default=True, type=int)

@@ -30,3 +30,23 @@ def test_bench_rewind_small():
     assert out["context_tokens"] == 300 and out["injected_tokens"] == 30 and out["rewound_tokens"] == 16
     assert out["ratio"] == pytest.approx(out["rewind_inject_redecode_ms"] / out["reprefill_ms"], rel=1e-2)
     assert out["reprefill_ms"] > 0 and out["rewind_inject_redecode_ms"] > 0
+
+
+def test_bench_http_small():
+    from surprisegate.backends.llama_server import find_llama_server
+
+    if find_llama_server() is None:
+        pytest.skip("llama-server is not built (make llama-server)")
+    from surprisegate.research.bench import bench_http
+
+    out = bench_http(context_tokens=400, n_tokens=24, repeats=1)
+    assert out["benchmark"] == "http" and out["server_started_here"] is True
+    assert out["injected_tokens"] == 30 and out["rewound_tokens"] == 16
+    assert out["resume_ratio"] < 1
+    assert out["resume_ratio"] == pytest.approx(out["resume_prompt_ms"] / out["cold_prompt_ms"], rel=1e-2)
+    assert out["stream_ratio"] == pytest.approx(out["detect_tokens_per_s"] / out["plain_tokens_per_s"], rel=1e-2)
+    assert out["resume_cached"][0] >= 400 - 16 - 1 and out["cold_cached"][0] <= 1
+    assert out["tokens_per_run"]["detect"] > 0 and out["tokens_per_run"]["plain20"] > 0
+    assert len(out["detect_runs"]) == len(out["plain_runs"]) == len(out["plain_n_probs0_runs"]) == 1
+    for key in ("resume_target", "stream_target", "n_probs_cost", "cold_runs_ms", "resume_runs_ms"):
+        assert key in out

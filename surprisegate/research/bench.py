@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..config import Config
 from ..prompting import PromptLayout, chat_messages
@@ -165,3 +166,187 @@ def bench_rewind(
         "redecoded_tokens": span,
         "model": backend.model_id,
     }
+
+
+def _median_ratio(num: list[float], den: list[float]) -> float:
+    return round(statistics.median(num) / statistics.median(den), 4)
+
+
+def bench_http(
+    backend_uri: str | None = None,
+    context_tokens: int = 1500,
+    n_tokens: int = 256,
+    repeats: int = 5,
+    span: int = 16,
+    segment_tokens: int = 30,
+    progress: Callable[[str], None] = _noop,
+) -> dict:
+    """Over a llama.cpp server (started here on a free loopback port unless `backend_uri` names one):
+
+    resume_ratio: the server's own prompt-processing time (`timings.prompt_ms`) of the request that resumes
+        after a real rewind and injection (steps(context), then steps(context[:-span] + segment)) ÷ that of a
+        cold request of the same length (its first token differs each time, so nothing of it is cached).
+    stream_ratio: detect-mode tokens/s through our loop ÷ plain /completion streaming tokens/s with the same
+        n_probs (20), no scoring; the server's own cost of n_probs 20 (plain n_probs 0 vs 20) beside it.
+    """
+    from ..backends import Sampling
+    from ..backends.http_session import SIGNAL_TOP_K
+    from ..backends.llama_server import LlamaServerProcess
+    from ..backends.registry import open_backend
+    from ..controller import stream
+    from ..events import Done, Token
+
+    server: LlamaServerProcess | None = None
+    if backend_uri is None:
+        server = LlamaServerProcess(n_ctx=max(4096, context_tokens + segment_tokens + n_tokens + 64)).start()
+        backend_uri = server.uri
+        progress(f"started {' '.join(server.argv())}")
+    backend = open_backend(backend_uri)
+    try:
+        # --- resume_ratio -----------------------------------------------------------------------------
+        tokens = backend.tokenize(_filler_text(400))
+        if len(tokens) < context_tokens:
+            raise RuntimeError(f"filler text gave only {len(tokens)} tokens")
+        context = tokens[:context_tokens]
+        segment = backend.tokenize(_filler_text(40))[:segment_tokens]
+        resumed = context[:-span] + segment
+        words = "Alpha Bravo Charlie Delta Echo Foxtrot Golf Hotel India Juliet Kilo Lima Mike November Oscar Papa"
+        firsts = [t for t in dict.fromkeys(backend.tokenize(w)[0] for w in words.split()) if t != context[0]]
+        no_scoring = Sampling(scored=False)
+
+        def first_request(session: Any, prompt: list[int]) -> dict:
+            steps = session.steps(prompt, no_scoring)  # sends it and reads the first chunk (its timings)
+            steps.close()
+            return dict(session.requests[-1])
+
+        def cold(i: int) -> dict:
+            prompt = [firsts[i % len(firsts)], *resumed[1:]]
+            return first_request(backend.session(), prompt)
+
+        def resume(_: int) -> dict:
+            session = backend.session()
+            first_request(session, context)  # the state at trigger time (not timed)
+            rec = first_request(session, resumed)
+            rec["last_continue"] = list(session.last_continue)
+            return rec
+
+        cold(len(firsts) - 1)
+        resume(0)  # warm-up
+        colds: list[dict] = []
+        resumes: list[dict] = []
+        for i in range(repeats):
+            order = ((cold, colds), (resume, resumes)) if i % 2 == 0 else ((resume, resumes), (cold, colds))
+            for fn, sink in order:
+                sink.append(fn(i))
+            progress(
+                f"resume repeat {i + 1}/{repeats}: cold {colds[-1]['prompt_ms']:.1f} ms "
+                f"({colds[-1]['prompt_n']} tokens, {colds[-1]['cached']} cached), resume "
+                f"{resumes[-1]['prompt_ms']:.1f} ms ({resumes[-1]['prompt_n']} tokens, {resumes[-1]['cached']} cached)"
+            )
+        cold_ms = [float(r["prompt_ms"]) for r in colds]
+        resume_ms = [float(r["prompt_ms"]) for r in resumes]
+
+        # --- stream_ratio -----------------------------------------------------------------------------
+        config = Config(mode="detect", max_tokens=n_tokens, max_rounds=0, system_prompt="")
+        layout = PromptLayout.from_template(backend.chat_prompt, chat_messages(DECODE_PROMPT))
+        prompt_tokens = layout.body_tokens(backend.tokenize) + layout.open_tokens(backend.tokenize)
+
+        def detect() -> tuple[list[int], float]:
+            out: list[int] = []
+            t0 = time.perf_counter()
+            for ev in stream(backend, DECODE_PROMPT, config):
+                if isinstance(ev, Token):
+                    out.append(ev.token_id)
+                elif isinstance(ev, Done):
+                    break
+            return out, time.perf_counter() - t0
+
+        def plain(n_probs: int) -> tuple[list[int], float]:
+            body = {
+                "prompt": prompt_tokens,
+                "n_predict": n_tokens,
+                "stream": True,
+                "cache_prompt": True,
+                "return_tokens": True,
+                "n_probs": n_probs,
+                "temperature": 0,
+                "samplers": ["temperature"],
+                "ignore_eos": False,
+            }
+            out: list[int] = []
+            t0 = time.perf_counter()
+            events = backend.endpoint.stream("/completion", body, framing="sse")
+            try:
+                for event in events:
+                    if isinstance(event, dict):
+                        out.extend(int(t) for t in event.get("tokens") or [])
+                        if event.get("stop"):
+                            break
+            finally:
+                events.close()
+            return out, time.perf_counter() - t0
+
+        def plain20() -> tuple[list[int], float]:
+            return plain(SIGNAL_TOP_K)
+
+        def plain0() -> tuple[list[int], float]:
+            return plain(0)
+
+        for warm in (plain0, plain20, detect):  # warm-up
+            warm()
+        runs: dict[str, list[float]] = {"detect": [], "plain20": [], "plain0": []}
+        counts: dict[str, int] = {}
+        toks: dict[str, list[int]] = {}
+        same_tokens = True
+        fns = {"detect": detect, "plain20": plain20, "plain0": plain0}
+        for i in range(repeats):
+            names = ["plain20", "detect", "plain0"] if i % 2 == 0 else ["plain0", "detect", "plain20"]
+            for name in names:
+                got, seconds = fns[name]()
+                runs[name].append(len(got) / seconds)
+                counts[name], toks[name] = len(got), got
+            same_tokens &= toks["detect"] == toks["plain20"]
+            progress(
+                f"stream repeat {i + 1}/{repeats}: detect {runs['detect'][-1]:.1f} tok/s, plain n_probs 20 "
+                f"{runs['plain20'][-1]:.1f} tok/s, plain n_probs 0 {runs['plain0'][-1]:.1f} tok/s"
+            )
+        med = {k: statistics.median(v) for k, v in runs.items()}
+        return {
+            "benchmark": "http",
+            "resume_ratio": _median_ratio(resume_ms, cold_ms),
+            "resume_target": "resume_ratio <= 0.1",
+            "stream_ratio": _median_ratio(runs["detect"], runs["plain20"]),
+            "stream_target": "stream_ratio >= 0.97",
+            "n_probs_cost": round(1 - med["plain20"] / med["plain0"], 4),
+            "resume_prompt_ms": round(statistics.median(resume_ms), 3),
+            "cold_prompt_ms": round(statistics.median(cold_ms), 3),
+            "resume_runs_ms": [round(x, 3) for x in resume_ms],
+            "cold_runs_ms": [round(x, 3) for x in cold_ms],
+            "resume_prompt_n": [r["prompt_n"] for r in resumes],
+            "resume_cached": [r["cached"] for r in resumes],
+            "resume_continue": resumes[-1]["last_continue"],
+            "cold_prompt_n": [r["prompt_n"] for r in colds],
+            "cold_cached": [r["cached"] for r in colds],
+            "context_tokens": context_tokens,
+            "rewound_tokens": span,
+            "injected_tokens": len(segment),
+            "resume_request_tokens": len(resumed),
+            "detect_tokens_per_s": round(med["detect"], 2),
+            "plain_tokens_per_s": round(med["plain20"], 2),
+            "plain_n_probs0_tokens_per_s": round(med["plain0"], 2),
+            "detect_runs": [round(x, 2) for x in runs["detect"]],
+            "plain_runs": [round(x, 2) for x in runs["plain20"]],
+            "plain_n_probs0_runs": [round(x, 2) for x in runs["plain0"]],
+            "tokens_per_run": counts,
+            "same_tokens": same_tokens,
+            "n_probs": SIGNAL_TOP_K,
+            "prompt_tokens": len(prompt_tokens),
+            "backend": backend_uri,
+            "server_started_here": server is not None,
+            "model": backend.model_id,
+            "build_info": getattr(backend, "build_info", None),
+        }
+    finally:
+        backend.close()
+        if server is not None:
+            server.stop()
