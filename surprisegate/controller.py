@@ -28,7 +28,7 @@ from .config import Config, evidence_text
 from .events import Done, Event, Grounding, Rewind, Token, Trigger
 from .grounding import arm_order, ground_round
 from .prompting import PromptLayout, conversation, last_user_turn
-from .receipts import ConvergenceRecord
+from .receipts import ConvergenceRecord, trigger_to_dict
 from .router import closed_question
 from .support import cut_short, rewrite_problem
 from .surprise import aggregates
@@ -131,14 +131,8 @@ def _rewrite_verdict(reply: _Reply, unchecked: _Unchecked, question: str, final:
 
 
 def _trigger_dict(t: Trigger) -> dict:
-    return {
-        "token_index": t.token_index,
-        "statistic": t.statistic,
-        "value": round(t.value, 4),
-        "threshold": t.threshold,
-        "span_start": t.span_start,
-        "span_text": t.span_text,
-    }
+    """The receipt's view of a trigger (receipts.trigger_to_dict), its value to 4 decimals."""
+    return trigger_to_dict(t) | {"value": round(t.value, 4)}
 
 
 # --------------------------------------------------------------------------------------------

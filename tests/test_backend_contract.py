@@ -62,6 +62,8 @@ def control_ids(backend) -> set[int]:
     """Token ids that are control tokens for this backend (turn markers, end of text, ...)."""
     if isinstance(backend, ScriptedBackend):
         return {256, 257, 258}
+    if hasattr(backend, "control_token_ids"):  # a server backend learns them from the server
+        return set(backend.control_token_ids)
     if backend.name == "llamacpp":
         import llama_cpp
 

@@ -434,21 +434,9 @@ def shared_server(config) -> LlamaServerProcess:
 
 
 def contract_backend(request) -> LlamaServerBackend:
-    """The real server for tests/test_backend_contract.py (as a view that knows its control tokens)."""
+    """The real server for tests/test_backend_contract.py."""
     process = shared_server(request.config)
-    return ContractView(from_llama_server(None, host=process.host, port=process.port))
-
-
-class ContractView:
-    """The backend, plus the `_tokenizer.all_special_ids` the contract's `control_ids` reads (the server's
-    control tokens: those with no bytes in its vocabulary table)."""
-
-    def __init__(self, backend: LlamaServerBackend) -> None:
-        self._backend = backend
-        self._tokenizer = type("Specials", (), {"all_special_ids": property(lambda s: backend.control_token_ids)})()
-
-    def __getattr__(self, name):
-        return getattr(self._backend, name)
+    return from_llama_server(None, host=process.host, port=process.port)
 
 
 @pytest.fixture(scope="module")

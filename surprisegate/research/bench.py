@@ -24,10 +24,23 @@ def _noop(_: str) -> None:
     pass
 
 
-def bench_decode(n_tokens: int = 256, repeats: int = 5, progress: Callable[[str], None] = _noop) -> dict:
-    from ..backends.llamacpp import from_llamacpp
+def _detect_run(backend, config: Config) -> tuple[list[int], float]:
+    """The decode prompt through the loop (detect mode): the visible token ids and the seconds taken."""
     from ..controller import stream
     from ..events import Done, Token
+
+    out: list[int] = []
+    t0 = time.perf_counter()
+    for ev in stream(backend, DECODE_PROMPT, config):
+        if isinstance(ev, Token):
+            out.append(ev.token_id)
+        elif isinstance(ev, Done):
+            break
+    return out, time.perf_counter() - t0
+
+
+def bench_decode(n_tokens: int = 256, repeats: int = 5, progress: Callable[[str], None] = _noop) -> dict:
+    from ..backends.llamacpp import from_llamacpp
 
     backend = from_llamacpp(None, n_ctx=2048)
     llama = backend._llama
@@ -48,14 +61,7 @@ def bench_decode(n_tokens: int = 256, repeats: int = 5, progress: Callable[[str]
         return out, time.perf_counter() - t0
 
     def detect() -> tuple[list[int], float]:
-        out: list[int] = []
-        t0 = time.perf_counter()
-        for ev in stream(backend, DECODE_PROMPT, config):
-            if isinstance(ev, Token):
-                out.append(ev.token_id)
-            elif isinstance(ev, Done):
-                break
-        return out, time.perf_counter() - t0
+        return _detect_run(backend, config)
 
     plain()
     detect()  # warm-up: page in weights, build caches
@@ -193,8 +199,6 @@ def bench_http(
     from ..backends.http_session import SIGNAL_TOP_K
     from ..backends.llama_server import LlamaServerProcess
     from ..backends.registry import open_backend
-    from ..controller import stream
-    from ..events import Done, Token
 
     server: LlamaServerProcess | None = None
     if backend_uri is None:
@@ -252,14 +256,7 @@ def bench_http(
         prompt_tokens = layout.body_tokens(backend.tokenize) + layout.open_tokens(backend.tokenize)
 
         def detect() -> tuple[list[int], float]:
-            out: list[int] = []
-            t0 = time.perf_counter()
-            for ev in stream(backend, DECODE_PROMPT, config):
-                if isinstance(ev, Token):
-                    out.append(ev.token_id)
-                elif isinstance(ev, Done):
-                    break
-            return out, time.perf_counter() - t0
+            return _detect_run(backend, config)
 
         def plain(n_probs: int) -> tuple[list[int], float]:
             body = {

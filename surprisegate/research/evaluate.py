@@ -73,7 +73,7 @@ class Outcome:
 # baselines that need their own decoding loop
 # ------------------------------------------------------------------------------------------------
 def _decode(
-    backend, prompt_tokens: list[int], max_tokens: int, stop_at_sentence: bool = False, already: str = ""
+    backend, prompt_tokens: list[int], max_tokens: int, stop_at_sentence: bool = False
 ) -> tuple[list[int], list[float], str]:
     """Greedy decode in a fresh session; returns (tokens, probabilities, text)."""
     session = backend.session()
