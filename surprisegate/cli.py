@@ -16,7 +16,7 @@ import click
 
 from . import __version__
 from .config import Config, flag_fields, load_config, to_toml
-from .errors import InputError, SurpriseGateError
+from .errors import BackendError, InputError, SurpriseGateError
 from .runtime import build_arms, check_memory, home, load_backend
 
 DEMO_QUESTION = "What is the capital of Burkina Faso?"
@@ -250,12 +250,24 @@ def ask(
                     "canary": result.receipt.get("canary"),
                     "receipt": str(receipts_file),
                     "receipt_id": result.receipt.get("reply_id"),
+                    "fault": result.receipt.get("fault"),
                 },
                 ensure_ascii=False,
             )
         )
     else:
         click.echo(view.paint(f"receipt → {receipts_file}", "2"), err=True)
+    _raise_fault(result.receipt)
+
+
+def _raise_fault(receipt: dict) -> None:
+    """A reply the backend broke off was printed and its receipt written: now say so, with exit code 3."""
+    fault = receipt.get("fault")
+    if fault:
+        raise BackendError(
+            f"the reply ended early after {fault.get('at_token')} tokens: {fault.get('message')} "
+            f"(what arrived is kept, receipt {receipt.get('reply_id')})"
+        )
 
 
 def read_chat(path: str) -> list:

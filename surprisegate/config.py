@@ -179,6 +179,13 @@ class Config:
         },
     )
     threads: int = field(default=0, metadata={"flag": True, "help": "CPU threads for the local backend; 0 = all cores"})
+    # --- inference servers (--backend URI): how long to wait before a reply ends with what it has ---
+    connect_timeout: float = field(default=5.0, metadata={"help": "seconds to open a connection to the server"})
+    # Prompt processing happens before the first byte: 1,500 tokens took 10 s on a small CPU here.
+    first_byte_timeout: float = field(
+        default=300.0, metadata={"help": "seconds from a request to the server's first byte (covers prompt processing)"}
+    )
+    idle_timeout: float = field(default=60.0, metadata={"help": "seconds a stream may stay silent between two chunks"})
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -286,6 +293,10 @@ def _validate(c: Config) -> None:
         _fail("temperature", c.temperature, "use a number between 0 (greedy) and 10", "argument")
     if not 64 <= c.n_ctx <= 1_048_576:
         _fail("n_ctx", c.n_ctx, "use a context size between 64 and 1048576 tokens", "argument")
+    for key in ("connect_timeout", "first_byte_timeout", "idle_timeout"):
+        seconds = getattr(c, key)
+        if not (math.isfinite(seconds) and 0 < seconds <= 3600):
+            _fail(key, seconds, "use seconds between 0 and 3600, e.g. 5", "argument")
     if not 0 <= c.threads <= 1024:
         _fail("threads", c.threads, "use 0 (all cores) or a number of threads", "argument")
     parse_backend(c.backend)  # a name or URI from the one registry; its error names the choices

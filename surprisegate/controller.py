@@ -25,6 +25,7 @@ from typing import Any
 from .arms import Arm, Evidence, Query
 from .backends import Sampling, SteerableBackend, Step, Steps
 from .config import Config, evidence_text
+from .errors import BackendFault
 from .events import Done, Event, Grounding, Rewind, Token, Trigger
 from .grounding import arm_order, ground_round
 from .prompting import PromptLayout, conversation, last_user_turn
@@ -218,13 +219,13 @@ class _ReplyLoop:
         self.scored = config.mode != "off"
         self.intervening = config.mode == "intervene"
         self.sampling = Sampling(config.temperature, config.seed, self.scored, config.top_logprobs)
-        self.layout = PromptLayout.from_template(backend.chat_prompt, messages)
-        # The cloze prefix is the user's text: plain tokens, like every message.
-        self.prefix_tokens = backend.tokenize(assistant_prefix) if assistant_prefix else []
-        self.open_tokens = self.layout.open_tokens(backend.tokenize)
-        self.prompt_tokens = self.layout.body_tokens(backend.tokenize) + self.open_tokens + self.prefix_tokens
-        turn_start = len(self.prompt_tokens) - len(self.prefix_tokens) - len(self.open_tokens)
-        self.context = _Context(list(self.prompt_tokens), turn_start)
+        self.assistant_prefix = assistant_prefix
+        # Set by _prepare_prompt (a server renders and tokenizes: it may fail, and the receipt says so).
+        self.layout: PromptLayout | None = None
+        self.prefix_tokens: list[int] = []
+        self.open_tokens: list[int] = []
+        self.prompt_tokens: list[int] = []
+        self.context = _Context([], 0)
         self.policy = TriggerPolicy(config, self.question, assistant_prefix)
         self.emitter = _Emitter(config.stream == "holdback")
         self.reply = _Reply()
@@ -236,6 +237,7 @@ class _ReplyLoop:
         self.decoded = 0  # every token sampled, including dropped ones
         self.injected_total = 0
         self.finish_reason = "length"
+        self.fault: dict[str, Any] | None = None  # the backend failed mid-reply: what happened (receipt "fault")
         self.eos = backend.eos_token_ids
         self.max_decoded = config.max_tokens * (config.max_rounds + 2) + 8  # every round may rewrite, a revert redo
         self.session = backend.session()
@@ -248,7 +250,28 @@ class _ReplyLoop:
 
     # --- the loop -------------------------------------------------------------------------------
     def run(self) -> Iterator[Event]:
+        try:
+            yield from self._decode()
+        except BackendFault as fault:
+            yield from self._on_fault(fault)
+        yield from self.emitter.upto(self.reply, len(self.reply.tokens), final=True)
+        yield self._done()
+
+    def _prepare_prompt(self) -> None:
+        """Render the chat with the model's template and tokenize it; the cloze prefix is the user's text:
+        plain tokens, like every message."""
+        backend = self.backend
+        self.layout = PromptLayout.from_template(backend.chat_prompt, self.messages)
+        prefix = self.assistant_prefix
+        self.prefix_tokens = backend.tokenize(prefix) if prefix else []
+        self.open_tokens = self.layout.open_tokens(backend.tokenize)
+        self.prompt_tokens = self.layout.body_tokens(backend.tokenize) + self.open_tokens + self.prefix_tokens
+        turn_start = len(self.prompt_tokens) - len(self.prefix_tokens) - len(self.open_tokens)
+        self.context = _Context(list(self.prompt_tokens), turn_start)
+
+    def _decode(self) -> Iterator[Event]:
         c, reply = self.config, self.reply
+        self._prepare_prompt()
         self._continue_from(self.prompt_tokens)
         while len(reply.tokens) < c.max_tokens and self.decoded < self.max_decoded:
             assert self.steps is not None  # set before the loop, replaced on every rewind
@@ -266,8 +289,15 @@ class _ReplyLoop:
                 continue  # a failed rewrite went back (or is tried again)
             self.context.tokens.append(reply.tokens[-1])  # fed when the next step is asked for
             yield from self.emitter.upto(reply, self._final_upto())
-        yield from self.emitter.upto(reply, len(reply.tokens), final=True)
-        yield self._done()
+
+    def _on_fault(self, fault: BackendFault) -> Iterator[Event]:
+        """The backend failed mid-reply: the reply ends with what was received, and a rewrite not yet shown
+        to have used its evidence is dropped for the reply written without it (never worse than ungrounded)."""
+        self.finish_reason = "error"
+        self.fault = {"kind": fault.kind, "status": fault.status, "message": str(fault)}
+        if self.unchecked is not None:
+            yield from self._revert(f"was cut off when the backend failed ({fault.kind})", session=False)
+        self.fault["at_token"] = len(self.reply.tokens)
 
     def _continue_from(
         self, tokens: list[int], batch_until: int | None = None, banned: frozenset[int] = frozenset()
@@ -328,7 +358,6 @@ class _ReplyLoop:
                 first_round=len(self.rounds),
             )
         record = yield from self._round(trigger)
-        self.rounds.append(record)
         if record.action != "rewound":
             policy.reset()  # after a round (acted on or not) the window starts afresh
             return False
@@ -373,6 +402,7 @@ class _ReplyLoop:
             arms=list(reports),
             chosen=chosen.to_dict() if chosen else None,
         )
+        self.rounds.append(record)  # in the receipt even if the backend fails during the rewind
         resumed = self._why_not_rewind(record, chosen, closed)
         if resumed is not None:
             record.reason = resumed
@@ -426,7 +456,11 @@ class _ReplyLoop:
         injected = evidence_text(self.config, chosen)
         segment, refeed, turn_start = self._segment(injected, keep, reply.tokens[: trigger.span_start])
         new_context = context.tokens[:keep] + segment + refeed
-        self._continue_from(new_context)
+        try:
+            self._continue_from(new_context)
+        except BackendFault as fault:
+            record.reason = f"grounded by {chosen.source}, but the resume failed ({fault.kind}): reply kept as written"
+            raise
         trimmed, method = self.session.last_continue
         # A server session reports how its resume request went (in-process sessions have no such record).
         request = getattr(self.session, "last_request", None) or {}
@@ -443,6 +477,7 @@ class _ReplyLoop:
     def _segment(self, injected: str, keep: int, kept_prefix: list[int]) -> tuple[list[int], list[int], int | None]:
         """(evidence segment, tokens re-fed after it, where the new assistant turn starts or None)."""
         tokenize, layout = self.backend.tokenize, self.layout
+        assert layout is not None  # prepared before the first step
         if self.config.injection == "system_turn":
             turn = layout.segment_tokens(tokenize, injected, "system_turn")
             return turn + self.open_tokens, self.prefix_tokens + kept_prefix, keep + len(turn)
@@ -504,15 +539,19 @@ class _ReplyLoop:
             yield Rewind(rewound.round, shown, failed, 0)
         rewound.retries.append({"problem": problem, "rewrite": failed, "how": how})
 
-    def _revert(self, problem: str) -> Generator[Event, None, None]:
-        """The rewrite failed its check: back to the reply written without it; no more rounds."""
+    def _revert(self, problem: str, session: bool = True) -> Generator[Event, None, None]:
+        """The rewrite failed its check: back to the reply written without it; no more rounds. `session`
+        False: only the reply goes back (the backend failed; nothing more will be decoded)."""
         u, reply = self.unchecked, self.reply
         assert u is not None
         text = reply.text()
         # The rewrite up to the end of the sentence that was checked, not the word that showed it had ended.
         rewritten = text[len(reply.text(u.span_start)) : sentence_end(text, len(reply.text(u.check_from)))]
         shown = self.emitter.shown_after(u.span_start)
-        self._restore(u.before)
+        if session:
+            self._restore(u.before)
+        else:
+            self.reply.restore(u.before.reply)
         for record in self.rounds[u.first_round :]:
             if record.action == "rewound":
                 record.action, record.rewritten_text = "reverted", rewritten
@@ -562,6 +601,7 @@ class _ReplyLoop:
             "question": self.question,
             "question_kind": self.policy.kind,
             "threshold": self.policy.threshold,
+            "fault": self.fault,
         }
         return Done(
             text=text, finish_reason=self.finish_reason, n_tokens=len(reply.tokens), rounds=rounds, receipt=result
@@ -631,6 +671,7 @@ def build_receipt_for(backend: SteerableBackend, config: Config, result: dict) -
         rounds=result["rounds"],
         mode=config.mode,
         finish_reason=result["finish_reason"],
+        fault=result.get("fault"),
         extra={
             k: result[k]
             for k in (

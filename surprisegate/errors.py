@@ -24,6 +24,16 @@ class BackendError(SurpriseGateError):
     exit_code = 3
 
 
+class BackendFault(BackendError):
+    """The backend failed while a reply was being written (a server refused, broke off, went silent or
+    answered an error). The loop ends the reply with what it had and the receipt says what happened.
+    `kind` names the fault (e.g. "refused", "reset", "idle_timeout", "http_error", "truncated")."""
+
+    def __init__(self, message: str, *, kind: str = "error", status: int | None = None) -> None:
+        super().__init__(message)
+        self.kind, self.status = kind, status
+
+
 class MissingDependency(BackendError):
     """An optional extra is not installed; the message says which pip command fixes it."""
 

@@ -368,6 +368,7 @@ def build_receipt(
     extra: dict[str, Any] | None = None,
     store_prompt: bool = True,
     messages: list[dict[str, str]] | None = None,
+    fault: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble one receipt (schema `surprisegate.receipt/1`) as plain JSON data.
 
@@ -376,7 +377,8 @@ def build_receipt(
     always hashed (`prompt_sha256`); `store_prompt=False` leaves its text out of the receipt. `prompt` is the
     question the reply answers; `messages`, the whole conversation, is hashed too (`conversation_sha256`,
     over its canonical JSON) and kept under the same rule.
-    `extra` is kept under its own key so it can never overwrite a schema field.
+    `extra` is kept under its own key so it can never overwrite a schema field. `fault` (only when the
+    backend failed mid-reply, finish_reason "error"): its kind, HTTP status, message and the reply tokens kept.
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}; use one of {', '.join(MODES)}")
@@ -408,6 +410,7 @@ def build_receipt(
         "canary": to_jsonable(canary),
         "rounds": [r.to_dict() if isinstance(r, ConvergenceRecord) else to_jsonable(r) for r in rounds],
         "extra": to_jsonable(extra) if extra else {},
+        **({"fault": to_jsonable(fault)} if fault else {}),
     }
 
 
@@ -505,6 +508,11 @@ def format_receipt(record: dict[str, Any], color: bool = False) -> str:
     for rnd in rounds:
         if isinstance(rnd, dict):
             lines.extend(_format_round(rnd, paint, label))
+    fault = record.get("fault")
+    if isinstance(fault, dict):
+        kept = f" · {fault.get('at_token', '?')} reply tokens kept"
+        message = _clean(_truncate(str(fault.get("message", "")), _EVIDENCE_CHARS))
+        lines.append(label("fault") + paint(str(fault.get("kind", "?")), "red") + kept + f" · {message}")
     return "\n".join(lines)
 
 

@@ -111,12 +111,18 @@ def build_arms(
 
 def load_backend(config: Config) -> Any:
     """The backend the config names (registry: backends/registry.py)."""
-    from .backends.registry import open_backend
+    from .backends.registry import open_backend, parse_backend
 
     # Only a backend that holds several sessions takes the option (the others keep their signature).
-    sessions = {"sessions": config.sessions} if config.sessions > 1 else {}
+    options: dict[str, Any] = {"sessions": config.sessions} if config.sessions > 1 else {}
+    if parse_backend(config.backend)[0].kind == "server":
+        options |= {
+            "connect_timeout": config.connect_timeout,
+            "first_byte_timeout": config.first_byte_timeout,
+            "idle_timeout": config.idle_timeout,
+        }
     return open_backend(
-        config.backend, config.model or None, n_ctx=config.n_ctx, seed=config.seed, threads=config.threads, **sessions
+        config.backend, config.model or None, n_ctx=config.n_ctx, seed=config.seed, threads=config.threads, **options
     )
 
 

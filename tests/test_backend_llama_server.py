@@ -77,7 +77,8 @@ def sse_events(raw: bytes) -> list[bytes]:
 class FakeServer:
     """Routes (method, path) to a handler(body) -> (status, content type, body bytes or list of chunks).
     A list is sent chunked, one HTTP chunk per item, with `delay` seconds between chunks; every request
-    (path, headers, parsed JSON body) is recorded."""
+    (path, headers, parsed JSON body) is recorded. A callable body gets the request handler and answers
+    (or fails to) on its own socket."""
 
     def __init__(self) -> None:
         self.routes: dict[tuple[str, str], object] = {}
@@ -103,6 +104,9 @@ class FakeServer:
                     payload = b'{"error":{"code":404,"message":"File Not Found"}}'
                 else:
                     status, ctype, payload = route(body)
+                if callable(payload):  # the route writes (or withholds) the response itself: faults
+                    payload(self)
+                    return
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
                 if isinstance(payload, (bytes, bytearray)):

@@ -11,6 +11,7 @@ from surprisegate.arms import Evidence
 from surprisegate.backends import Sampling
 from surprisegate.config import Config
 from surprisegate.controller import generate, stream
+from surprisegate.errors import BackendFault
 from surprisegate.events import Rewind, Token, Trigger
 from surprisegate.surprise import RollingWindow
 
@@ -521,3 +522,62 @@ def test_the_loop_reads_in_one_sitting():
         tree = ast.parse(inspect.getsource(module))
         lengths = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
         assert max(lengths.values()) < 60, {k: v for k, v in lengths.items() if v >= 60}
+
+
+# --------------------------------------------------------------------------------------------
+# a backend that fails mid-reply (a server breaking off): the reply ends cleanly with what it had
+# --------------------------------------------------------------------------------------------
+class FailingBackend(ScriptedBackend):
+    """Raises a BackendFault the first time its context text satisfies `fails(text)`."""
+
+    def __init__(self, script, fails, kind="reset"):
+        super().__init__(script)
+        self.fails, self.kind, self.failed = fails, kind, False
+
+    def logits(self):
+        if not self.failed and self.fails(self.detokenize(self.context)):
+            self.failed = True
+            raise BackendFault(f"http://127.0.0.1:1/completion: the stream broke off ({self.kind})", kind=self.kind)
+        return super().logits()
+
+
+def assistant_text(context: str) -> str:
+    return context.rsplit("<|im_start|>assistant\n", 1)[-1] if "<|im_start|>assistant\n" in context else ""
+
+
+def test_a_fault_mid_reply_keeps_what_arrived_and_the_receipt_says_what_happened():
+    backend = FailingBackend(script_testland, lambda text: assistant_text(text) == "The capital")
+    _, events, done = run(cfg(mode="detect"), backend=backend)
+    assert done.text == "The capital" and done.finish_reason == "error"
+    assert "".join(e.text for e in events if isinstance(e, Token)) == "The capital"  # every received token shown
+    fault = done.receipt["fault"]
+    assert fault["kind"] == "reset" and fault["at_token"] == len("The capital") and "broke off" in fault["message"]
+
+
+def test_a_fault_before_the_first_token_ends_with_an_empty_reply_and_its_fault():
+    backend = FailingBackend(script_testland, lambda text: True, kind="refused")
+    _, _, done = run(cfg(), backend=backend)
+    assert done.text == "" and done.finish_reason == "error" and done.receipt["fault"]["kind"] == "refused"
+
+
+def test_a_fault_while_a_rewrite_is_unchecked_goes_back_to_the_reply_written_without_it():
+    # The rewrite breaks off at "The capital is Ri": its sentence never showed it used the evidence.
+    backend = FailingBackend(script_testland, lambda text: assistant_text(text).endswith("The capital is Ri"))
+    _, events, done = run(cfg(), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, backend=backend)
+    trigger = next(e for e in events if isinstance(e, Trigger))
+    assert done.text == WRONG[: trigger.token_index]  # the reply as written up to the trigger, nothing rewritten
+    assert "Ri" not in "".join(e.text for e in events if isinstance(e, Token))  # holdback never showed it
+    (record,) = done.rounds
+    assert record["action"] == "reverted" and "backend failed (reset)" in record["reason"]
+    assert done.receipt["fault"]["at_token"] == trigger.token_index
+
+
+def test_a_fault_on_the_resume_request_keeps_the_reply_and_its_round():
+    # Fails on the context that holds the injected evidence: the resume request itself.
+    backend = FailingBackend(script_testland, lambda text: "Answer the user" in text, kind="http")
+    _, events, done = run(cfg(), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, backend=backend)
+    trigger = next(e for e in events if isinstance(e, Trigger))
+    assert done.text == WRONG[: trigger.token_index + 1]  # what arrived, the triggering token included
+    (record,) = done.rounds
+    assert record["action"] == "resumed_unmodified" and "the resume failed (http)" in record["reason"]
+    assert done.receipt["fault"]["kind"] == "http"

@@ -9,8 +9,9 @@ line: Ollama's native API). Every server backend (llama-server, vLLM, SGLang, Ol
 
 Timeouts (seconds): `connect` (TCP + TLS), `first_byte` (until the status line: a server sends it once
 the prompt is processed, so it covers prompt processing) and `idle` (between two reads of a stream).
-Every failure is a `ServerError` (a `BackendError`) whose message names the URL and the fix; an HTTP error
-keeps the server's own error body.
+Every failure is a `ServerError` (a `BackendFault`: the loop ends the reply with what it had) whose
+message names the URL and the fix; an HTTP error keeps the server's own error body. The timeouts are the
+config keys connect_timeout, first_byte_timeout and idle_timeout.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import BackendError
+from ..errors import BackendFault
 
 KEY_ENV = "SURPRISEGATE_SERVER_KEY"
 FRAMINGS = ("sse", "ndjson")
@@ -38,14 +39,14 @@ START_HINTS = {
 }
 
 
-class ServerError(BackendError):
+class ServerError(BackendFault):
     """An inference server could not be reached, refused a request or broke off a stream."""
 
     def __init__(
         self, message: str, *, url: str, status: int | None = None, body: Any = None, kind: str = "error"
     ) -> None:
-        super().__init__(message)
-        self.url, self.status, self.body, self.kind = url, status, body, kind
+        super().__init__(message, kind=kind, status=status)
+        self.url, self.body = url, body
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ class Endpoint:
             conn.close()
             raise ServerError(
                 f"{self.base}: no connection within {self.timeouts.connect:g} s; check the host and "
-                "port, or that no firewall drops the packets",
+                "port, or that no firewall drops the packets (or raise connect_timeout)",
                 url=self.base,
                 kind="connect_timeout",
             ) from None
@@ -147,7 +148,7 @@ class Endpoint:
             conn.close()
             raise ServerError(
                 f"{url}: no response within {self.timeouts.first_byte:g} s (first byte); the server "
-                "is busy or stuck: retry, or raise the first-byte timeout",
+                "is busy or stuck: retry, or raise first_byte_timeout (config key)",
                 url=url,
                 kind="first_byte_timeout",
             ) from None
@@ -210,7 +211,9 @@ class Endpoint:
                     conn.close()
                     self._conn = None
                     url, stalled = self.base + path, isinstance(err, TimeoutError)
-                    why = f"stalled for {self.timeouts.idle:g} s" if stalled else f"broke off ({err}); check the server"
+                    why = f"broke off ({err}); check the server"
+                    if stalled:
+                        why = f"stalled for {self.timeouts.idle:g} s (idle_timeout)"
                     raise ServerError(
                         f"{url}: the response {why}", url=url, kind="idle_timeout" if stalled else "reset"
                     ) from None
@@ -284,7 +287,7 @@ class EventStream:
             self.close()
             raise ServerError(
                 f"{self.url}: the stream stalled: no data for {self.idle:g} s; the server is stuck or "
-                "overloaded (raise the idle timeout for a slow server)",
+                "overloaded (raise idle_timeout, a config key, for a slow server)",
                 url=self.url,
                 kind="idle_timeout",
             ) from None
