@@ -139,13 +139,34 @@ class SteerableBackend(Protocol):
 
 
 @runtime_checkable
+class ChatStream(Iterator[Step], Protocol):
+    """The steps of one chat completion on a black-box backend, as the provider streams them: `token` is None
+    unless the provider sends ids, `surprise` / `entropy` come from its logprobs (nan where none came).
+    `close()` closes the HTTP stream. Once the iterator is done: `finish_reason` (the provider's, e.g.
+    "stop", "length") and `no_logprobs` (None when logprobs came; else why not, one sentence: "anthropic
+    offers no logprobs", or the refusal met and the retry made without them)."""
+
+    finish_reason: str | None
+    no_logprobs: str | None
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
 class BlackBoxBackend(Protocol):
-    """A chat stream with logprobs only: we cannot cut or inject mid-reply (cloud APIs, issue 12)."""
+    """A chat API that streams logprobs at best: we cannot cut or inject mid-reply (cloud APIs, issue 12).
+    Intervention there is the revise pass (revise.py). Errors are `BackendFault`s naming provider, status and
+    fix; a stream cut off raises one after the steps that arrived."""
 
-    name: str
+    name: str  # "openai" | "xai" | "gemini" | "ollama-chat" | "anthropic"
     model_id: str
+    top_k: int  # top logprobs asked for per token (the provider's limit; 0 where it has none)
 
-    def chat_steps(self, messages: list[dict[str, str]], sampling: Sampling) -> Iterator[Step]: ...
+    def chat(self, messages: list[dict[str, str]], sampling: Sampling, max_tokens: int) -> ChatStream:
+        """Stream one reply to `messages` (roles system / user / assistant, system turns anywhere: the backend
+        maps them to what the provider takes). `sampling`: temperature, seed, and whether to ask for logprobs
+        (`scored`)."""
+        ...
 
 
 class LocalModel(Protocol):
