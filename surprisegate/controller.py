@@ -23,14 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .arms import Arm, Evidence, Query
-from .backends import Sampling, SteerableBackend, Step, Steps
+from .backends import BlackBoxBackend, Sampling, SteerableBackend, Step, Steps
 from .config import Config, evidence_text
-from .errors import BackendFault
+from .errors import BackendFault, InputError
 from .events import Done, Event, Grounding, Rewind, Token, Trigger
-from .grounding import arm_order, ground_round
+from .grounding import ground_span, why_not_grounded
 from .prompting import PromptLayout, conversation, last_user_turn
 from .receipts import ConvergenceRecord, trigger_to_dict
-from .router import closed_question
 from .support import cut_short, rewrite_problem
 from .surprise import aggregates
 from .text import current_sentence, sentence_end, sentence_start
@@ -171,7 +170,7 @@ class _Emitter:
 # stream
 # --------------------------------------------------------------------------------------------
 def stream(
-    backend: SteerableBackend,
+    backend: SteerableBackend | BlackBoxBackend,
     messages: Sequence[dict[str, str]] | str,
     config: Config,
     arms: Mapping[str, Arm] | None = None,
@@ -185,12 +184,24 @@ def stream(
     continues it; the visible reply is the continuation.
 
     Token events carry text once it can no longer be rewound (`holdback`), or at once with explicit
-    Rewind events (`emit`). The last event is Done, which carries the receipt.
+    Rewind events (`emit`). The last event is Done, which carries the receipt. On a black-box backend (a
+    chat API) the reply is a draft and at most one revise pass (revise.py); it takes no `assistant_prefix`.
     """
     if router is None:
         from .router import route
 
         router = route
+    if not isinstance(backend, SteerableBackend):  # a chat API: the draft, then at most one revise pass
+        from .revise import revise_stream
+
+        if assistant_prefix:
+            raise InputError(
+                f"assistant_prefix={assistant_prefix[:40]!r}: a chat API cannot continue an assistant turn; "
+                "put the text in the question instead"
+            )
+        chat = conversation(messages, config.system_prompt)
+        yield from revise_stream(backend, chat, config, dict(arms or {}), router)
+        return
     loop = _ReplyLoop(
         backend, conversation(messages, config.system_prompt), config, dict(arms or {}), router, assistant_prefix
     )
@@ -373,7 +384,6 @@ class _ReplyLoop:
     def _round(self, trigger: Trigger) -> Generator[Event, None, ConvergenceRecord]:
         """One grounding round: route, ask the arms, and rewind with the evidence or resume unmodified."""
         started = time.monotonic()
-        c = self.config
         prefix_text = b"".join(self.backend.token_bytes(t) for t in self.prefix_tokens).decode("utf-8", "replace")
         # The sentence so far includes a cloze prefix the assistant turn started with.
         query = Query(
@@ -381,69 +391,26 @@ class _ReplyLoop:
             question=self.question,
             sentence=current_sentence(prefix_text + self.reply.text()),
         )
-        route = self.router(query.span, query.question, query.sentence, available=tuple(self.arms))
-        # A question that names its answers ("X or Y?", "Were X and Y ...?") is left as the model answered
-        # it: one snippet rarely compares the two, and grounding broke more such answers than it fixed.
-        closed = (
-            None if c.ground_closed_questions or route.span_class == "computable" else closed_question(query.question)
+        chosen, record = ground_span(
+            self.config, self.arms, self.router, query, _trigger_dict(trigger), trigger.round, self.arm_cache
         )
-        order = () if closed else arm_order(c, route.span_class, self.arms)
-        query = Query(query.span, query.question, query.sentence, span_class=route.span_class)
-        chosen, reports = ground_round(
-            self.arms, order, query, started + c.round_deadline_s, self.arm_cache, c.arbitration_margin
-        )
-        record = ConvergenceRecord(
-            round=trigger.round,
-            trigger=_trigger_dict(trigger),
-            span_class=route.span_class,
-            route_rule=route.rule,
-            closed_question=closed,
-            arm_order=list(order),
-            arms=list(reports),
-            chosen=chosen.to_dict() if chosen else None,
-        )
+        earlier = list(self.rounds)
         self.rounds.append(record)  # in the receipt even if the backend fails during the rewind
-        resumed = self._why_not_rewind(record, chosen, closed)
+        resumed = why_not_grounded(record, chosen, earlier)
+        order = tuple(record.arm_order)
         if resumed is not None:
             record.reason = resumed
             record.latency_ms = round((time.monotonic() - started) * 1000, 2)
-            yield Grounding(
-                trigger.round,
-                route.span_class,
-                order,
-                False,
-                chosen.source if chosen else None,
-                chosen.evidence if chosen else None,
-                resumed,
-            )
+            source, evidence = (chosen.source, chosen.evidence) if chosen else (None, None)
+            yield Grounding(trigger.round, record.span_class, order, False, source, evidence, resumed)
             return record
         assert chosen is not None
         yield Grounding(
-            trigger.round, route.span_class, order, True, chosen.source, chosen.evidence, "evidence accepted"
+            trigger.round, record.span_class, order, True, chosen.source, chosen.evidence, "evidence accepted"
         )
         yield from self._rewind(record, trigger, chosen)
         record.latency_ms = round((time.monotonic() - started) * 1000, 2)
         return record
-
-    def _why_not_rewind(self, record: ConvergenceRecord, chosen: Evidence | None, closed: str | None) -> str | None:
-        """Why the round resumes unmodified, or None when the evidence goes in."""
-        if chosen is None:
-            if closed:
-                return (
-                    f"closed question ({closed}): its answer is one of the options it names; "
-                    "set ground_closed_questions = true to ground it anyway"
-                )
-            statuses = (
-                ", ".join(f"{r['arm']}: {r['status']}" for r in record.arms if isinstance(r, dict))
-                or "no arms configured"
-            )
-            return f"no grounding found ({statuses})"
-        # The same evidence is already in the context: injecting it again only invites the model to echo it.
-        repeat = next((r.round for r in self.rounds if r.action == "rewound" and r.evidence == chosen.evidence), None)
-        if repeat is not None:
-            record.already_grounded = True
-            return f"evidence already injected in round {repeat}"
-        return None
 
     def _rewind(self, record: ConvergenceRecord, trigger: Trigger, chosen: Evidence) -> Generator[Event, None, None]:
         """Drop the span, inject the evidence and re-feed the kept prefix. The span's tokens always leave
@@ -621,7 +588,7 @@ class Result:
 
 
 def generate(
-    backend: SteerableBackend,
+    backend: SteerableBackend | BlackBoxBackend,
     messages: Sequence[dict[str, str]] | str,
     config: Config,
     arms: Mapping[str, Arm] | None = None,
@@ -641,7 +608,7 @@ def generate(
     return Result(done.text, done.finish_reason, done.n_tokens, done.rounds, receipt)
 
 
-def build_receipt_for(backend: SteerableBackend, config: Config, result: dict) -> dict:
+def build_receipt_for(backend: SteerableBackend | BlackBoxBackend, config: Config, result: dict) -> dict:
     from .canary import groundedness_canary
     from .receipts import build_receipt
 
@@ -687,5 +654,7 @@ def build_receipt_for(backend: SteerableBackend, config: Config, result: dict) -
                 "would_trigger",
                 "latency_ms",
             )
-        },
+        }
+        # The revise pass on a chat API: the draft, its flagged spans, evidence, revision; why no logprobs came.
+        | {k: result[k] for k in ("revise", "no_logprobs") if result.get(k) is not None},
     )

@@ -13,7 +13,7 @@ from typing import Any
 @dataclass(frozen=True)
 class Token:
     index: int  # position in the visible reply, 0-based
-    token_id: int
+    token_id: int | None  # None where a black-box provider streams text only
     text: str
     surprise: float  # bits, -log2 p under the raw model distribution
     window_stat: float  # rolling statistic after pushing this token

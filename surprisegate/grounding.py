@@ -14,6 +14,8 @@ from typing import Any
 
 from .arms import Arm, Evidence, Query
 from .config import Config
+from .receipts import ConvergenceRecord
+from .router import closed_question
 
 
 class ArmPool:
@@ -149,3 +151,60 @@ def _ask_arm(
         report["results"] = [e.to_dict() for e in results]
         report["status"] = "ok" if results else "empty"
     return results, report
+
+
+def ground_span(
+    config: Config,
+    arms: Mapping[str, Arm],
+    router: Callable[..., Any],
+    query: Query,
+    trigger: dict[str, Any],
+    round_no: int,
+    cache: dict | None = None,
+) -> tuple[Evidence | None, ConvergenceRecord]:
+    """Route a doubtful span and ask the arms within the round's deadline: the evidence chosen (or None) and
+    the round's record, its action not yet decided. Shared by the loop (rewind) and the revise pass."""
+    started = time.monotonic()
+    route = router(query.span, query.question, query.sentence, available=tuple(arms))
+    # A question that names its answers ("X or Y?", "Were X and Y ...?") is left as the model answered
+    # it: one snippet rarely compares the two, and grounding broke more such answers than it fixed.
+    computable = route.span_class == "computable"
+    closed = None if config.ground_closed_questions or computable else closed_question(query.question)
+    order = () if closed else arm_order(config, route.span_class, arms)
+    query = Query(query.span, query.question, query.sentence, span_class=route.span_class)
+    deadline = started + config.round_deadline_s
+    chosen, reports = ground_round(arms, order, query, deadline, cache, config.arbitration_margin)
+    record = ConvergenceRecord(
+        round=round_no,
+        trigger=trigger,
+        span_class=route.span_class,
+        route_rule=route.rule,
+        closed_question=closed,
+        arm_order=list(order),
+        arms=list(reports),
+        chosen=chosen.to_dict() if chosen else None,
+    )
+    return chosen, record
+
+
+def why_not_grounded(
+    record: ConvergenceRecord, chosen: Evidence | None, earlier: Sequence[ConvergenceRecord]
+) -> str | None:
+    """Why a round changes nothing, or None when its evidence goes in."""
+    if chosen is None:
+        if record.closed_question:
+            return (
+                f"closed question ({record.closed_question}): its answer is one of the options it names; "
+                "set ground_closed_questions = true to ground it anyway"
+            )
+        statuses = (
+            ", ".join(f"{r['arm']}: {r['status']}" for r in record.arms if isinstance(r, dict)) or "no arms configured"
+        )
+        return f"no grounding found ({statuses})"
+    # The same evidence is already in the context: injecting it again only invites the model to echo it.
+    used = ("rewound", "revised")
+    repeat = next((r.round for r in earlier if r.action in used and r.evidence == chosen.evidence), None)
+    if repeat is not None:
+        record.already_grounded = True
+        return f"evidence already injected in round {repeat}"
+    return None

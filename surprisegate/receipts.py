@@ -31,7 +31,7 @@ from surprisegate.errors import InputError
 SCHEMA = "surprisegate.receipt/1"
 MODES = ("off", "detect", "intervene")
 ARM_STATUSES = ("ok", "empty", "below_floor", "timeout", "error", "skipped")
-ACTIONS = ("rewound", "resumed_unmodified", "reverted")
+ACTIONS = ("rewound", "resumed_unmodified", "reverted", "revised")  # revised: the black-box revise pass
 
 
 # --------------------------------------------------------------------------------------------------
@@ -270,7 +270,7 @@ class ConvergenceRecord:
     arm_order: list[str] = field(default_factory=list)
     arms: list[ArmAttempt | dict[str, Any]] = field(default_factory=list)
     chosen: Any = None  # Evidence (or its dict) whose snippet was injected; None when nothing passed
-    action: str = "resumed_unmodified"  # "rewound" | "resumed_unmodified" | "reverted" (rewrite dropped)
+    action: str = "resumed_unmodified"  # "rewound" | "resumed_unmodified" | "reverted" (dropped) | "revised"
     reason: str = ""  # why grounding was accepted or not, one sentence
     tokens_dropped: int = 0  # reply tokens rewound
     tokens_injected: int = 0  # context tokens of the evidence segment

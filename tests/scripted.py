@@ -135,3 +135,56 @@ def plan(text: str, prob: float = 0.95, doubtful: str = "", doubtful_prob: float
 
 def bits(p: float) -> float:
     return -math.log2(p)
+
+
+class ScriptedStream:
+    """A ChatStream over scripted steps; raises `fault` after `fault_after` steps when given."""
+
+    def __init__(self, steps, finish_reason="stop", no_logprobs=None, fault=None, fault_after=0):
+        self._steps, self._fault, self._fault_after = list(steps), fault, fault_after
+        self.finish_reason: str | None = None
+        self._final_reason, self.no_logprobs = finish_reason, no_logprobs
+        self.closed = False
+
+    def __iter__(self):
+        return self._run()
+
+    def _run(self):
+        for i, step in enumerate(self._steps):
+            if self._fault is not None and i == self._fault_after:
+                raise self._fault
+            yield step
+        if self._fault is not None:
+            raise self._fault
+        self.finish_reason = self._final_reason
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class ScriptedChat:
+    """A black-box chat backend (BlackBoxBackend): `script(messages) -> list[(text, prob)]` gives each reply
+    as pieces with the probability of each, streamed as unscored steps when `logprobs` is False. Every
+    request (messages, sampling) is recorded; `faults` maps a request number (0-based) to (fault, after)."""
+
+    name = "scripted-chat"
+    model_id = "scripted-chat-model"
+    top_k = 0
+
+    def __init__(self, script, logprobs=True, faults=None):
+        self.script, self.logprobs, self.faults = script, logprobs, dict(faults or {})
+        self.requests: list[dict] = []
+
+    def chat(self, messages, sampling, max_tokens):
+        from surprisegate.backends import Step
+
+        n = len(self.requests)
+        self.requests.append({"messages": [dict(m) for m in messages], "scored": sampling.scored})
+        scored = self.logprobs and sampling.scored
+        steps = [
+            Step(None, text.encode(), bits(p) if scored else math.nan, math.nan)
+            for text, p in self.script(messages)[:max_tokens]
+        ]
+        fault, after = self.faults.get(n, (None, 0))
+        reason = None if self.logprobs else "scripted-chat offers no logprobs"
+        return ScriptedStream(steps, no_logprobs=reason, fault=fault, fault_after=after)

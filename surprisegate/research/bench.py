@@ -33,7 +33,7 @@ def _detect_run(backend, config: Config) -> tuple[list[int], float]:
     t0 = time.perf_counter()
     for ev in stream(backend, DECODE_PROMPT, config):
         if isinstance(ev, Token):
-            out.append(ev.token_id)
+            out.append(-1 if ev.token_id is None else ev.token_id)  # steerable backends always give ids
         elif isinstance(ev, Done):
             break
     return out, time.perf_counter() - t0
