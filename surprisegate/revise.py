@@ -120,16 +120,18 @@ class _Revision:
     def _draft_steps(self, draft: Draft) -> Iterator[Step]:
         """The provider's steps; a fault ends the draft with what arrived (the receipt says what happened)."""
         sampling = Sampling(self.config.temperature, self.config.seed, self.scored)
-        stream = self.backend.chat(self.messages, sampling, self.config.max_tokens)
-        try:
+        stream = None
+        try:  # chat() sends the request: an HTTP error (after its retries) comes from there
+            stream = self.backend.chat(self.messages, sampling, self.config.max_tokens)
             yield from stream
             draft.finish_reason = stream.finish_reason or "stop"
         except BackendFault as fault:
             draft.finish_reason = "error"
             draft.fault = {"kind": fault.kind, "status": fault.status, "message": str(fault)}
         finally:
-            stream.close()
-        draft.no_logprobs = getattr(stream, "no_logprobs", None) if self.scored else None
+            if stream is not None:
+                stream.close()
+        draft.no_logprobs = getattr(stream, "no_logprobs", None) if self.scored and stream is not None else None
         if draft.fault is not None:
             draft.fault["at_token"] = len(draft.pieces)
 
@@ -210,15 +212,17 @@ class _Revision:
         messages = revise_messages(self.config, self.messages, draft_text, evidence)
         sampling = Sampling(self.config.temperature, self.config.seed, self.scored)
         revised = _Revised()
-        stream = self.backend.chat(messages, sampling, self.config.max_tokens)
+        stream = None
         try:
+            stream = self.backend.chat(messages, sampling, self.config.max_tokens)
             for step in stream:
                 revised.add(step, math.nan)
         except BackendFault as fault:
             self._draft_stands(f"the revise request failed ({fault.kind}): {str(fault)[:200]}", revised.text())
             return None
         finally:
-            stream.close()
+            if stream is not None:
+                stream.close()
         revised.finish_reason = stream.finish_reason or "stop"
         return revised
 

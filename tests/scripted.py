@@ -186,5 +186,7 @@ class ScriptedChat:
             for text, p in self.script(messages)[:max_tokens]
         ]
         fault, after = self.faults.get(n, (None, 0))
+        if after is None:  # refused at request time (an HTTP error), as a real client raises it from chat()
+            raise fault
         reason = None if self.logprobs else "scripted-chat offers no logprobs"
         return ScriptedStream(steps, no_logprobs=reason, fault=fault, fault_after=after)

@@ -85,8 +85,8 @@ def test_bad_backend_specs_are_config_errors_naming_the_fix(spec, message):
         parse_backend(spec)
 
 
-def test_a_backend_of_a_later_version_says_so():
-    with pytest.raises(ConfigError, match="not available in this version"):
+def test_a_cloud_backend_without_a_model_says_which_flag_to_pass():
+    with pytest.raises(ConfigError, match="needs a model name: pass --model"):
         open_backend("openai")
 
 

@@ -157,9 +157,10 @@ def test_a_draft_cut_off_keeps_what_arrived_and_is_not_revised():
     assert len(backend.requests) == 1 and done.rounds == []
 
 
-def test_a_failed_revise_request_leaves_the_draft():
+@pytest.mark.parametrize("after", [0, None])  # mid-stream, or at request time
+def test_a_failed_revise_request_leaves_the_draft(after):
     fault = BackendFault("openai: HTTP 500", kind="http", status=500)
-    _, _, done = run(cfg(), backend=ScriptedChat(script(), faults={1: (fault, 0)}))
+    _, _, done = run(cfg(), backend=ScriptedChat(script(), faults={1: (fault, after)}))
     assert done.text == "The capital is Wrongville." and done.finish_reason == "stop"
     assert "fault" not in done.receipt or done.receipt.get("fault") is None
     assert done.rounds[0]["action"] == "reverted" and "the revise request failed (http)" in done.rounds[0]["reason"]
@@ -187,3 +188,9 @@ def test_a_chat_api_takes_no_assistant_prefix():
 def test_done_is_last_and_unique():
     _, events, _ = run(cfg())
     assert [isinstance(e, Done) for e in events].count(True) == 1 and isinstance(events[-1], Done)
+
+
+def test_a_draft_refused_at_request_time_ends_cleanly_with_its_fault():
+    fault = BackendFault("openai: HTTP 401: invalid key; set OPENAI_API_KEY", kind="auth", status=401)
+    _, events, done = run(cfg(), backend=ScriptedChat(script(), faults={0: (fault, None)}))
+    assert done.text == "" and done.finish_reason == "error" and done.receipt["fault"]["status"] == 401

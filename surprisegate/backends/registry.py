@@ -55,11 +55,31 @@ BACKENDS: dict[str, BackendEntry] = {
         BackendEntry("vllm", "server", True, "surprisegate.backends.vllm:from_vllm", "served model name"),
         BackendEntry("sglang", "server", True, "surprisegate.backends.sglang:from_sglang", "served model name"),
         BackendEntry("ollama", "server", True, "surprisegate.backends.ollama:from_ollama", "model name"),
-        BackendEntry("openai", "cloud", False, "", "model name"),
-        BackendEntry("xai", "cloud", False, "", "model name"),
-        BackendEntry("gemini", "cloud", False, "", "model name"),
-        BackendEntry("ollama-chat", "cloud", False, "", "model name"),
-        BackendEntry("anthropic", "cloud", False, "", "model name"),
+        BackendEntry(
+            "openai",
+            "cloud",
+            False,
+            "surprisegate.backends.openai_chat:from_openai",
+            "model name (e.g. gpt-4o-mini; any OpenAI-compatible server with --base-url)",
+        ),
+        BackendEntry("xai", "cloud", False, "surprisegate.backends.openai_chat:from_xai", "model name (e.g. grok-3)"),
+        BackendEntry(
+            "gemini", "cloud", False, "surprisegate.backends.gemini:from_gemini", "model name (e.g. gemini-2.0-flash)"
+        ),
+        BackendEntry(
+            "ollama-chat",
+            "cloud",
+            False,
+            "surprisegate.backends.ollama_chat:from_ollama_chat",
+            "model name (e.g. llama3.2)",
+        ),
+        BackendEntry(
+            "anthropic",
+            "cloud",
+            False,
+            "surprisegate.backends.anthropic:from_anthropic",
+            "model name (e.g. claude-haiku-4-5)",
+        ),
     )
 }
 
