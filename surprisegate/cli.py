@@ -15,9 +15,9 @@ from typing import Any
 import click
 
 from . import __version__
-from .config import Config, flag_fields, load_config, to_toml
+from .config import Config, ConfigLayers, flag_fields, to_toml
 from .errors import BackendError, InputError, SurpriseGateError
-from .runtime import build_arms, check_memory, home, load_backend
+from .runtime import build_arms, check_memory, home, load_backend, model_config
 
 DEMO_QUESTION = "What is the capital of Burkina Faso?"
 
@@ -99,9 +99,15 @@ def config_options(f):
 CONFIG_KEYS = tuple(name for name, *_ in flag_fields())
 
 
-def resolve_config(kwargs: dict) -> Config:
+def resolve_layers(kwargs: dict) -> ConfigLayers:
+    """The flags and --config file of a command (its config options, taken out of kwargs), with the environment."""
     overrides = {k: kwargs.pop(k) for k in CONFIG_KEYS if k in kwargs}
-    return load_config(kwargs.pop("config_file", None), overrides)
+    return ConfigLayers(kwargs.pop("config_file", None), overrides)
+
+
+def resolve_config(kwargs: dict) -> Config:
+    """The config before a model is loaded (no per-model calibration: runtime.model_config adds it)."""
+    return resolve_layers(kwargs).load()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,10 +233,12 @@ def ask(
     # Validated before anything slow happens.
     messages = conversation(read_chat(chat_file) if chat_file else question)
     question = last_user_turn(messages)
-    config = resolve_config(kwargs)
+    layers = resolve_layers(kwargs)
+    config = layers.load()
     check_memory(memory)
     arms = build_arms(config, memory, tools=not no_tools, web=web_url, say=_say) if config.mode == "intervene" else {}
     backend = load_backend(config)
+    config, _ = model_config(layers, backend, _say)  # the model's calibration; detect only without one
     receipts_file = Path(receipts_path) if receipts_path else home() / "receipts.jsonl"
     view = None if as_json else TerminalView(color=sys.stdout.isatty())
     if view:
@@ -298,14 +306,17 @@ def demo(question: str, receipts_path: str | None) -> None:
     from .receipts import ReceiptWriter
 
     receipts_file = Path(receipts_path) if receipts_path else home() / "demo-receipts.jsonl"
-    base = load_config()
+    layers = ConfigLayers()
+    base = layers.load()
     arms = build_arms(base, "demo", say=_say)
     click.echo("loading the embedded model (SmolLM2-135M-Instruct, llama.cpp) ...", err=True)
     backend = load_backend(base)
+    base, calibration = model_config(layers, backend, _say, intervene=True)
     writer = ReceiptWriter(receipts_file)
     outcomes = {}
     for mode in ("off", "intervene"):
-        config = base.replace(mode=mode)
+        # A model the environment chose, with no calibration: its second pass only detects (said above).
+        config = base.replace(mode="detect" if mode == "intervene" and calibration.detect_only else mode)
         view = TerminalView(color=sys.stdout.isatty())
         click.echo(view.paint(f"\n── mode={mode} ──", "1"))
         click.echo(f"Q: {question}\nA: ", nl=False)
@@ -496,36 +507,45 @@ def label(data: str, out_dir: str, limit: int | None, **kwargs) -> None:
 
 @main.command()
 @click.option(
+    "--backend",
+    "backend_spec",
+    default=None,
+    help="Calibrate this model: label the packaged calibration set (400 graded dev items) through it, e.g. "
+    "llama-server://127.0.0.1:8080 or llamacpp, and write its calibration where ask, eval and demo find it.",
+)
+@click.option("--model", default=None, help="With --backend: the model, as for ask (GGUF path, served name).")
+@click.option("--limit", type=int, default=None, help="With --backend: only the first N items of the set.")
+@click.option(
     "--labels",
     "label_dirs",
-    required=True,
     multiple=True,
     type=click.Path(),
-    help="Folder(s) written by `surprisegate label` (repeatable: pooled).",
+    help="Instead of --backend: folder(s) written by `surprisegate label` (repeatable: pooled).",
 )
 @click.option(
     "--out",
     "out_config",
-    required=True,
+    default=None,
     type=click.Path(dir_okay=False),
-    help="Config TOML to write (with --compare-top-k: the JSON summary).",
+    help="Config TOML to write (with --compare-top-k: the JSON summary); needed with --labels. With --backend "
+    "[default: $SURPRISEGATE_HOME/calibrations/MODEL--SIGNALS.toml, where it is picked up].",
 )
 @click.option("--bootstrap", default=500, show_default=True, type=int, help="Bootstrap resamples for AUROC CIs.")
 @click.option(
     "--objective",
     type=click.Choice(["precision", "recall"]),
-    default="precision",
-    show_default=True,
+    default=None,
     help="precision: highest precision at recall >= 0.5; recall: most wrong replies caught at precision "
-    ">= --min-precision (and recall >= 0.5), what the shipped defaults use (see README Results).",
+    ">= --min-precision (and recall >= 0.5), what the shipped defaults use (see README Results). "
+    "[default: recall with --backend, precision with --labels]",
 )
 @click.option("--min-precision", default=0.90, show_default=True, type=float)
 @click.option(
     "--top-k",
     callback=_number(int),
     metavar="K",
-    help="Compute the signals from the top K (1-20) logprobs only, as a server or API streams them: "
-    "surprise stays exact, entropy is estimated. Default: full distribution.",
+    help="With --labels: compute the signals from the top K (1-20) logprobs only, as a server or API streams "
+    "them: surprise stays exact, entropy is estimated. Default: full distribution.",
 )
 @click.option(
     "--compare-top-k",
@@ -536,6 +556,128 @@ def label(data: str, out_dir: str, limit: int | None, **kwargs) -> None:
 )
 @click.option("--json", "as_json", is_flag=True)
 def calibrate(
+    backend_spec: str | None,
+    model: str | None,
+    limit: int | None,
+    label_dirs: tuple[str, ...],
+    out_config: str | None,
+    bootstrap: int,
+    objective: str | None,
+    min_precision: float,
+    top_k: int | None,
+    compare_top_k: str | None,
+    as_json: bool,
+) -> None:
+    """A model's own thresholds: AUROC of each signal, sweep of trigger rules, chosen operating point written
+    to a config, plots. `--backend URI` labels the packaged set through that model first."""
+    check_calibrate_options(backend_spec, model, limit, label_dirs, out_config, top_k, compare_top_k)
+    if backend_spec:
+        calibrate_backend(
+            backend_spec, model, limit, out_config, bootstrap, objective or "recall", min_precision, as_json
+        )
+        return
+    assert out_config is not None  # check_calibrate_options: --labels needs --out
+    calibrate_labels(
+        label_dirs, out_config, bootstrap, objective or "precision", min_precision, top_k, compare_top_k, as_json
+    )
+
+
+def check_calibrate_options(
+    backend_spec: str | None,
+    model: str | None,
+    limit: int | None,
+    label_dirs: tuple[str, ...],
+    out_config: str | None,
+    top_k: int | None,
+    compare_top_k: str | None,
+) -> None:
+    """The two ways to calibrate (--backend, --labels) and the options each takes, before anything loads."""
+    if backend_spec and label_dirs:
+        raise InputError(
+            f"--backend={backend_spec!r} and --labels={label_dirs[0]!r} are two ways to calibrate; pass one "
+            "(--backend labels the packaged set through that model, --labels uses labels you made)"
+        )
+    if not backend_spec and not label_dirs:
+        raise InputError(
+            "calibrate needs --backend URI (label the packaged calibration set through that model, e.g. "
+            "--backend llama-server://127.0.0.1:8080) or --labels DIR (written by `surprisegate label`)"
+        )
+    if label_dirs:
+        extra = [f"{name}={value!r}" for name, value in (("--model", model), ("--limit", limit)) if value is not None]
+        if extra:
+            raise InputError(f"{', '.join(extra)} go with --backend; drop them, or pass --backend URI for --labels")
+        if out_config is None:
+            raise InputError("--out is needed with --labels; pass e.g. --out mine.toml")
+        return
+    if top_k is not None or compare_top_k is not None:
+        name, value = ("--top-k", top_k) if top_k is not None else ("--compare-top-k", compare_top_k)
+        raise InputError(
+            f"{name}={value!r} goes with --labels: with --backend the backend sets where the signals come from "
+            "(a server's top 20, the full distribution in process); drop it"
+        )
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit={limit!r} must be a whole number >= 1, e.g. --limit 40 (or drop it: all 400)")
+
+
+def calibrate_backend(
+    backend_spec: str,
+    model: str | None,
+    limit: int | None,
+    out_config: str | None,
+    bootstrap: int,
+    objective: str,
+    min_precision: float,
+    as_json: bool,
+) -> None:
+    """`calibrate --backend`: label the packaged set through the model, calibrate, write its calibration."""
+    from . import calibrations
+    from .research.calibrate import calibrate_model
+
+    config = ConfigLayers(None, {"backend": backend_spec, "model": model}).load()
+    backend = load_backend(config)
+    result = calibrate_model(
+        backend,
+        config,
+        out=out_config,
+        limit=limit,
+        objective=objective,
+        min_precision=min_precision,
+        bootstrap=bootstrap,
+        progress=_say,
+        label_progress=_progress_bar("label"),
+    )
+    if as_json:
+        click.echo(json.dumps({k: v for k, v in result.items() if k != "report"} | {"config": result["calibration"]}))
+        return
+    r = result["record"]
+    signals = calibrations.source_label(calibrations.backend_top_k(backend))
+    kinds = f" + per-kind thresholds ({r['kinds_with_own_threshold']} kinds)" if r["per_kind"] else ""
+    click.echo(
+        f"calibrated {r['model_id']} ({signals}) on {r['items']} replies ({r['wrong']} wrong): {r['rule']}{kinds}"
+    )
+    click.echo(
+        f"AUROC {r['auroc']:.3f} [{r['auroc_ci'][0]:.3f}, {r['auroc_ci'][1]:.3f}] ({r['auroc_is']}); "
+        f"{objective} objective: precision {r['precision']:.3f}, recall {r['recall']:.3f}, trigger rate "
+        f"{r['trigger_rate']:.3f}; threshold {result['report']['chosen']['threshold']} bits"
+        + (" for other kinds" if r["per_kind"] else "")
+    )
+    click.echo(f"wrote {result['calibration']}")
+    target = Path(result["calibration"]).resolve()
+    if target == (calibrations.user_dir(home()) / f"{result['slug']}.toml").resolve():
+        click.echo(
+            f"picked up by ask, eval and demo for {r['model_id']} ({signals}), e.g. surprisegate ask --backend "
+            f'{backend_spec}{f" --model {model}" if model else ""} --mode intervene "QUESTION"; '
+            "a flag, --config or SURPRISEGATE_* setting still wins"
+        )
+    else:
+        click.echo(
+            f"not where it is looked up: pass --config {out_config}, or copy it to "
+            f"{calibrations.user_dir(home()) / (result['slug'] + '.toml')}"
+        )
+    click.echo(f"report → {r['report']}; labels → {result['labels']['out']}")
+
+
+def calibrate_labels(
     label_dirs: tuple[str, ...],
     out_config: str,
     bootstrap: int,
@@ -545,7 +687,7 @@ def calibrate(
     compare_top_k: str | None,
     as_json: bool,
 ) -> None:
-    """AUROC of each signal, sweep of trigger rules, chosen operating point written to a config, plots."""
+    """`calibrate --labels`: the report on labels made by `surprisegate label`, its config to --out."""
     from .research.calibrate import calibrate as run
     from .research.calibrate import write_topk_comparison
 
@@ -646,10 +788,21 @@ def eval_cmd(
     read_items(data, 1)
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
     check_modes(mode_list, flare_theta, oracle_calls)  # before the model loads
-    config = resolve_config(kwargs)
+    layers = resolve_layers(kwargs)
+    config = layers.load()
     check_memory(memory)
     arms = build_arms(config, memory, tools=not no_tools, web=web_url, say=_say)
     backend = load_backend(config)
+    config, calibration = model_config(layers, backend, _say, intervene=False)
+    gated = [m for m in mode_list if m in ("intervene", "oracle")]
+    if calibration.detect_only and gated:
+        # An A/B of intervene on another model's thresholds measures nothing: refuse rather than run detect.
+        raise InputError(
+            f"--modes={modes!r}: {', '.join(gated)} needs thresholds for {calibration.model_id}, which has no "
+            f"calibration; calibrate with: surprisegate calibrate --backend {config.backend}"
+            + (f" --model {config.model}" if config.model else "")
+            + ", or pass --threshold / --config with thresholds"
+        )
     summary = evaluate(
         data,
         mode_list,
@@ -768,6 +921,103 @@ def bench_memory_cmd(n_passages: int, queries: int, milvus: bool, as_json: bool)
         n_passages=n_passages, queries=queries, progress=lambda m: click.echo(m, err=True), milvus_bench=milvus_bench
     )
     click.echo(json.dumps(out, default=str) if as_json else _pretty(out))
+
+
+# ---------------------------------------------------------------------------------------------
+# serve
+# ---------------------------------------------------------------------------------------------
+def _serve_main():
+    """serve.main, or the pip command that installs the `serve` extra."""
+    from .errors import MissingDependency
+
+    try:
+        from .serve import main as serve_main
+    except ImportError as err:
+        raise MissingDependency(
+            f"serve needs the serve extra ({err.name} is missing): pip install 'surprisegate[serve]'"
+        ) from None
+    return serve_main
+
+
+@main.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: all).")
+@click.option("--port", default=8000, show_default=True, type=int)
+@config_options
+@click.option("--memory", default="demo", show_default=True, help="Memory store, as for ask ('none' = no memory arm).")
+@click.option("--no-tools", is_flag=True, help="Disable the tool arm.")
+@click.option(
+    "--web", "web_url", default=None, help="Web arm: a SearxNG-compatible URL, or brave | tavily | wikipedia."
+)
+@click.option(
+    "--sessions",
+    type=int,
+    default=None,
+    help="Replies written at once: sessions of the embedded model (decoded together), or requests sent to a "
+    "server backend at once [default: 4].",
+)
+@click.option(
+    "--queue", "queue_size", default=32, show_default=True, type=int, help="Requests that may wait; more get 429."
+)
+@click.option(
+    "--receipts",
+    "receipts_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Receipts JSONL file [default: $SURPRISEGATE_HOME/serve-receipts.jsonl]; it holds users' prompts.",
+)
+@click.option("--no-receipts", is_flag=True, help="Keep no receipts (each is still returned to its caller).")
+@click.option(
+    "--receipts-max-mb", default=64, show_default=True, type=int, help="Rotate the receipts file at this size."
+)
+@click.option("--served-model-name", default=None, help="The model id clients send [default: the model file's stem].")
+def serve(
+    host: str,
+    port: int,
+    memory: str,
+    no_tools: bool,
+    web_url: str | None,
+    sessions: int | None,
+    queue_size: int,
+    receipts_path: str | None,
+    no_receipts: bool,
+    receipts_max_mb: int,
+    served_model_name: str | None,
+    **kwargs,
+) -> None:
+    """An OpenAI-compatible server (/v1/chat/completions, /v1/completions) with the gate in the loop.
+
+    Bearer auth when SURPRISEGATE_API_KEY is set; per-request gate settings in "surprisegate": {...}."""
+    serve_main = _serve_main()
+    options = serve_main.ServeOptions(
+        host=host,
+        port=port,
+        memory=memory,
+        tools=not no_tools,
+        web=web_url,
+        sessions=sessions,
+        queue=queue_size,
+        receipts=receipts_path,
+        keep_receipts=not no_receipts,
+        receipts_max_mb=receipts_max_mb,
+        model_name=served_model_name,
+    )
+    serve_main.serve_forever(resolve_layers(kwargs), options, _say)
+
+
+@bench.command("server")
+@click.option("--clients", default=32, show_default=True, type=int, help="Concurrent clients.")
+@click.option("--requests", "per_client", default=5, show_default=True, type=int, help="Requests per client.")
+@click.option("--sessions", default=4, show_default=True, type=int)
+@click.option("--queue", "queue_size", default=32, show_default=True, type=int)
+@click.option("--json", "as_json", is_flag=True)
+def bench_server_cmd(clients: int, per_client: int, sessions: int, queue_size: int, as_json: bool) -> None:
+    """`serve` on a free loopback port under concurrent clients: answered, 429s, mixed replies, lost
+    receipts, latency, gated ÷ plain latency and 8-client ÷ 1-client throughput."""
+    from .research.bench_server import bench_server
+
+    _serve_main()  # the server it starts needs the serve extra: say so before starting it
+    out = bench_server(clients=clients, per_client=per_client, sessions=sessions, queue=queue_size, progress=_say)
+    click.echo(json.dumps(out) if as_json else _pretty(out))
 
 
 def _pretty(d: dict) -> str:

@@ -1,6 +1,7 @@
 """One frozen config: the single source of truth, written into every receipt.
 
-Precedence: explicit argument (CLI flag / keyword) > config file (TOML) > environment > defaults.
+Precedence: explicit argument (CLI flag / keyword) > config file (TOML) > environment > the loaded model's
+calibration (calibrations.py; known only once the backend is loaded) > defaults (calibrated.py).
 Environment flags: SURPRISE_CANARY=1 -> mode "detect", SURPRISE_INTERVENE=1 -> mode "intervene";
 other keys as SURPRISEGATE_<KEY> (e.g. SURPRISEGATE_THRESHOLD=3.5).
 """
@@ -11,7 +12,7 @@ import dataclasses
 import math
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -172,6 +173,14 @@ class Config:
     )
     model: str = field(
         default="", metadata={"flag": True, "help": "GGUF path or HF model dir; empty = embedded SmolLM2-135M"}
+    )
+    base_url: str = field(
+        default="",
+        metadata={
+            "flag": True,
+            "help": "a cloud backend's endpoint, e.g. an OpenAI-compatible server's http://HOST:PORT/v1 "
+            "(default: the provider's, or OPENAI_BASE_URL / OLLAMA_HOST)",
+        },
     )
     system_prompt: str = field(
         default="You are a helpful assistant. Answer the question in one short sentence.",
@@ -391,13 +400,37 @@ def file_values(path: str | Path) -> dict[str, Any]:
     return dict(data)
 
 
+# What a per-model calibration sets (calibrations.py); the rest of its file, if any, is not a calibration.
+CALIBRATED_KEYS = ("signal", "statistic", "window", "min_tokens", "threshold", "kind_thresholds")
+THRESHOLD_KEYS = ("threshold", "kind_thresholds")
+
+
+def calibration_values(path: str | Path) -> dict[str, Any]:
+    """The calibrated keys of a per-model calibration's [surprisegate] table (its [calibration] table is a record)."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(
+            f"calibration={str(p)!r} cannot be read ({err}); re-run `surprisegate calibrate --backend URI` or "
+            "delete that file"
+        ) from None
+    table = data.get("surprisegate")
+    return {k: v for k, v in table.items() if k in CALIBRATED_KEYS} if isinstance(table, dict) else {}
+
+
 def load_config(
     config_file: str | Path | None = None,
     overrides: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
+    calibration_file: str | Path | None = None,
 ) -> Config:
-    """Resolve the config: explicit overrides > config file > environment > defaults."""
+    """Resolve the config: explicit overrides > config file > environment > the model's calibration > defaults."""
     base = Config().to_dict()
+    if calibration_file is not None:
+        calibration = calibration_values(calibration_file)
+        _build(base | calibration, origin=str(calibration_file))
+        base |= calibration
     env_part = env_values(env)
     # Validate each layer on its own so an error names where the bad value came from.
     _build(base | env_part, origin="env")
@@ -410,11 +443,31 @@ def load_config(
     return _build(merged | explicit, origin="argument")
 
 
-def to_toml(config: Config) -> str:
-    """Render a config as TOML (written by `calibrate`, readable by `load_config`)."""
+@dataclass(frozen=True)
+class ConfigLayers:
+    """What the user gave (flags, a file, the environment), kept so the config can be resolved again once the
+    backend is loaded and the model's calibration is known (runtime.model_config)."""
+
+    config_file: str | Path | None = None
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] | None = None  # None: os.environ
+
+    def load(self, calibration_file: str | Path | None = None) -> Config:
+        return load_config(self.config_file, self.overrides, self.env, calibration_file)
+
+    def given(self) -> set[str]:
+        """The keys set by a flag, the file or the environment (not by a calibration or the defaults)."""
+        keys = set(env_values(self.env)) | {k for k, v in self.overrides.items() if v is not None}
+        return keys | (set(file_values(self.config_file)) if self.config_file is not None else set())
+
+
+def to_toml(config: Config, keys: Sequence[str] | None = None) -> str:
+    """Render a config (only `keys`, if given) as TOML (written by `calibrate`, readable by `load_config`)."""
     lines = ["[surprisegate]"]
     tables = []
     for key, value in config.to_dict().items():
+        if keys is not None and key not in keys:
+            continue
         if isinstance(value, dict):
             tables.append(f"\n[surprisegate.{key}]")
             tables.extend(f"{_toml_str(k)} = {float(v)!r}" for k, v in sorted(value.items()))

@@ -3,6 +3,8 @@
 One place used by `ask`, `demo`, `eval` and, next, `serve`. Arms are built from one registry (`ARMS`):
 the config's arm orders name arms from it, and each entry says how to build its arm from what the user
 pointed at (a memory store, a search URL, tool settings). Heavy imports stay inside the builders.
+Once the backend is loaded its model id is known, and `model_config` puts that model's calibration
+(calibrations.py) under the user's flags, file and environment.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .arms import Arm
-from .config import Config
+from .config import THRESHOLD_KEYS, Config, ConfigLayers
 from .errors import InputError
 
 
@@ -115,14 +117,75 @@ def load_backend(config: Config) -> Any:
 
     # Only a backend that holds several sessions takes the option (the others keep their signature).
     options: dict[str, Any] = {"sessions": config.sessions} if config.sessions > 1 else {}
-    if parse_backend(config.backend)[0].kind == "server":
+    kind = parse_backend(config.backend)[0].kind
+    if kind in ("server", "cloud"):
         options |= {
             "connect_timeout": config.connect_timeout,
             "first_byte_timeout": config.first_byte_timeout,
             "idle_timeout": config.idle_timeout,
         }
+    if kind == "cloud":  # retries of a 429/5xx stay within a round's deadline
+        options |= {"base_url": config.base_url or None, "retry_deadline_s": config.round_deadline_s}
     return open_backend(
         config.backend, config.model or None, n_ctx=config.n_ctx, seed=config.seed, threads=config.threads, **options
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# the loaded model's calibration
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Calibration:
+    """Where the loaded model's detection thresholds come from."""
+
+    model_id: str
+    top_k: int | None  # signals from the top k logprobs; None: the full distribution
+    # "calibration": its own file (path) | "shipped": calibrated.py, measured on this very model |
+    # "given": a threshold set by a flag, the config file or the environment | "none": another model's
+    source: str
+    path: Path | None = None
+
+    @property
+    def detect_only(self) -> bool:
+        """Nothing calibrated for this model: its triggers would fall at random, so it must not intervene."""
+        return self.source == "none"
+
+
+def model_config(
+    layers: ConfigLayers, backend: Any, say: Callable[[str], None], intervene: bool | None = None
+) -> tuple[Config, Calibration]:
+    """The config for the loaded model: flag > file > environment > its calibration > shipped defaults.
+
+    With no calibration and no threshold given, a config asking for intervene runs detect instead; when
+    intervene is asked (`intervene`, default: the config's mode) that is said once, through `say`.
+    """
+    from . import calibrations
+
+    top_k = calibrations.backend_top_k(backend)
+    model_id = str(backend.model_id)
+    path = calibrations.find(model_id, top_k, home())
+    if path is not None:
+        say(f"using the calibration for {model_id} ({calibrations.source_label(top_k)}) from {path}")
+        return layers.load(path), Calibration(model_id, top_k, "calibration", path)
+    config = layers.load()
+    if calibrations.covered_by_defaults(model_id, top_k):
+        return config, Calibration(model_id, top_k, "shipped")
+    if set(THRESHOLD_KEYS) & layers.given():
+        return config, Calibration(model_id, top_k, "given")
+    calibration = Calibration(model_id, top_k, "none")
+    asked = config.mode == "intervene" if intervene is None else intervene
+    if asked:
+        say(no_calibration_message(config, model_id))
+    if config.mode == "intervene":
+        config = config.replace(mode="detect")
+    return config, calibration
+
+
+def no_calibration_message(config: Config, model_id: str) -> str:
+    model = f" --model {config.model}" if config.model else ""
+    return (
+        f"no calibration for {model_id}: running detect only (another model's thresholds would trigger at "
+        f"random); calibrate with: surprisegate calibrate --backend {config.backend}{model}"
     )
 
 
@@ -136,6 +199,7 @@ class Runtime:
     config: Config
     backend: Any
     arms: dict[str, Arm] = field(default_factory=dict)
+    calibration: Calibration | None = None  # None: the caller fixed the config (assemble got a Config)
 
     def generate(self, messages: Sequence[dict[str, str]] | str, config: Config | None = None, **kwargs: Any):
         """One reply (controller.generate) with this runtime's backend; arms only in intervene mode."""
@@ -147,14 +211,22 @@ class Runtime:
 
 
 def assemble(
-    config: Config,
+    config: Config | ConfigLayers,
     memory: str | None = None,
     tools: bool = True,
     web: str | None = None,
     say: Callable[[str], None] = lambda message: None,
 ) -> Runtime:
-    """Check the arm targets, build the arms, then load the backend (slowest last, so mistakes fail fast)."""
+    """Check the arm targets, build the arms, then load the backend (slowest last, so mistakes fail fast).
+
+    Given the user's ConfigLayers, the config is resolved again for the loaded model (model_config); a
+    Config is used as it is."""
+    base = config.load() if isinstance(config, ConfigLayers) else config
     if memory:
         check_memory(memory)
-    arms = build_arms(config, memory, tools, web, say)
-    return Runtime(config, load_backend(config), arms)
+    arms = build_arms(base, memory, tools, web, say)
+    backend = load_backend(base)
+    if not isinstance(config, ConfigLayers):
+        return Runtime(base, backend, arms)
+    resolved, calibration = model_config(config, backend, say)
+    return Runtime(resolved, backend, arms, calibration)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -283,3 +284,101 @@ def test_compare_top_k_writes_json_and_markdown(tmp_path):
     md = out.with_suffix(".md").read_text()
     assert "| top-20 logprobs (estimate) |" in md and "| full distribution | exact |" in md
     assert md.strip() in result.output
+
+
+# ------------------------------------------------------------------------------------------------
+# the packaged calibration set and `calibrate --backend`
+# ------------------------------------------------------------------------------------------------
+def packaged_set() -> list[dict]:
+    from importlib.resources import files
+
+    text = (files("surprisegate") / "data" / "calibration_set.jsonl").read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_the_packaged_set_loads_graded_items_with_their_licences():
+    from surprisegate import calibrations
+    from surprisegate.research.labeling import read_items
+
+    items = packaged_set()
+    assert len(items) == 400 and len({it["id"] for it in items}) == 400
+    assert all(it["answers"] and it["question"] and it["meta"]["license"] for it in items)
+    shares = {
+        prefix: sum(it["id"].startswith(prefix) for it in items) for prefix in ("fact-", "bb-qa_wikidata", "bb-arith")
+    }
+    assert shares["fact-"] == 210 and shares["bb-qa_wikidata"] == 165
+    with calibrations.calibration_set() as path:
+        assert [it["id"] for it in read_items(path)] == [it["id"] for it in items]
+
+
+def test_the_packaged_set_leaves_out_the_eval_sample(shared_data):
+    import random
+
+    from surprisegate.research.labeling import read_items
+
+    # research/evaluate.py: `eval --sample 100` is random.Random(0).sample(items, 100).
+    held_out = {it["id"] for it in random.Random(0).sample(read_items(shared_data / "factqa_dev.jsonl"), 100)}
+    assert len(held_out) == 100 and not held_out & {it["id"] for it in packaged_set()}
+    committed = Path(__file__).resolve().parents[1] / "results" / "eval" / "factqa_dev" / "results.jsonl"
+    if committed.is_file():  # the committed A/B's own items
+        assert {json.loads(line)["id"] for line in committed.open()} == held_out
+
+
+def test_the_selection_script_reproduces_the_packaged_set(shared_data):
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "calibration_set.py"
+    spec = importlib.util.spec_from_file_location("calibration_set", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.select(shared_data) == packaged_set()
+
+
+def scripted_model(items: list[dict]):
+    """A scripted backend that answers a third of the set's items right, confidently, and the rest wrong at low
+    probability (high surprise and entropy): plan entries are bytes, as the backend indexes them."""
+    import zlib
+
+    from scripted import ScriptedBackend
+
+    def script(context: str):
+        item = max((it for it in items if it["question"] in context), key=lambda it: len(it["question"]))
+        right = zlib.crc32(item["id"].encode()) % 3 == 0
+        prefix = item["question"] if item.get("format") == "cloze" else ""
+        reply = f" {item['answers'][0]}." if right else " Nowhere."
+        return [(chr(b), 0.95) for b in prefix.encode()] + [(chr(b), 0.95 if right else 0.05) for b in reply.encode()]
+
+    return ScriptedBackend(script)
+
+
+def test_calibrate_model_labels_the_set_and_writes_a_calibration_it_finds(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from surprisegate import calibrations
+    from surprisegate.config import Config
+    from surprisegate.research.calibrate import calibrate_model
+
+    monkeypatch.setenv("SURPRISEGATE_HOME", str(tmp_path / "home"))
+    backend = scripted_model(packaged_set()[:45])
+    result = calibrate_model(backend, Config(), limit=40, bootstrap=10)
+    path = calibrations.user_dir(tmp_path / "home") / "scripted-test-model--full.toml"
+    assert result["calibration"] == str(path) and calibrations.find(backend.model_id, None, tmp_path / "home") == path
+    record = calibrations.read_record(path)
+    assert (record["items"], record["signal_source"], record["top_k"], record["objective"]) == (40, "full", 0, "recall")
+    assert record["model_id"] == "scripted-test-model" and record["max_tokens"] == 32 and record["auroc"] > 0.9
+    config = load_config(env={}, calibration_file=path)
+    assert config.threshold == result["report"]["chosen"]["threshold"]
+    assert config.signal == result["report"]["chosen"]["signal"]
+    # Resumable: a longer run labels only the new items, and calibrates on all of them.
+    again = calibrate_model(backend, Config(), limit=45, bootstrap=10)
+    assert (again["labels"]["already_done"], again["labels"]["labelled_now"]) == (40, 5)
+    assert calibrations.read_record(path)["items"] == 45
+
+
+def test_calibrate_refuses_a_set_with_too_few_right_or_wrong_replies(tmp_path):
+    from surprisegate.errors import InputError
+
+    labels = synthetic_labels(tmp_path, n=40)
+    # Six replies cannot hold five right and five wrong.
+    with pytest.raises(InputError, match=r"6 labelled replies hold \d+ right and \d+ wrong: too few.*--limit"):
+        calibrate([labels], tmp_path / "out" / "config.toml", bootstrap=5, only={f"q{i}" for i in range(6)})

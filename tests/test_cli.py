@@ -172,3 +172,102 @@ def test_ask_continues_a_chat_from_standard_input(runner):
     receipt = next(json.loads(line) for line in open(out["receipt"], encoding="utf-8") if out["receipt_id"] in line)
     assert receipt["messages"][1:] == chat and receipt["prompt"] == chat[-1]["content"]
     assert "Ouagadougou" in out["reply"]
+
+
+# --------------------------------------------------------------------------------------------------
+# per-model calibration: `calibrate --backend`, its pickup, and the detect-only fallback
+# --------------------------------------------------------------------------------------------------
+def test_calibrate_needs_one_way_and_the_options_of_that_way(runner, tmp_path):
+    assert_clean_error(runner.invoke(main, ["calibrate"]), "--backend URI", "--labels DIR")
+    both = ["calibrate", "--backend", "llama-server://127.0.0.1:9", "--labels", str(tmp_path)]
+    assert_clean_error(runner.invoke(main, both), "two ways to calibrate")
+    assert_clean_error(runner.invoke(main, ["calibrate", "--labels", str(tmp_path)]), "--out is needed with --labels")
+    assert_clean_error(
+        runner.invoke(main, ["calibrate", "--labels", str(tmp_path), "--out", "c.toml", "--limit", "5"]),
+        "--limit=5",
+        "go with --backend",
+    )
+    assert_clean_error(
+        runner.invoke(main, ["calibrate", "--backend", "llamacpp", "--top-k", "20"]), "--top-k=20", "drop it"
+    )
+    assert_clean_error(runner.invoke(main, ["calibrate", "--backend", "llamacpp", "--limit", "0"]), "--limit=0")
+
+
+@pytest.fixture
+def uncalibrated(monkeypatch):
+    """The CLI's backend is a scripted model no calibration knows (full distribution: key scripted-test-model--full)."""
+    from scripted import ScriptedBackend, plan
+
+    backend = ScriptedBackend(lambda context: plan("The capital is Kumbu.", doubtful="Kumbu", doubtful_prob=0.01))
+    monkeypatch.setattr("surprisegate.cli.load_backend", lambda config: backend)
+    return backend
+
+
+def test_an_uncalibrated_model_asked_to_intervene_only_detects_and_says_so_once(runner, uncalibrated, tmp_path):
+    receipts = tmp_path / "r.jsonl"
+    args = ["ask", "Capital?", "--mode", "intervene", "--memory", "none", "--receipts", str(receipts)]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("no calibration for scripted-test-model: running detect only") == 1
+    assert "calibrate with: surprisegate calibrate --backend llamacpp" in result.stderr
+    assert result.stdout.startswith("[detect] Capital?")
+    receipt = json.loads(receipts.read_text().splitlines()[-1])
+    assert receipt["config"]["mode"] == "detect" and receipt["rounds"] == []
+    # A threshold the user gives is theirs to choose: intervene then runs, and nothing is said.
+    result = runner.invoke(main, [*args, "--threshold", "5"])
+    assert result.exit_code == 0 and "no calibration" not in result.stderr
+    assert json.loads(receipts.read_text().splitlines()[-1])["config"]["mode"] == "intervene"
+
+
+def test_eval_refuses_to_intervene_on_an_uncalibrated_model(runner, uncalibrated, tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"id": "a", "question": "Capital?", "answers": ["Kumbu"]}) + "\n")
+    result = runner.invoke(
+        main, ["eval", "--data", str(data), "--modes", "off,intervene", "--out", str(tmp_path / "o")]
+    )
+    assert_clean_error(result, "intervene needs thresholds for scripted-test-model", "surprisegate calibrate --backend")
+
+
+def test_calibrate_backend_writes_a_calibration_that_ask_picks_up(runner, monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib")
+    from test_calibrate import packaged_set, scripted_model
+
+    backend = scripted_model(packaged_set()[:30])
+    monkeypatch.setattr("surprisegate.cli.load_backend", lambda config: backend)
+    result = runner.invoke(main, ["calibrate", "--backend", "llamacpp", "--limit", "30", "--bootstrap", "10"])
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "home" / "calibrations" / "scripted-test-model--full.toml"
+    assert f"wrote {path}" in result.stdout and "picked up by ask, eval and demo" in result.stdout
+    assert "calibrated scripted-test-model (full distribution) on 30 replies" in result.stdout
+    question = packaged_set()[0]["question"]
+    result = runner.invoke(main, ["ask", question, "--mode", "intervene", "--memory", "none"])
+    assert result.exit_code == 0, result.output
+    said = f"using the calibration for scripted-test-model (full distribution) from {path}"
+    assert result.stderr.count(said) == 1 and "no calibration" not in result.stderr
+
+
+@pytest.mark.slow
+def test_calibrate_backend_against_the_real_llama_server_is_picked_up_by_ask(runner, request, tmp_path):
+    pytest.importorskip("matplotlib")
+    from test_backend_llama_server import shared_server
+
+    process = shared_server(request.config)
+    uri = process.uri
+    # 30 items: the first 30 of the set hold 8 right replies of SmolLM2, enough of each kind to calibrate.
+    result = runner.invoke(main, ["calibrate", "--backend", uri, "--limit", "30", "--bootstrap", "20"])
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "home" / "calibrations" / "smollm2-135m-instruct.q4_1.gguf--top20.toml"
+    assert f"wrote {path}" in result.stdout and "(top-20) on 30 replies" in result.stdout
+    ask = ["ask", "What is the capital of Chad?", "--backend", uri, "--mode", "intervene", "--memory", "none"]
+    result = runner.invoke(main, ask)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count(" (top-20) from " + str(path)) == 1
+    assert "using the calibration for " in result.stderr and "no calibration" not in result.stderr
+    receipt = json.loads((tmp_path / "home" / "receipts.jsonl").read_text().splitlines()[-1])
+    assert receipt["config"]["threshold"] == load_record_threshold(path)
+
+
+def load_record_threshold(path) -> float:
+    import tomllib
+
+    return tomllib.loads(path.read_text())["surprisegate"]["threshold"]

@@ -112,3 +112,62 @@ def test_tool_results_use_their_own_template():
     )
     with pytest.raises(ConfigError, match="tool_evidence_template"):
         Config(tool_evidence_template="no placeholder")
+
+
+# --------------------------------------------------------------------------------------------------
+# the per-model calibration layer: flag > file > env > calibration > shipped defaults
+# --------------------------------------------------------------------------------------------------
+def calibration_file(tmp_path, body: str = ""):
+    path = tmp_path / "model--top20.toml"
+    path.write_text(
+        '[surprisegate]\nsignal = "surprise"\nthreshold = 2.5\nwindow = 8\n'
+        + body
+        + '\n[surprisegate.kind_thresholds]\ncapital = 0.5\n\n[calibration]\nmodel_id = "m"\nitems = 400\n'
+    )
+    return path
+
+
+def test_a_calibration_beats_the_shipped_defaults(tmp_path):
+    c = load_config(env={}, calibration_file=calibration_file(tmp_path))
+    assert (c.signal, c.threshold, c.window, c.kind_thresholds) == ("surprise", 2.5, 8, {"capital": 0.5})
+    assert c.statistic == Config().statistic  # keys it does not set keep the shipped default
+
+
+def test_flag_file_and_env_each_beat_a_calibration(tmp_path):
+    cal = calibration_file(tmp_path)
+    assert load_config(env={"SURPRISEGATE_THRESHOLD": "7"}, calibration_file=cal).threshold == 7.0
+    toml = tmp_path / "c.toml"
+    toml.write_text("[surprisegate]\nwindow = 16\n")
+    c = load_config(toml, env={"SURPRISEGATE_THRESHOLD": "7"}, calibration_file=cal)
+    assert (c.window, c.threshold, c.signal) == (16, 7.0, "surprise")
+    c = load_config(toml, overrides={"threshold": 1.25, "window": None}, env={}, calibration_file=cal)
+    assert (c.threshold, c.window) == (1.25, 16)
+
+
+def test_a_calibration_sets_only_the_calibrated_keys(tmp_path):
+    # A full `calibrate --out` config copied into calibrations/ must not switch mode or backend.
+    cal = calibration_file(tmp_path, 'mode = "intervene"\nbackend = "llama-server://127.0.0.1:1"\n')
+    c = load_config(env={}, calibration_file=cal)
+    assert (c.mode, c.backend, c.threshold) == ("off", "llamacpp", 2.5)
+
+
+def test_a_bad_calibration_value_names_the_file(tmp_path):
+    cal = calibration_file(tmp_path, "min_tokens = 0\n")
+    with pytest.raises(ConfigError, match=r"min_tokens=0 \(from .*model--top20.toml\) is invalid"):
+        load_config(env={}, calibration_file=cal)
+    cal.write_text("[surprisegate\n")
+    with pytest.raises(ConfigError, match="calibration=.*cannot be read.*calibrate --backend"):
+        load_config(env={}, calibration_file=cal)
+
+
+def test_layers_say_which_keys_the_user_gave(tmp_path):
+    from surprisegate.config import ConfigLayers
+
+    toml = tmp_path / "c.toml"
+    toml.write_text("[surprisegate]\nkind_thresholds = {capital = 1.0}\n")
+    assert ConfigLayers(env={}).given() == set()
+    assert ConfigLayers(overrides={"threshold": None, "mode": "intervene"}, env={}).given() == {"mode"}
+    assert ConfigLayers(env={"SURPRISEGATE_THRESHOLD": "2"}).given() == {"threshold"}
+    assert ConfigLayers(toml, env={}).given() == {"kind_thresholds"}
+    layers = ConfigLayers(toml, {"window": 8}, env={})
+    assert layers.load(calibration_file(tmp_path)).kind_thresholds == {"capital": 1.0}

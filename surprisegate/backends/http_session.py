@@ -443,6 +443,7 @@ class ServerBackend:
     `stream_parser` (the hooks of `ServerSession`)."""
 
     name = "server"
+    SIGNAL_TOP_K = SIGNAL_TOP_K  # signals from the top 20 logprobs: which calibration applies (calibrations.py)
     drain_after_end = False  # read past the final chunk (vLLM's usage chunk follows it)
     context_fix = "start the server with a larger context"  # how to give a request more room
     model_id = ""

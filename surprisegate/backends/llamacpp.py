@@ -79,6 +79,7 @@ def check_gguf(path: str | os.PathLike) -> Path:
 
 class LlamaCppBackend(LocalBackend):
     name = "llamacpp"
+    signal_top_k: int | None = None  # signals from the full distribution (calibrations.backend_top_k)
 
     def __init__(self, llama, model_id: str):
         import llama_cpp

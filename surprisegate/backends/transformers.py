@@ -44,6 +44,7 @@ class TransformersBackend(LocalBackend):
     """A `SteerableBackend` over a transformers causal LM and one `DynamicCache` (batch size 1)."""
 
     name = "transformers"
+    signal_top_k: int | None = None  # signals from the full distribution (calibrations.backend_top_k)
 
     def __init__(self, model: Any, tokenizer: Any, model_id: str) -> None:
         import torch

@@ -14,20 +14,25 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..config import Config, to_toml
+from .. import __version__, calibrated, calibrations
+from ..backends.registry import parse_backend
+from ..config import Config, load_config, to_toml
 from ..errors import InputError
+from ..runtime import home
 from ..signals import SIGNALS, copy_flags, question_kind, signal_value
 from ..surprise import topk_entropy, topk_entropy_bounds
 from ..trigger import window_peak  # the loop's own rule: calibration thresholds what the loop compares
-from .labeling import CLOZE_INSTRUCTION, iter_labels
+from .labeling import CLOZE_INSTRUCTION, iter_labels, read_items
+from .labeling import label as label_items
 
 WINDOWS = (4, 8, 16, 32)
 STATISTICS = ("mean", "p90", "max")
@@ -167,15 +172,32 @@ def prepare(
     return out
 
 
-def load_items(label_dirs: list[str | Path], top_k: int | None = None) -> list[Labelled]:
-    """Every labels folder's replies, pooled; a folder that lacks what --top-k needs is named in the error."""
+def load_items(
+    label_dirs: list[str | Path], top_k: int | None = None, only: Collection[str] | None = None
+) -> list[Labelled]:
+    """Every labels folder's replies (only those with ids in `only`, if given), pooled; a folder that lacks
+    what --top-k needs is named in the error."""
     check_top_k(top_k)
     items: list[Labelled] = []
     for d in label_dirs:
-        items.extend(prepare(iter_labels([d]), top_k, source=f"--labels={str(d)!r}", allow_empty=True))
+        records = (r for r in iter_labels([d]) if only is None or r.get("id") in only)
+        items.extend(prepare(records, top_k, source=f"--labels={str(d)!r}", allow_empty=True))
     if not items:
         raise InputError("no usable labelled replies found; run `surprisegate label` first")
     return items
+
+
+MIN_CLASS = 5  # right and wrong replies each, fewer and the sweep and the 5-fold fit say nothing
+
+
+def check_classes(items: list[Labelled]) -> None:
+    wrong = sum(not it.correct for it in items)
+    right = len(items) - wrong
+    if min(right, wrong) < MIN_CLASS:
+        raise InputError(
+            f"{len(items)} labelled replies hold {right} right and {wrong} wrong: too few of one kind to "
+            f"calibrate (at least {MIN_CLASS} of each); label more items (drop --limit, or raise it)"
+        )
 
 
 def reply_aggregates(values: list[float], tail_cut: float = 4.0) -> dict[str, float]:
@@ -281,7 +303,7 @@ def _logit(p: float) -> float:
     return math.log(p / (1 - p))
 
 
-def fit_kind_model(peaks: np.ndarray, labels: np.ndarray, kinds: list[str]) -> dict:
+def fit_kind_model(peaks: np.ndarray, labels: np.ndarray, kinds: list[str], min_items: int = MIN_KIND_ITEMS) -> dict:
     """Per-kind (prior wrong-rate, mean, spread) of the window peak, shrunk toward the global values."""
     glob_p = float(labels.mean())
     glob_mu, glob_sd = float(peaks.mean()), float(peaks.std()) + 1e-6
@@ -289,7 +311,7 @@ def fit_kind_model(peaks: np.ndarray, labels: np.ndarray, kinds: list[str]) -> d
     for k in set(kinds):
         idx = np.array([kk == k for kk in kinds])
         n = int(idx.sum())
-        if n < MIN_KIND_ITEMS:
+        if n < min_items:
             continue
         prior = (labels[idx].sum() + 2 * glob_p) / (n + 2)  # two pseudo-counts of the global rate
         mu = float(peaks[idx].mean())
@@ -306,13 +328,17 @@ def kind_scores(peaks: np.ndarray, kinds: list[str], model: dict, beta: float) -
     return out
 
 
-def cross_validated_scores(peaks, labels, kinds, beta, folds: int = 5, seed: int = 0) -> np.ndarray:
+def cross_validated_scores(
+    peaks, labels, kinds, beta, folds: int = 5, seed: int = 0, min_items: int = MIN_KIND_ITEMS
+) -> np.ndarray:
     """Scores of each reply from a model fitted without it (so the AUROC is not flattered by overfitting)."""
     fold = np.random.default_rng(seed).integers(0, folds, len(peaks))
     out = np.empty(len(peaks))
     for f in range(folds):
         train, test = fold != f, fold == f
-        model = fit_kind_model(peaks[train], labels[train], [k for k, t in zip(kinds, train, strict=True) if t])
+        model = fit_kind_model(
+            peaks[train], labels[train], [k for k, t in zip(kinds, train, strict=True) if t], min_items
+        )
         out[test] = kind_scores(peaks[test], [k for k, t in zip(kinds, test, strict=True) if t], model, beta)
     return out
 
@@ -328,9 +354,14 @@ def kind_thresholds(model: dict, beta: float, cut: float) -> tuple[float, dict[s
 
 
 def calibrate_kinds(
-    items: list[Labelled], rules: list[dict], objective: str = "precision", min_precision: float = MIN_PRECISION
+    items: list[Labelled],
+    rules: list[dict],
+    objective: str = "precision",
+    min_precision: float = MIN_PRECISION,
+    min_items_options: Sequence[int] = (MIN_KIND_ITEMS,),
 ) -> dict:
-    """Best (rule, beta) by cross-validated AUROC; the operating point on those honest scores."""
+    """Best (rule, beta, least replies for a kind's own parameters) by cross-validated AUROC; the operating
+    point on those honest scores."""
     labels = np.array([0 if it.correct else 1 for it in items])
     kinds = [it.kind for it in items]
     best: dict[str, Any] | None = None
@@ -341,11 +372,18 @@ def calibrate_kinds(
                 for it in items
             ]
         )
-        for beta in BETAS:
-            scores = cross_validated_scores(peaks, labels, kinds, beta)
+        for beta, min_items in itertools.product(BETAS, min_items_options):
+            scores = cross_validated_scores(peaks, labels, kinds, beta, min_items=min_items)
             a = auroc(scores, labels)
             if best is None or a > best["auroc"]:
-                best = {"rule": rule, "beta": beta, "auroc": a, "scores": scores, "peaks": peaks}
+                best = {
+                    "rule": rule,
+                    "beta": beta,
+                    "min_items": min_items,
+                    "auroc": a,
+                    "scores": scores,
+                    "peaks": peaks,
+                }
     assert best is not None, "calibrate_kinds needs at least one rule"
     scores = best["scores"]
     points = []
@@ -356,12 +394,13 @@ def calibrate_kinds(
         )
     chosen = choose(points, objective=objective, min_precision=min_precision)
     highest_precision = choose(points, objective="precision")
-    model = fit_kind_model(best["peaks"], labels, kinds)
+    model = fit_kind_model(best["peaks"], labels, kinds, best["min_items"])
     glob, per_kind = kind_thresholds(model, best["beta"], chosen["cut"])
     lo, hi = bootstrap_auroc(scores, labels)
     return {
         "rule": best["rule"],
         "beta": best["beta"],
+        "min_kind_items": best["min_items"],
         "auroc_cv": best["auroc"],
         "ci_low": lo,
         "ci_high": hi,
@@ -432,6 +471,20 @@ def plot_curves(
     return paths
 
 
+def strongest_rules(table: list[dict], most: int = 8) -> list[dict]:
+    """The window rules to try per-kind normalisation on: the strongest few by plain AUROC of their peak."""
+    rules: list[dict] = []
+    for row in table:
+        if row["feature"].startswith("window_"):
+            _, stat, w = row["feature"].split("_")
+            for mt in (1, 4):
+                if mt <= int(w):
+                    rules.append({"signal": row["signal"], "statistic": stat, "window": int(w), "min_tokens": mt})
+        if len(rules) >= most:
+            break
+    return rules
+
+
 def calibrate(
     label_dirs: list[str | Path],
     out_config: str | Path,
@@ -441,37 +494,42 @@ def calibrate(
     min_precision: float = MIN_PRECISION,
     progress: Callable[[str], None] = lambda m: None,
     top_k: int | None = None,
+    only: Collection[str] | None = None,
+    fixed_rule: Mapping[str, Any] | None = None,
+    kind_min_items: Sequence[int] = (MIN_KIND_ITEMS,),
 ) -> dict:
     """Compute the report, write the chosen operating point into a TOML config, and plots beside it.
 
     `top_k`: compute the signals from the top K logprobs only (what a server streams); None: full distribution.
+    `only`: calibrate on the replies with these ids (None: every labelled reply).
+    `fixed_rule`: {signal, statistic, window, min_tokens} to fit thresholds for, instead of searching the rules.
+    `kind_min_items`: the least replies a kind needs for its own threshold, chosen among these by CV AUROC.
     """
-    items = load_items(label_dirs, top_k)
+    items = load_items(label_dirs, top_k, only)
+    check_classes(items)
     progress(
         f"{len(items)} labelled replies, {sum(not it.correct for it in items)} wrong"
         + (f"; entropy estimated from the top {top_k} logprobs" if top_k else "")
     )
     table = signal_table(items, bootstrap=bootstrap)
     progress("swept AUROC; sweeping trigger rules ...")
-    points = sweep(items)
+    if fixed_rule is None:
+        points = sweep(items)
+        rules = strongest_rules(table)
+        plain_best = table[0]
+    else:
+        one = fixed_rule
+        points = sweep(items, (one["signal"],), (one["window"],), (one["statistic"],), (one["min_tokens"],))
+        rules = [dict(fixed_rule)]
+        feature = f"window_{one['statistic']}_{one['window']}"
+        plain_best = next(r for r in table if r["signal"] == one["signal"] and r["feature"] == feature)
     chosen = choose(points, objective=objective, min_precision=min_precision)
-    baseline_points = [p for p in points if p["signal"] == "surprise" and p["statistic"] == "mean"]
-    baseline = choose(baseline_points)
-    # Per-kind normalisation over the strongest few window rules (ranked by plain AUROC of their peak).
-    rules = []
-    for row in table:
-        if row["feature"].startswith("window_"):
-            _, stat, w = row["feature"].split("_")
-            for mt in (1, 4):
-                if mt <= int(w):
-                    rules.append({"signal": row["signal"], "statistic": stat, "window": int(w), "min_tokens": mt})
-        if len(rules) >= 8:
-            break
+    baseline = choose(sweep(items, signals=("surprise",), statistics=("mean",)))
     progress("fitting per-kind normalisation ...")
-    kinds = calibrate_kinds(items, rules, objective=objective, min_precision=min_precision)
+    kinds = calibrate_kinds(items, rules, objective, min_precision, kind_min_items)
     base = base or Config()
     # Per-kind normalisation is used when it separates better (cross-validated) than the best plain signal.
-    use_kinds = kinds["auroc_cv"] > table[0]["auroc"]
+    use_kinds = kinds["auroc_cv"] > plain_best["auroc"]
     if use_kinds:
         rule = kinds["rule"]
         config = base.replace(
@@ -530,8 +588,8 @@ def calibrate(
                 "ci_low": kinds["ci_low"],
                 "ci_high": kinds["ci_high"],
             }
-            if kinds["auroc_cv"] > table[0]["auroc"]
-            else table[0]
+            if use_kinds
+            else plain_best
         ),
         "per_kind": kinds_report,
         "best_plain_surprise": best_plain,
@@ -545,6 +603,97 @@ def calibrate(
     }
     (out.parent / "calibration.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+# ------------------------------------------------------------------------------------------------
+# `calibrate --backend`: a model's own calibration in one command (calibrations.py picks it up)
+# ------------------------------------------------------------------------------------------------
+LABEL_MAX_TOKENS = 32  # as the labels behind the shipped defaults: a reply is graded on its first sentence
+# Fit thresholds for the rule the 2486 dev labels chose: on 400 items the rules' CV AUROCs lie within noise, and
+# the search's pick (surprise mean W=16) caught 0.46 of wrong held-out factqa replies where this rule caught 0.72.
+MODEL_RULE = {
+    "signal": calibrated.SIGNAL,
+    "statistic": calibrated.STATISTIC,
+    "window": calibrated.WINDOW,
+    "min_tokens": calibrated.MIN_TOKENS,
+}
+# At 15 replies a kind, 400 items give 9 kinds their own threshold; the rest share one that never fires where
+# the model is nearly always wrong (SmolLM2: atomic numbers). Chosen like beta, by CV AUROC (SmolLM2: 8).
+MODEL_KIND_MIN_ITEMS = (MIN_KIND_ITEMS, 10, 8, 5)
+
+
+def calibrate_model(
+    backend,
+    config: Config,
+    out: str | Path | None = None,
+    limit: int | None = None,
+    objective: str = "recall",
+    min_precision: float = MIN_PRECISION,
+    bootstrap: int = 500,
+    progress: Callable[[str], None] = lambda m: None,
+    label_progress: Callable[[int, int, str], None] | None = None,
+) -> dict:
+    """Label the packaged calibration set through `backend` (resumable, in home()/calibrations/SLUG/labels),
+    calibrate on the signals it gives (its top k, or the full distribution in process) and write the
+    model's calibration file: `out`, by default home()/calibrations/SLUG.toml, where the runtime finds it."""
+    top_k = calibrations.backend_top_k(backend)
+    stem = calibrations.slug(backend.model_id, top_k)
+    work = calibrations.user_dir(home()) / stem
+    label_config = config.replace(max_tokens=LABEL_MAX_TOKENS)
+    with calibrations.calibration_set() as data:
+        ids = {it["id"] for it in read_items(data, limit)}
+        progress(f"labelling {len(ids)} items of the calibration set through {backend.model_id} into {work}/labels")
+        labelled = label_items(data, work / "labels", backend, label_config, limit=limit, progress=label_progress)
+    report = calibrate(
+        [work / "labels"],
+        work / "config.toml",
+        base=label_config,
+        bootstrap=bootstrap,
+        objective=objective,
+        min_precision=min_precision,
+        progress=progress,
+        top_k=top_k,
+        only=ids,
+        fixed_rule=MODEL_RULE,
+        kind_min_items=MODEL_KIND_MIN_ITEMS,
+    )
+    record = calibration_record(backend, label_config, report, stem, work, limit)
+    target = Path(out) if out else calibrations.user_dir(home()) / f"{stem}.toml"
+    calibrations.write(target, load_config(work / "config.toml", env={}), record)
+    return {"calibration": str(target), "slug": stem, "labels": labelled, "report": report, "record": record}
+
+
+def calibration_record(backend, config: Config, report: dict, stem: str, work: Path, limit: int | None) -> dict:
+    """The [calibration] table: what was calibrated, on what, how well, and when."""
+    best, chosen = report["best"], report["chosen"]
+    return {
+        "model_id": backend.model_id,
+        "key": stem,
+        "backend": config.backend,
+        "backend_kind": parse_backend(config.backend)[0].kind,
+        "signal_source": calibrations.source_name(report["top_k"]),
+        "top_k": report["top_k"] or 0,  # 0: the full distribution
+        "items": report["n"],
+        "wrong": report["wrong"],
+        "calibration_set": calibrations.CALIBRATION_SET + (f" (first {limit})" if limit else ""),
+        "rule": f"{chosen['signal']} {chosen['statistic']} W={chosen['window']} min_tokens={chosen['min_tokens']}",
+        "rule_from": "the shipped defaults (MODEL_RULE); thresholds fitted here",
+        "per_kind": bool(chosen.get("per_kind")),
+        "kinds_with_own_threshold": len(report["per_kind"]["kind_thresholds"]) if chosen.get("per_kind") else 0,
+        "min_kind_items": report["per_kind"]["min_kind_items"],
+        "auroc": round(best["auroc"], 4),
+        "auroc_ci": [round(best["ci_low"], 4), round(best["ci_high"], 4)],
+        "auroc_is": "5-fold cross-validated" if chosen.get("per_kind") else "in sample",
+        "objective": report["objective"],
+        "min_precision": report["min_precision"],
+        "precision": round(chosen["precision"], 4),
+        "recall": round(chosen["recall"], 4),
+        "trigger_rate": round(chosen["trigger_rate"], 4),
+        "max_tokens": config.max_tokens,
+        "report": str(work / "calibration.json"),
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "surprisegate": __version__,
+    }
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,295 @@
+"""`surprisegate bench server`: `serve` under concurrent clients, as a deployment would see it.
+
+It starts `surprisegate serve` in a subprocess on a free loopback port (the embedded model, the tools,
+no memory store), then, all in one run:
+  load        `clients` threads x `per_client` requests, streaming and not, one in three intervening.
+              Each asks its own sum ("What is A plus B?", every answer distinct): a reply holding another
+              request's answer and not its own, or a receipt naming another question or id, is mixed.
+              Every answered request's receipt must be in the receipts file exactly once.
+  gated       the same questions one at a time, `detect` then `off`: the median of the pairs' latency
+              ratios (goal <= 1.10)
+  throughput  requests/s with 8 clients / with 1 client, best of two alternating runs each (goal >= 1.5
+              where sessions decode together)
+and checks that the server is healthy afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from ..errors import BackendError, InputError
+
+MAX_TOKENS = 24  # replies stay short: the bench measures serving, not writing
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def question(k: int) -> tuple[str, str]:
+    """Request k's question and its answer, distinct from every other request's."""
+    a, b = 2000 + 101 * k, 7 + k % 5
+    return f"What is {a} plus {b}?", str(a + b)
+
+
+@dataclass
+class Outcome:
+    k: int
+    status: int
+    ms: float
+    text: str = ""
+    receipt: dict[str, Any] = field(default_factory=dict)
+    header_id: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# the server under test
+# --------------------------------------------------------------------------------------------
+class ServeProcess:
+    """`surprisegate serve` in a subprocess on a free loopback port; `stop()` ends it."""
+
+    def __init__(self, sessions: int, queue: int, receipts: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [sys.executable, "-m", "surprisegate", "serve", "--port", str(self.port), "--memory", "none"]
+        argv += ["--sessions", str(sessions), "--queue", str(queue), "--receipts", str(receipts)]
+        argv += ["--max-tokens", str(MAX_TOKENS)]
+        env = {k: v for k, v in os.environ.items() if k not in ("SURPRISE_CANARY", "SURPRISE_INTERVENE")}
+        env.pop("SURPRISEGATE_API_KEY", None)
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+
+    def wait_ready(self, timeout_s: float = 180.0) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise BackendError(f"serve exited with {self.proc.returncode}: {self.log.read()[-2000:]!r}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise BackendError(f"serve did not answer /health within {timeout_s} s on {self.url}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+# --------------------------------------------------------------------------------------------
+# one request
+# --------------------------------------------------------------------------------------------
+def request(url: str, model: str, k: int, stream: bool, mode: str) -> Outcome:
+    import httpx
+
+    q, _ = question(k)
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": q}],
+        "stream": stream,
+        "surprisegate": {"mode": mode},
+    }
+    started = time.perf_counter()
+    try:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as resp:
+            if resp.status_code != 200:
+                resp.read()
+                return Outcome(k, resp.status_code, (time.perf_counter() - started) * 1000)
+            text, receipt = _read_stream(resp) if stream else _read_body(resp)
+            header = resp.headers.get("x-surprisegate-receipt", "")
+    except httpx.HTTPError:
+        return Outcome(k, 0, (time.perf_counter() - started) * 1000)
+    return Outcome(k, 200, (time.perf_counter() - started) * 1000, text, receipt, header)
+
+
+def _read_body(resp: Any) -> tuple[str, dict]:
+    data = json.loads(resp.read())
+    return data["choices"][0]["message"]["content"], data["surprisegate"]["receipt"]
+
+
+def _read_stream(resp: Any) -> tuple[str, dict]:
+    text, receipt = "", cast(dict[str, Any], {})
+    for line in resp.iter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[len("data: ") :])
+        if chunk.get("choices"):
+            text += chunk["choices"][0]["delta"].get("content") or ""
+        receipt = chunk.get("surprisegate", {}).get("receipt", receipt)
+    return text, receipt
+
+
+def mixed(outcome: Outcome, answers: dict[int, str]) -> bool:
+    """A reply holding another request's answer and not its own, or a receipt of another request."""
+    q, own = question(outcome.k)
+    reply = outcome.text.replace(",", "")
+    others = any(a in reply for k, a in answers.items() if k != outcome.k and a not in q)
+    receipt = outcome.receipt
+    foreign = (
+        receipt.get("prompt") != q
+        or receipt.get("reply_id") != outcome.header_id
+        or receipt.get("reply") != outcome.text
+    )
+    return (others and own not in reply) or foreign
+
+
+# --------------------------------------------------------------------------------------------
+# the phases
+# --------------------------------------------------------------------------------------------
+def run_clients(url: str, model: str, jobs: list[list[tuple[int, bool, str]]]) -> tuple[list[Outcome], float]:
+    """Each inner list is one client's requests, run in order; all clients at once. (outcomes, seconds)"""
+    out: list[Outcome] = []
+    lock = threading.Lock()
+
+    def client(mine: list[tuple[int, bool, str]]) -> None:
+        for k, stream, mode in mine:
+            o = request(url, model, k, stream, mode)
+            with lock:
+                out.append(o)
+
+    threads = [threading.Thread(target=client, args=(mine,)) for mine in jobs]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out, time.perf_counter() - started
+
+
+def load_phase(url: str, model: str, clients: int, per_client: int) -> list[Outcome]:
+    jobs = [
+        [
+            (c * per_client + j, (c + j) % 2 == 1, "intervene" if (c * per_client + j) % 3 == 0 else "detect")
+            for j in range(per_client)
+        ]
+        for c in range(clients)
+    ]
+    return run_clients(url, model, jobs)[0]
+
+
+def gated_over_plain(url: str, model: str, n: int, first_k: int) -> float:
+    """Median over `n` pairs of detect ÷ off latency, the same question one request at a time: a burst of
+    load from elsewhere hits both requests of a pair, not one mode's median."""
+    ratios = []
+    for i in range(n):
+        detect = request(url, model, first_k + i, False, "detect").ms
+        ratios.append(detect / request(url, model, first_k + i, False, "off").ms)
+    return statistics.median(ratios)
+
+
+def throughput_ratio(url: str, model: str, per_client: int, first_k: int, runs: int = 2) -> float:
+    """Requests/s with 8 clients ÷ with 1 client (plain requests, answered ones only); each the best of
+    `runs` alternating runs, so load from elsewhere during one run does not decide the ratio."""
+
+    def rate(n_clients: int, base: int) -> float:
+        jobs = [[(base + c * per_client + j, False, "off") for j in range(per_client)] for c in range(n_clients)]
+        outcomes, seconds = run_clients(url, model, jobs)
+        return sum(o.status == 200 for o in outcomes) / seconds
+
+    ones, eights = [], []
+    for r in range(runs):
+        base = first_k + r * 9 * per_client
+        ones.append(rate(1, base))
+        eights.append(rate(8, base + per_client))
+    return max(eights) / max(ones)
+
+
+def receipts_lost(receipts: Path, answered: list[Outcome]) -> int:
+    """Answered requests whose receipt is not in the file exactly once."""
+    from ..receipts import read_receipts
+
+    written = [r.get("reply_id") for r in read_receipts(receipts)] if receipts.exists() else []
+    return sum(written.count(o.header_id) != 1 for o in answered)
+
+
+def bench_server(
+    clients: int = 32,
+    per_client: int = 5,
+    sessions: int = 4,
+    queue: int = 32,
+    progress: Callable[[str], None] = _noop,
+) -> dict[str, Any]:
+    if not (1 <= clients <= 256 and 1 <= per_client <= 100):
+        raise InputError(f"clients={clients}, requests={per_client}: use 1..256 clients and 1..100 requests each")
+    import httpx
+
+    with tempfile.TemporaryDirectory() as tmp:
+        receipts = Path(tmp) / "receipts.jsonl"
+        server = ServeProcess(sessions, queue, receipts)
+        try:
+            progress(f"bench server: starting serve on {server.url} ({sessions} sessions, queue {queue}) ...")
+            server.wait_ready()
+            model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+            return _measure(server, model, receipts, clients, per_client, sessions, queue, progress)
+        finally:
+            server.stop()
+
+
+def _measure(
+    server: ServeProcess,
+    model: str,
+    receipts: Path,
+    clients: int,
+    per_client: int,
+    sessions: int,
+    queue: int,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    import httpx
+
+    progress(f"bench server: {clients} clients x {per_client} requests ...")
+    outcomes = load_phase(server.url, model, clients, per_client)
+    answers = {k: question(k)[1] for k in range(clients * per_client)}
+    answered = [o for o in outcomes if o.status == 200]
+    latencies = sorted(o.ms for o in answered)
+    progress("bench server: gated ÷ plain latency, one request at a time ...")
+    first_k = clients * per_client
+    gated = gated_over_plain(server.url, model, 10, first_k)
+    progress("bench server: throughput with 8 clients ÷ 1 client ...")
+    throughput = throughput_ratio(server.url, model, 4, first_k + 10)
+    after = request(server.url, model, 0, False, "detect")
+    healthy = httpx.get(server.url + "/health").json().get("status") == "ok" and after.status == 200
+    return {
+        "requests": len(outcomes),
+        "answered": len(answered),
+        "rejected_429": sum(o.status == 429 for o in outcomes),
+        "failed": sum(o.status not in (200, 429) for o in outcomes),
+        "mixed": sum(mixed(o, answers) for o in answered),
+        "receipts_lost": receipts_lost(receipts, answered),
+        "p50_ms": round(statistics.median(latencies), 1) if latencies else None,
+        "p95_ms": round(latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))], 1) if latencies else None,
+        "gated_over_plain": round(gated, 3),
+        "throughput_8_over_1": round(throughput, 3),
+        "healthy_after": healthy,
+        "clients": clients,
+        "per_client": per_client,
+        "sessions": sessions,
+        "queue": queue,
+        "max_tokens": MAX_TOKENS,
+    }

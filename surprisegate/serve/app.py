@@ -1,0 +1,363 @@
+"""The ASGI app: OpenAI-compatible routes on Starlette, SSE from sse-starlette.
+
+Read like llama-cpp-python's server/app.py: a few routes over one loaded model, here with the gate in
+the loop, several sessions instead of one lock, and every error OpenAI-shaped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from sse_starlette import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..events import Token
+from .gate import Admission, Finished, Generation, RotatingReceipts, check_context
+from .metrics import CONTENT_TYPE, Metrics
+from .replies import ReplyShape, StopCutter, finish_reason, first_stop, token_info, token_infos
+from .wire import ApiError, GateRequest, Limits, parse_chat, parse_completion, parse_json
+
+# An unread body would be parsed as the next request on a kept-alive connection: close it after the error.
+CLOSE = {"Connection": "close"}
+DISCONNECTED = 499  # nginx's "client closed request": counted, never seen by the client
+
+
+@dataclass
+class ServeSettings:
+    """What `surprisegate serve` adds to the gate's config: admission, limits, receipts, auth."""
+
+    slots: int = 1  # replies written at once (the backend's sessions)
+    queue: int = 32  # requests waiting for a slot before 429
+    limits: Limits = field(default_factory=Limits)
+    body_timeout_s: float = 10.0  # a request body must arrive within this (slow clients get 408)
+    receipts: RotatingReceipts | None = None  # None: keep no receipts (they hold users' prompts)
+    api_key: str | None = None  # from SURPRISEGATE_API_KEY; never in a config or a receipt
+    model_name: str | None = None  # the id clients send; default: the model file's stem
+
+
+def served_name(model_id: str) -> str:
+    """The model id clients send: a GGUF path's file stem, a served name as it is."""
+    path = Path(model_id)
+    return path.stem if path.suffix == ".gguf" else model_id
+
+
+class Server:
+    """One app's state: the loaded runtime (backend, arms, config), admission, metrics and receipts."""
+
+    def __init__(self, runtime: Any, settings: ServeSettings) -> None:
+        self.runtime, self.settings = runtime, settings
+        self.admission = Admission(settings.slots, settings.queue)
+        self.metrics = Metrics()
+        self.metrics.queue_depth.set_function(lambda: self.admission.waiting)
+        self.metrics.active.set_function(lambda: self.admission.active)
+        self.model = settings.model_name or served_name(str(runtime.backend.model_id))
+        self.started = int(time.time())
+        self.live: set[Generation] = set()
+        self.token_bytes = getattr(runtime.backend, "token_bytes", None)
+        calibration = getattr(runtime, "calibration", None)
+        self.detect_only = bool(calibration is not None and calibration.detect_only)
+
+    # --- routes -----------------------------------------------------------------------------------
+    async def chat(self, request: Request) -> Response:
+        return await self._complete(request, parse_chat)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._complete(request, parse_completion)
+
+    async def models(self, request: Request) -> Response:
+        self.authorize(request)
+        card = {"id": self.model, "object": "model", "created": self.started, "owned_by": "surprisegate"}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(self, request: Request) -> Response:
+        a = self.admission
+        return JSONResponse(
+            {"status": "ok", "model": self.model, "slots": a.slots, "active": a.active, "queued": a.waiting}
+        )
+
+    async def metrics_text(self, request: Request) -> Response:
+        self.authorize(request)
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+    # --- one completion -------------------------------------------------------------------------------
+    async def _complete(self, request: Request, parse: Callable[..., GateRequest]) -> Response:
+        self.authorize(request)  # before the body: an unknown caller costs no buffering
+        raw = await read_body(request, self.settings.limits.max_body_bytes, self.settings.body_timeout_s)
+        config = self.runtime.config
+        parsed = parse(parse_json(raw), config, self.settings.limits, (self.model,), self.detect_only)
+        await anyio.to_thread.run_sync(check_context, self.runtime.backend, parsed)  # tokenizing: off the loop
+        gen = await self._admit(request, parsed)
+        if gen is None:
+            return Response(status_code=DISCONNECTED)
+        shape = ReplyShape(parsed, gen.reply_id, self.model)
+        headers = {"X-Surprisegate-Receipt": gen.reply_id}
+        if parsed.stream:
+            return EventSourceResponse(self._sse(gen, shape), headers=headers, sep="\n", ping=15)
+        return await self._collect(request, gen, shape, headers)
+
+    async def _admit(self, request: Request, parsed: GateRequest) -> Generation | None:
+        """A slot (or 429), then the reply's thread; None when the client left while queued."""
+        waiting = asyncio.ensure_future(self.admission.acquire())
+        if not await _first_or_disconnect(request, waiting):
+            self.metrics.disconnects.inc()
+            return None
+        gen = Generation(self.runtime, parsed, self.settings.receipts, self._ended)
+        self.live.add(gen)
+        gen.start()
+        return gen
+
+    def _ended(self, gen: Generation) -> None:
+        """The reply's thread has finished (its session is closed): the slot is free again."""
+        self.live.discard(gen)
+        seconds = time.monotonic() - gen.started
+        self.admission.release(seconds)
+        self.metrics.reply_seconds.observe(seconds)
+
+    async def _collect(self, request: Request, gen: Generation, shape: ReplyShape, headers: dict) -> Response:
+        """The whole reply as one body; a client that leaves cancels it."""
+        finished: list[Finished] = []
+
+        async def collect() -> None:
+            async for item in gen.events():
+                if isinstance(item, Finished):
+                    finished.append(item)
+
+        if not await _first_or_disconnect(request, asyncio.ensure_future(collect())):
+            gen.cancel()
+            self.metrics.disconnects.inc()
+            return Response(status_code=DISCONNECTED)
+        if not finished:
+            raise ApiError("the reply ended without a result; retry", status=500, kind="server_error")
+        done, receipt = finished[0].done, finished[0].receipt
+        self.metrics.reply(receipt)
+        cut = first_stop(done.text, shape.request.stops)
+        text = done.text if cut is None else done.text[:cut]
+        tokens = token_infos(receipt, self.token_bytes, cut) if shape.request.logprobs else []
+        body = shape.body(text, finish_reason(done.finish_reason, cut is not None), receipt, tokens)
+        return JSONResponse(body, headers=headers)
+
+    async def _sse(self, gen: Generation, shape: ReplyShape) -> AsyncIterator[str]:
+        """The reply as chunks; rewound text never reaches them (holdback: Token events are final)."""
+        left = True  # until the stream ends or fails on our side, an exit here means the client went away
+        try:
+            async for chunk in self._chunks(gen, shape):
+                yield json.dumps(chunk, ensure_ascii=False)
+            left = False
+            yield "[DONE]"
+        except ApiError as err:  # after the 200: the error goes as an event (the openai client raises it)
+            left = False
+            yield json.dumps(err.body())
+        except Exception as err:  # noqa: BLE001 - a fault in the reply's thread: said in the stream, not a dropped connection
+            left = False
+            yield json.dumps(ApiError(f"the reply failed: {err}", status=500, kind="server_error").body())
+        finally:
+            gen.cancel()  # a no-op once the reply is done; else its thread stops and frees its session
+            if left:
+                self.metrics.disconnects.inc()
+
+    async def _chunks(self, gen: Generation, shape: ReplyShape) -> AsyncIterator[dict]:
+        r = shape.request
+        cutter = StopCutter(r.stops)
+        buffered = r.logprobs and r.top_logprobs > 0  # top logprobs are in the receipt only: sent at the end
+        yield shape.chunk("" if r.endpoint == "chat" else None, role=True)
+        async for item in gen.events():
+            if isinstance(item, Token) and not buffered:
+                info = token_info(item.token_id, item.surprise, (), self.token_bytes) if r.logprobs else None
+                text, held = cutter.feed(item.text, info)
+                if text or held:
+                    yield shape.chunk(text, [t for _, t in held], offset=held[0][0] if held else 0)
+            elif isinstance(item, Finished):
+                tail = held_chunk(shape, cutter, item, self.token_bytes, buffered)
+                if tail is not None:
+                    yield tail
+                self.metrics.reply(item.receipt)
+                stopped = cutter.cut is not None or first_stop(item.done.text, r.stops) is not None
+                yield shape.chunk(
+                    None, finish_reason=finish_reason(item.done.finish_reason, stopped), receipt=item.receipt
+                )
+                if r.include_usage:
+                    yield shape.usage_chunk(item.receipt)
+
+    # --- auth -------------------------------------------------------------------------------------------
+    def authorize(self, request: Request) -> None:
+        key = self.settings.api_key
+        if not key:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ApiError(
+                "no API key: send the header Authorization: Bearer KEY (the server's SURPRISEGATE_API_KEY)",
+                status=401,
+                code="missing_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        if not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise ApiError(
+                "wrong API key: send the server's SURPRISEGATE_API_KEY as Authorization: Bearer KEY",
+                status=401,
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    def shutdown(self) -> None:
+        for gen in list(self.live):
+            gen.cancel()
+
+
+def held_chunk(
+    shape: ReplyShape, cutter: StopCutter, item: Finished, token_bytes: Any, buffered: bool
+) -> dict[str, Any] | None:
+    """The held text at the end of a stream: the tail no stop string claimed, or, with top logprobs, the
+    whole reply with them (they come from the receipt)."""
+    if not buffered:
+        tail, held = cutter.finish()
+        return shape.chunk(tail, [t for _, t in held], offset=held[0][0] if held else 0) if tail or held else None
+    cut = first_stop(item.done.text, shape.request.stops)
+    text = item.done.text if cut is None else item.done.text[:cut]
+    return shape.chunk(text, token_infos(item.receipt, token_bytes, cut))
+
+
+# --------------------------------------------------------------------------------------------
+# request plumbing
+# --------------------------------------------------------------------------------------------
+async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
+    """The body, at most `max_bytes` (413) and within `timeout_s` (408: a slow client cannot hold us)."""
+    too_big = ApiError(
+        f"the request body is over this server's limit of {max_bytes} bytes; send a shorter chat",
+        status=413,
+        code="request_too_large",
+        headers=CLOSE,
+    )
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > max_bytes):
+        raise too_big
+    chunks, size = [], 0
+    try:
+        with anyio.fail_after(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise too_big
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(
+            f"the request body did not arrive within {timeout_s} s; send it at once",
+            status=408,
+            code="request_timeout",
+            headers=CLOSE,
+        ) from None
+    except ClientDisconnect:
+        raise ApiError(
+            "the client disconnected while sending the body", status=400, code="client_disconnected"
+        ) from None
+    return b"".join(chunks)
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _first_or_disconnect(request: Request, task: asyncio.Future) -> bool:
+    """Wait for `task` unless the client disconnects first (then cancel it and return False). Its
+    exception, if any, is raised."""
+    watcher = asyncio.ensure_future(_until_disconnect(request.receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return False
+    task.result()
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# errors and metrics around every route
+# --------------------------------------------------------------------------------------------
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    body = {"error": {"message": message, "type": kind, "param": None, "code": str(exc.status_code)}}
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    message = f"internal error: {type(exc).__name__}: {exc}"
+    return JSONResponse({"error": {"message": message, "type": "server_error", "param": None, "code": None}}, 500)
+
+
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+
+
+class CountRequests:
+    """Counts every answered request by route and status (a pure ASGI middleware: streams pass through)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = [500]
+
+        async def counting(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting)
+        finally:
+            endpoint = scope["path"] if scope["path"] in ROUTES else "other"
+            self.metrics.requests.labels(endpoint, str(status[0])).inc()
+
+
+def create_app(runtime: Any, settings: ServeSettings | None = None) -> Starlette:
+    """The OpenAI-compatible app over a loaded runtime (runtime.assemble: backend, arms, config)."""
+    server = Server(runtime, settings or ServeSettings())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        server.shutdown()  # replies still running stop at their next event and free their sessions
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", server.chat, methods=["POST"]),
+            Route("/v1/completions", server.completions, methods=["POST"]),
+            Route("/v1/models", server.models, methods=["GET"]),
+            Route("/health", server.health, methods=["GET"]),
+            Route("/metrics", server.metrics_text, methods=["GET"]),
+        ],
+        middleware=[Middleware(CountRequests, metrics=server.metrics)],
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
+        lifespan=lifespan,
+    )
+    app.state.server = server
+    return app

@@ -1,0 +1,201 @@
+"""Running the gate for requests: admission, one worker thread per reply, receipts.
+
+The loop (controller.stream) is blocking Python; each admitted request runs it in its own thread, which
+hands events to the request's asyncio side through a queue. `slots` requests run at once (the backend's
+sessions; in-process they decode together in one batch) and at most `queue` more wait; beyond that a
+request is refused at once (429), so a burst never piles up unbounded work. A request whose client goes
+away sets its cancel flag: its thread closes the event iterator, which closes the session, and only then
+gives its slot back (so the next request always finds a free session).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Generator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from ..arms import Arm
+from ..controller import build_receipt_for, stream
+from ..errors import InputError
+from ..events import Done, Event
+from ..prompting import conversation
+from ..receipts import ReceiptWriter
+from .wire import ApiError, GateRequest
+
+_END = object()  # the worker thread is finished (after its last event or error)
+
+
+class Admission:
+    """`slots` requests run, at most `queue` more wait (FIFO, asyncio.Semaphore's order); the rest get 429.
+    Lives on the event loop: its counters need no lock."""
+
+    def __init__(self, slots: int, queue: int) -> None:
+        self.slots, self.queue = slots, queue
+        self._sem = asyncio.Semaphore(slots)
+        self.active = 0
+        self.waiting = 0
+        self._recent_s: list[float] = []  # durations of the latest replies, for Retry-After
+
+    async def acquire(self) -> None:
+        if self.active + self.waiting >= self.slots + self.queue:
+            raise ApiError(
+                f"the server is busy: {self.active} replies running and {self.waiting} waiting (queue of "
+                f"{self.queue}); retry after the Retry-After seconds",
+                status=429,
+                code="queue_full",
+                kind="rate_limit_error",
+                headers={"Retry-After": str(self.retry_after())},
+            )
+        self.waiting += 1
+        try:
+            await self._sem.acquire()
+        finally:
+            self.waiting -= 1
+        self.active += 1
+
+    def release(self, seconds: float | None = None) -> None:
+        self.active -= 1
+        self._sem.release()
+        if seconds is not None:
+            self._recent_s = (self._recent_s + [seconds])[-32:]
+
+    def retry_after(self) -> int:
+        """Seconds until a place frees up, from recent reply times (1 to 60)."""
+        mean = sum(self._recent_s) / len(self._recent_s) if self._recent_s else 1.0
+        return max(1, min(60, math.ceil(mean * (self.waiting + 1) / self.slots)))
+
+
+class RotatingReceipts:
+    """Receipts appended as `receipts.ReceiptWriter` does (one durable line each); once the file passes
+    `max_bytes` it becomes FILE.1 (FILE.1 becomes FILE.2, ... up to `keep`), so prompts never pile up
+    without bound. Thread-safe: worker threads append."""
+
+    def __init__(self, path: str | os.PathLike[str], max_bytes: int = 64 << 20, keep: int = 3) -> None:
+        if max_bytes < 1024 or keep < 1:
+            raise InputError(
+                f"receipts max_bytes={max_bytes}, keep={keep}: keep at least 1 KiB and 1 rotated file "
+                "(or pass --no-receipts)"
+            )
+        self.writer = ReceiptWriter(path)
+        self.path, self.max_bytes, self.keep = Path(path), max_bytes, keep
+        self._lock = threading.Lock()
+
+    def append(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            if self.path.exists() and self.path.stat().st_size >= self.max_bytes:
+                self._rotate()
+            self.writer.append(record)
+
+    def _rotate(self) -> None:
+        for i in range(self.keep - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{i}")
+            if older.exists():
+                older.replace(self.path.with_name(f"{self.path.name}.{i + 1}"))
+        self.path.replace(self.path.with_name(f"{self.path.name}.1"))
+
+
+def check_context(backend: Any, request: GateRequest) -> None:
+    """A chat that cannot fit the model's context with its max_tokens is the client's to fix (400), not
+    a failure halfway through the reply. Only in-process models say their context size (`n_ctx`)."""
+    n_ctx = getattr(backend, "n_ctx", None)
+    if not isinstance(n_ctx, int):
+        return
+    chat = conversation(request.messages, request.config.system_prompt)
+    n = len(backend.tokenize(backend.chat_prompt(chat), special=True))
+    if n + request.config.max_tokens > n_ctx:
+        raise ApiError(
+            f"the chat is {n} tokens and max_tokens={request.config.max_tokens}: over the model's context of "
+            f"{n_ctx} tokens; shorten the chat or lower max_tokens",
+            param="messages",
+            code="context_length_exceeded",
+        )
+
+
+@dataclass
+class Finished:
+    """The Done event with the receipt built (and written) in the worker thread."""
+
+    done: Done
+    receipt: dict[str, Any]
+
+
+class Generation:
+    """One reply running in its own thread; `events()` yields its events on the asyncio side."""
+
+    def __init__(
+        self,
+        runtime: Any,
+        request: GateRequest,
+        receipts: RotatingReceipts | None,
+        on_end: Any,
+    ) -> None:
+        self.runtime, self.request, self.receipts, self.on_end = runtime, request, receipts, on_end
+        self.reply_id = uuid.uuid4().hex
+        self.cancelled = threading.Event()
+        self.started = time.monotonic()
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name=f"surprisegate-reply-{self.reply_id[:8]}", daemon=True).start()
+
+    def cancel(self) -> None:
+        """The client went away: the thread stops at its next event and frees the session."""
+        self.cancelled.set()
+
+    async def events(self) -> AsyncIterator[Event | Finished]:
+        while True:
+            item = await self._queue.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    # --- the worker thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        r = self.request
+        arms: Mapping[str, Arm] = self.runtime.arms if r.config.mode == "intervene" else {}
+        # controller.stream is a generator: close() runs its finally, which closes the reply's session.
+        events = cast(Generator[Event, None, None], stream(self.runtime.backend, r.messages, r.config, arms))
+        try:
+            for event in events:
+                if self.cancelled.is_set():
+                    break
+                self._push(self._finish(event) if isinstance(event, Done) else event)
+        except Exception as err:  # noqa: BLE001 - handed to the request, which answers 500 and the metrics count it
+            self._push(err)
+        finally:
+            events.close()
+            self._push(_END)
+            self._call_soon(self.on_end, self)
+
+    def _finish(self, done: Done) -> Finished:
+        assert done.receipt is not None
+        receipt = build_receipt_for(self.runtime.backend, self.request.config, done.receipt)
+        receipt["reply_id"] = self.reply_id  # known from the start: the stream's header carries it
+        receipt["extra"]["serve"] = {
+            "endpoint": self.request.endpoint,
+            "request": self.request.overrides,
+            "stop": list(self.request.stops),
+            "notes": list(self.request.notes),
+        }
+        if self.receipts is not None:
+            self.receipts.append(receipt)
+        return Finished(done, receipt)
+
+    def _push(self, item: Any) -> None:
+        self._call_soon(self._queue.put_nowait, item)
+
+    def _call_soon(self, fn: Any, *args: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the event loop has closed (server shut down): nobody is listening
+            pass
