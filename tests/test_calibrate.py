@@ -382,3 +382,14 @@ def test_calibrate_refuses_a_set_with_too_few_right_or_wrong_replies(tmp_path):
     # Six replies cannot hold five right and five wrong.
     with pytest.raises(InputError, match=r"6 labelled replies hold \d+ right and \d+ wrong: too few.*--limit"):
         calibrate([labels], tmp_path / "out" / "config.toml", bootstrap=5, only={f"q{i}" for i in range(6)})
+
+
+def test_calibrating_a_chat_api_is_a_clear_error_for_now():
+    from surprisegate.config import Config
+    from surprisegate.errors import InputError
+    from surprisegate.research.calibrate import calibrate_model
+
+    from scripted import ScriptedChat
+
+    with pytest.raises(InputError, match="calibrating a chat API is not built yet"):
+        calibrate_model(ScriptedChat(lambda messages: [("Paris.", 0.9)]), Config())

@@ -322,3 +322,14 @@ def test_oracle_without_off_or_budget_is_refused_before_decoding(tmp_path, modes
             oracle_calls=calls,
         )
     assert not (tmp_path / "o" / "results.jsonl").exists()
+
+
+def test_a_chat_api_runs_only_the_modes_it_can(tmp_path):
+    from surprisegate.research.evaluate import check_backend_modes
+
+    from scripted import ScriptedChat
+
+    chat = ScriptedChat(lambda messages: [("Paris.", 0.9)])
+    check_backend_modes(["off", "detect", "intervene"], chat)  # the revise pass is its intervene
+    with pytest.raises(InputError, match="flare,oracle need a steerable backend"):
+        check_backend_modes(["off", "flare", "oracle"], chat)

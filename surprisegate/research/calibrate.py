@@ -636,6 +636,11 @@ def calibrate_model(
     """Label the packaged calibration set through `backend` (resumable, in home()/calibrations/SLUG/labels),
     calibrate on the signals it gives (its top k, or the full distribution in process) and write the
     model's calibration file: `out`, by default home()/calibrations/SLUG.toml, where the runtime finds it."""
+    if not hasattr(backend, "session"):  # labels keep token ids and pieces: a chat API streams text only
+        raise InputError(
+            f"calibrate --backend {backend.name}: calibrating a chat API is not built yet; give its thresholds "
+            "with --config FILE or --threshold BITS (without them it runs detect only)"
+        )
     top_k = calibrations.backend_top_k(backend)
     stem = calibrations.slug(backend.model_id, top_k)
     work = calibrations.user_dir(home()) / stem

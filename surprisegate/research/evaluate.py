@@ -202,6 +202,19 @@ def check_modes(modes: Sequence[str], flare_theta: float = FLARE_THETA, oracle_c
         )
 
 
+def check_backend_modes(modes: Sequence[str], backend) -> None:
+    """always, flare and oracle decode token by token with their own injections: a steerable backend's work.
+    A chat API (no sessions) runs off, detect and intervene (its revise pass)."""
+    if hasattr(backend, "session"):
+        return
+    steerable_only = [m for m in modes if m in ("always", "flare", "oracle")]
+    if steerable_only:
+        raise InputError(
+            f"--modes {','.join(steerable_only)} need a steerable backend (in process or an inference server), "
+            f"not the chat API {getattr(backend, 'name', backend)!r}; use --modes off,detect,intervene"
+        )
+
+
 def oracle_budget(intervene_rows: Mapping[str, dict], oracle_calls: int | None) -> tuple[int, str]:
     """(replies the oracle may ground, where that number came from): --oracle-calls wins over the gate's count."""
     if oracle_calls is not None:
@@ -324,6 +337,7 @@ def evaluate(
     oracle_calls: int | None = None,
 ) -> dict:
     check_modes(modes, flare_theta, oracle_calls)
+    check_backend_modes(modes, backend)
     items = read_items(data, limit)
     if sample and sample < len(items):
         # A seeded random subset: the files are ordered (by entity, by subtask), so the first N are not typical.
