@@ -29,7 +29,7 @@ from .errors import BackendFault, InputError
 from .events import Done, Event, Grounding, Rewind, Token, Trigger
 from .grounding import ground_span, why_not_grounded
 from .prompting import PromptLayout, conversation, last_user_turn
-from .receipts import ConvergenceRecord, trigger_to_dict
+from .receipts import ConvergenceRecord, rounded_trigger
 from .support import cut_short, rewrite_problem
 from .surprise import aggregates
 from .text import current_sentence, sentence_end, sentence_start
@@ -128,11 +128,6 @@ def _rewrite_verdict(reply: _Reply, unchecked: _Unchecked, question: str, final:
         return False, None
     sentence = text[sentence_start(text, at) : end]
     return True, rewrite_problem(sentence, unchecked.evidence, question)
-
-
-def _trigger_dict(t: Trigger) -> dict:
-    """The receipt's view of a trigger (receipts.trigger_to_dict), its value to 4 decimals."""
-    return trigger_to_dict(t) | {"value": round(t.value, 4)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -357,7 +352,7 @@ class _ReplyLoop:
             round=len(self.rounds) + len(self.would_trigger) + 1,
         )
         if not self.intervening:
-            self.would_trigger.append(_trigger_dict(trigger))
+            self.would_trigger.append(rounded_trigger(trigger))
             policy.reset()
             return False
         yield trigger
@@ -392,7 +387,7 @@ class _ReplyLoop:
             sentence=current_sentence(prefix_text + self.reply.text()),
         )
         chosen, record = ground_span(
-            self.config, self.arms, self.router, query, _trigger_dict(trigger), trigger.round, self.arm_cache
+            self.config, self.arms, self.router, query, rounded_trigger(trigger), trigger.round, self.arm_cache
         )
         earlier = list(self.rounds)
         self.rounds.append(record)  # in the receipt even if the backend fails during the rewind

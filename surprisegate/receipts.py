@@ -254,6 +254,11 @@ def trigger_to_dict(trigger: Any) -> dict[str, Any]:
     return {k: source.get(k) for k in keys}
 
 
+def rounded_trigger(trigger: Any) -> dict[str, Any]:
+    """`trigger_to_dict` with its value to 4 decimals: what the loop and the revise pass write."""
+    return trigger_to_dict(trigger) | {"value": round(trigger.value, 4)}
+
+
 @dataclass
 class ConvergenceRecord:
     """What happened in one intervention round; `to_dict()` is the entry in a receipt's `rounds`.

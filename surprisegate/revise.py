@@ -29,7 +29,7 @@ from .errors import BackendFault
 from .events import Done, Event, Grounding, Rewind, Token, Trigger
 from .grounding import ground_span, why_not_grounded
 from .prompting import last_user_turn
-from .receipts import ConvergenceRecord, trigger_to_dict
+from .receipts import ConvergenceRecord, rounded_trigger
 from .support import rewrite_problem
 from .surprise import aggregates
 from .text import current_sentence, first_sentence
@@ -94,6 +94,7 @@ class _Revision:
         self.policy = TriggerPolicy(config, self.question)
         self.triggers: list[Trigger] = []
         self.rounds: list[ConvergenceRecord] = []
+        self.grounded: list[tuple[ConvergenceRecord, str]] = []  # rounds whose evidence the revision gets, source
         self.revise: dict[str, Any] = {}
         self.shown = 0  # draft tokens streamed to the caller
         self.arm_cache: dict = {}
@@ -182,15 +183,16 @@ class _Revision:
             started = time.monotonic()
             sentence = current_sentence(draft.text(trigger.token_index + 1))
             query = Query(span=trigger.span_text.strip(), question=self.question, sentence=sentence)
-            trigger_dict = trigger_to_dict(trigger) | {"value": round(trigger.value, 4)}
             chosen, record = ground_span(
-                self.config, self.arms, self.router, query, trigger_dict, trigger.round, self.arm_cache
+                self.config, self.arms, self.router, query, rounded_trigger(trigger), trigger.round, self.arm_cache
             )
             reason = why_not_grounded(record, chosen, self.rounds)
             repeat = next((r.round for r in self.rounds if chosen and r.evidence == chosen.evidence), None)
             if reason is None and repeat is not None:  # one revision takes each snippet once
                 record.already_grounded, reason = True, f"evidence already found in round {repeat}"
             record.reason = reason or f"grounded by {chosen.source if chosen else '?'}: a revision was asked for"
+            if reason is None and chosen is not None:
+                self.grounded.append((record, chosen.source))
             record.latency_ms = round((time.monotonic() - started) * 1000, 2)
             self.rounds.append(record)
             source, found = (chosen.source, chosen.evidence) if chosen else (None, None)
@@ -207,11 +209,11 @@ class _Revision:
                 chosen_all.append(chosen)
         return chosen_all
 
-    def _request_revision(self, draft_text: str, evidence: Sequence[Evidence]) -> _Revised | None:
+    def _request_revision(self, draft_text: str, evidence: Sequence[Evidence]) -> Draft | None:
         """The one revise request; None (the draft stands, the rounds say why) when it fails."""
         messages = revise_messages(self.config, self.messages, draft_text, evidence)
         sampling = Sampling(self.config.temperature, self.config.seed, self.scored)
-        revised = _Revised()
+        revised = Draft()  # the revision's steps, in the same record; its signals are not gated
         stream = None
         try:
             stream = self.backend.chat(messages, sampling, self.config.max_tokens)
@@ -226,7 +228,7 @@ class _Revision:
         revised.finish_reason = stream.finish_reason or "stop"
         return revised
 
-    def _judge(self, draft: Draft, revised: _Revised, evidence: Sequence[Evidence]) -> Generator[Event, None, Draft]:
+    def _judge(self, draft: Draft, revised: Draft, evidence: Sequence[Evidence]) -> Generator[Event, None, Draft]:
         """The revision stands if it uses its evidence and answers the question; else the draft does."""
         text = revised.text().strip()
         problem = rewrite_problem(first_sentence(text), [e.evidence for e in evidence], self.question)
@@ -236,19 +238,17 @@ class _Revision:
             self._draft_stands(f"the revision {text[:80]!r} {problem}: kept the draft", text)
             return draft
         self.revise.update(outcome="revised", revision=text)
-        for record in self.rounds:
-            if record.chosen is not None and record.reason.startswith("grounded by"):
-                record.action, record.reason = "revised", record.reason.replace("a revision was asked for", "revised")
+        for record, source in self.grounded:
+            record.action, record.reason = "revised", f"grounded by {source}: revised"
         if self.shown:  # the draft was streamed (emit): retract it before the revision
             yield Rewind(self.rounds[-1].round, self.shown, draft.text(), 0)
         return revised
 
     def _draft_stands(self, why: str, revision_text: str) -> None:
         self.revise.update(outcome="draft_stands", revision=revision_text or None, reason=why)
-        for record in self.rounds:
-            if record.chosen is not None and record.reason.startswith("grounded by"):
-                record.action, record.rewritten_text = "reverted", revision_text or None
-                record.reason = f"{record.reason.split(':')[0]}, but {why}"
+        for record, source in self.grounded:
+            record.action, record.rewritten_text = "reverted", revision_text or None
+            record.reason = f"grounded by {source}, but {why}"
 
     # --- the result -------------------------------------------------------------------------------
     def _tokens(self, reply: Draft, start: int) -> Iterator[Token]:
@@ -263,7 +263,7 @@ class _Revision:
         if self.scored and draft.scored:
             surprise = dict(aggregates([s for s in draft.surprises if not math.isnan(s)], c.tail_cut))
             surprise |= {"window_max": self.policy.window_max, "statistic": c.statistic}
-        would = [] if self.intervening else [trigger_to_dict(t) | {"value": round(t.value, 4)} for t in self.triggers]
+        would = [] if self.intervening else [rounded_trigger(t) for t in self.triggers]
         finish = reply.finish_reason if reply is not draft else draft.finish_reason
         result = {
             "reply": text,
@@ -290,10 +290,6 @@ class _Revision:
         }
         rounds = result["rounds"]
         return Done(text=text, finish_reason=finish, n_tokens=len(reply.pieces), rounds=rounds, receipt=result)
-
-
-class _Revised(Draft):
-    """The revision's steps (the same record as a draft; its signals are not gated)."""
 
 
 def revise_messages(
