@@ -32,6 +32,7 @@ from surprisegate.backends.cloud import END, CloudFault, CloudStream, Opened, Pl
 from surprisegate.backends.registry import open_backend
 from surprisegate.errors import BackendError, BackendFault, ConfigError, MissingDependency
 from surprisegate.surprise import surprise_bits, topk_entropy
+from test_backend_dialects import mutate
 from test_backend_llama_server import FakeServer
 
 openai = pytest.importorskip("openai", reason="the openai extra: pip install 'surprisegate[openai]'")
@@ -927,17 +928,6 @@ def sane(steps) -> None:
 
 def fuzz(test):
     return pytest.mark.parametrize("kind", sorted(OFFLINE_KINDS))(FUZZ(given(data=st.data())(test)))
-
-
-def mutate(obj, path: list[int], value):
-    """`obj` with one value (chosen by `path` through its dicts and lists) replaced by `value`."""
-    if not path or not isinstance(obj, (dict, list)) or not obj:
-        return value
-    keys = list(obj.keys()) if isinstance(obj, dict) else list(range(len(obj)))
-    key = keys[path[0] % len(keys)]
-    copy = dict(obj) if isinstance(obj, dict) else list(obj)
-    copy[key] = mutate(obj[key], path[1:], value)
-    return copy
 
 
 @fuzz
