@@ -1049,6 +1049,8 @@ def test_cut_or_corrupt_bodies_through_the_clients_are_faults(kind, data):
 def test_the_fuzzing_above_ran_at_least_10000_malformed_streams():
     if COUNTED["chunks"] == 0:
         pytest.skip("run with the fuzz tests above")
+    if not WIRE.is_dir():  # the fuzz tests of the shared samples skipped: the count covers only the rest
+        pytest.skip(f"{WIRE} is not present")
     print(f"\nmalformed or truncated streams parsed: {COUNTED['chunks']}")
     assert COUNTED["chunks"] >= 10_000, COUNTED
 

@@ -326,7 +326,7 @@ def test_closed_question_is_total_and_needs_a_question_mark(text):
         assert "?" in text
 
 
-def test_closed_question_finds_exactly_the_hand_labelled_dev_comparisons():
+def test_closed_question_finds_exactly_the_hand_labelled_dev_comparisons(shared_data):
     """The committed list (results/closed_questions) was read and labelled by hand: the rule must find those
     questions and no other halueval_qa_dev question."""
     from surprisegate.router import closed_question
@@ -338,6 +338,7 @@ def test_closed_question_finds_exactly_the_hand_labelled_dev_comparisons():
             continue
         item_id, kind, _ = line.split("\t", 2)
         labelled[item_id] = kind
-    items = [json.loads(line) for line in (DATA_DIR / "halueval_qa_dev.jsonl").read_text().splitlines() if line.strip()]
+    lines = (shared_data / "halueval_qa_dev.jsonl").read_text().splitlines()
+    items = [json.loads(line) for line in lines if line.strip()]
     found = {it["id"]: closed_question(it["question"]) for it in items if closed_question(it["question"])}
     assert found == labelled

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from hypothesis import assume, given
@@ -19,8 +18,6 @@ from surprisegate.support import (
     sentence_start,
     uses_evidence,
 )
-
-DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 VIRGINIA = "What is the capital of the U.S. state of Virginia?"
 
@@ -193,9 +190,9 @@ def test_fits_answer(question, sentence, fits):
 
 
 @pytest.mark.parametrize("name", ["factqa_dev", "arith_dev", "halueval_qa_dev"])
-def test_right_answers_of_the_dev_sets_fit_their_questions(name):
+def test_right_answers_of_the_dev_sets_fit_their_questions(name, shared_data):
     """How many right rewrites the answer-kind check would wrongly drop: a right answer in a sentence."""
-    items = [json.loads(line) for line in (DATA_DIR / f"{name}.jsonl").read_text().splitlines() if line.strip()]
+    items = [json.loads(line) for line in (shared_data / f"{name}.jsonl").read_text().splitlines() if line.strip()]
     typed = [it for it in items if expected_answer(it["question"])]
     misfits = [it["id"] for it in typed if not fits_answer(f"It is {it['answers'][0]}.", it["question"])]
     assert len(typed) > 30
