@@ -511,9 +511,15 @@ def label(data: str, out_dir: str, limit: int | None, **kwargs) -> None:
     "backend_spec",
     default=None,
     help="Calibrate this model: label the packaged calibration set (400 graded dev items) through it, e.g. "
-    "llama-server://127.0.0.1:8080 or llamacpp, and write its calibration where ask, eval and demo find it.",
+    "llama-server://127.0.0.1:8080, llamacpp or openai, and write its calibration where ask, eval and demo "
+    "find it.",
 )
 @click.option("--model", default=None, help="With --backend: the model, as for ask (GGUF path, served name).")
+@click.option(
+    "--base-url",
+    default=None,
+    help="With a chat API --backend: its endpoint, e.g. an OpenAI-compatible server's http://HOST:PORT/v1.",
+)
 @click.option("--limit", type=int, default=None, help="With --backend: only the first N items of the set.")
 @click.option(
     "--labels",
@@ -558,6 +564,7 @@ def label(data: str, out_dir: str, limit: int | None, **kwargs) -> None:
 def calibrate(
     backend_spec: str | None,
     model: str | None,
+    base_url: str | None,
     limit: int | None,
     label_dirs: tuple[str, ...],
     out_config: str | None,
@@ -570,10 +577,10 @@ def calibrate(
 ) -> None:
     """A model's own thresholds: AUROC of each signal, sweep of trigger rules, chosen operating point written
     to a config, plots. `--backend URI` labels the packaged set through that model first."""
-    check_calibrate_options(backend_spec, model, limit, label_dirs, out_config, top_k, compare_top_k)
+    check_calibrate_options(backend_spec, model, limit, label_dirs, out_config, top_k, compare_top_k, base_url)
     if backend_spec:
         calibrate_backend(
-            backend_spec, model, limit, out_config, bootstrap, objective or "recall", min_precision, as_json
+            backend_spec, model, base_url, limit, out_config, bootstrap, objective or "recall", min_precision, as_json
         )
         return
     assert out_config is not None  # check_calibrate_options: --labels needs --out
@@ -590,6 +597,7 @@ def check_calibrate_options(
     out_config: str | None,
     top_k: int | None,
     compare_top_k: str | None,
+    base_url: str | None = None,
 ) -> None:
     """The two ways to calibrate (--backend, --labels) and the options each takes, before anything loads."""
     if backend_spec and label_dirs:
@@ -603,7 +611,8 @@ def check_calibrate_options(
             "--backend llama-server://127.0.0.1:8080) or --labels DIR (written by `surprisegate label`)"
         )
     if label_dirs:
-        extra = [f"{name}={value!r}" for name, value in (("--model", model), ("--limit", limit)) if value is not None]
+        given = (("--model", model), ("--base-url", base_url), ("--limit", limit))
+        extra = [f"{name}={value!r}" for name, value in given if value is not None]
         if extra:
             raise InputError(f"{', '.join(extra)} go with --backend; drop them, or pass --backend URI for --labels")
         if out_config is None:
@@ -622,6 +631,7 @@ def check_calibrate_options(
 def calibrate_backend(
     backend_spec: str,
     model: str | None,
+    base_url: str | None,
     limit: int | None,
     out_config: str | None,
     bootstrap: int,
@@ -633,7 +643,8 @@ def calibrate_backend(
     from . import calibrations
     from .research.calibrate import calibrate_model
 
-    config = ConfigLayers(None, {"backend": backend_spec, "model": model}).load()
+    given = {"backend": backend_spec, "model": model} | ({"base_url": base_url} if base_url else {})
+    config = ConfigLayers(None, given).load()
     backend = load_backend(config)
     result = calibrate_model(
         backend,
@@ -666,7 +677,8 @@ def calibrate_backend(
     if target == (calibrations.user_dir(home()) / f"{result['slug']}.toml").resolve():
         click.echo(
             f"picked up by ask, eval and demo for {r['model_id']} ({signals}), e.g. surprisegate ask --backend "
-            f'{backend_spec}{f" --model {model}" if model else ""} --mode intervene "QUESTION"; '
+            f"{backend_spec}{f' --model {model}' if model else ''}{f' --base-url {base_url}' if base_url else ''} "
+            '--mode intervene "QUESTION"; '
             "a flag, --config or SURPRISEGATE_* setting still wins"
         )
     else:

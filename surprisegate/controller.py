@@ -651,5 +651,5 @@ def build_receipt_for(backend: SteerableBackend | BlackBoxBackend, config: Confi
             )
         }
         # The revise pass on a chat API: the draft, its flagged spans, evidence, revision; why no logprobs came.
-        | {k: result[k] for k in ("revise", "no_logprobs") if result.get(k) is not None},
+        | {k: result[k] for k in ("revise", "no_logprobs", "token_pieces") if result.get(k) is not None},
     )

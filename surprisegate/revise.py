@@ -277,6 +277,8 @@ class _Revision:
             "token_entropies": [round(x, 4) for x in draft.entropies] if surprise else [],
             "token_ids": list(draft.token_ids),
             "token_top_logprobs": [],
+            # Labelling a chat API (`calibrate --backend`) needs each token's text: no ids to look it up by.
+            "token_pieces": [p.decode("utf-8", "replace") for p in draft.pieces] if c.top_logprobs else None,
             "rounds": [r.to_dict() for r in self.rounds],
             "would_trigger": would,
             "latency_ms": round((time.monotonic() - self.started) * 1000, 2),

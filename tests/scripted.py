@@ -165,15 +165,25 @@ class ScriptedStream:
 class ScriptedChat:
     """A black-box chat backend (BlackBoxBackend): `script(messages) -> list[(text, prob)]` gives each reply
     as pieces with the probability of each, streamed as unscored steps when `logprobs` is False. Every
-    request (messages, sampling) is recorded; `faults` maps a request number (0-based) to (fault, after)."""
+    request (messages, sampling) is recorded; `faults` maps a request number (0-based) to (fault, after).
+    `top_k`: a provider streaming that many logprobs, whose steps then carry an entropy estimate (the chosen
+    token at p, the rest spread evenly over `top_k - 1` others); 0: no entropy (nan)."""
 
     name = "scripted-chat"
     model_id = "scripted-chat-model"
-    top_k = 0
 
-    def __init__(self, script, logprobs=True, faults=None):
+    def __init__(self, script, logprobs=True, faults=None, top_k=0):
         self.script, self.logprobs, self.faults = script, logprobs, dict(faults or {})
         self.requests: list[dict] = []
+        self.top_k = top_k
+        if top_k:
+            self.SIGNAL_TOP_K = top_k  # which calibration applies (calibrations.backend_top_k)
+
+    def _entropy(self, p: float) -> float:
+        if not self.top_k:
+            return math.nan
+        rest = (1 - p) / (self.top_k - 1)
+        return -(p * math.log2(p)) - (self.top_k - 1) * (rest * math.log2(rest) if rest > 0 else 0.0)
 
     def chat(self, messages, sampling, max_tokens):
         from surprisegate.backends import Step
@@ -182,7 +192,7 @@ class ScriptedChat:
         self.requests.append({"messages": [dict(m) for m in messages], "scored": sampling.scored})
         scored = self.logprobs and sampling.scored
         steps = [
-            Step(None, text.encode(), bits(p) if scored else math.nan, math.nan)
+            Step(None, text.encode(), bits(p) if scored else math.nan, self._entropy(p) if scored else math.nan)
             for text, p in self.script(messages)[:max_tokens]
         ]
         fault, after = self.faults.get(n, (None, 0))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -384,12 +385,47 @@ def test_calibrate_refuses_a_set_with_too_few_right_or_wrong_replies(tmp_path):
         calibrate([labels], tmp_path / "out" / "config.toml", bootstrap=5, only={f"q{i}" for i in range(6)})
 
 
-def test_calibrating_a_chat_api_is_a_clear_error_for_now():
-    from surprisegate.config import Config
-    from surprisegate.errors import InputError
-    from surprisegate.research.calibrate import calibrate_model
+def scripted_chat(items: list[dict]):
+    """A chat API answering like `scripted_model` (a third right, confidently), streaming 20 logprobs a token;
+    it cannot continue an assistant turn, so a cloze item arrives as its instruction alone."""
+    import zlib
 
     from scripted import ScriptedChat
 
-    with pytest.raises(InputError, match="calibrating a chat API is not built yet"):
-        calibrate_model(ScriptedChat(lambda messages: [("Paris.", 0.9)]), Config())
+    def script(messages):
+        asked = messages[-1]["content"]
+        item = max((it for it in items if it["question"] in asked), key=lambda it: len(it["question"]))
+        right = zlib.crc32(item["id"].encode()) % 3 == 0
+        reply = f"The answer is {item['answers'][0]} ." if right else "The answer is Nowhere ."
+        return [(w, 0.95 if right else 0.05) for w in re.findall(r"\s*[^\s.]+|\.", reply)]
+
+    return ScriptedChat(script, top_k=20)
+
+
+def test_calibrate_model_calibrates_a_chat_api_on_the_signals_it_streams(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from surprisegate import calibrations
+    from surprisegate.config import Config
+    from surprisegate.research.calibrate import calibrate_model
+
+    monkeypatch.setenv("SURPRISEGATE_HOME", str(tmp_path / "home"))
+    items = packaged_set()[:40]
+    backend = scripted_chat(items)
+    result = calibrate_model(backend, Config(), limit=40, bootstrap=10)
+    path = calibrations.user_dir(tmp_path / "home") / "scripted-chat-model--top20.toml"
+    assert result["calibration"] == str(path) and calibrations.find(backend.model_id, 20, tmp_path / "home") == path
+    record = calibrations.read_record(path)
+    assert (record["items"], record["signal_source"], record["top_k"]) == (40, "top20", 20)
+    assert record["auroc"] > 0.9
+    # No assistant prefix went to the API: a cloze item was asked as its instruction alone.
+    asked = [r["messages"] for r in backend.requests]
+    assert all(m[-1]["role"] == "user" for m in asked)
+    cloze = [it for it in items if it.get("format") == "cloze"]
+    assert cloze and any(f"Complete the sentence: {cloze[0]['question']}" == m[-1]["content"] for m in asked)
+    # The rows keep the streamed text and signals (no ids to look them up by).
+    rows = [json.loads(line) for line in (Path(result["labels"]["out"])).open()]
+    assert all(r["pieces"] and "".join(r["pieces"]) == r["reply"] for r in rows)
+    assert all(len(r["entropies"]) == len(r["surprises"]) == len(r["pieces"]) for r in rows)
+    assert all(not math.isnan(h) for r in rows for h in r["entropies"])
+    config = load_config(env={}, calibration_file=path)
+    assert config.threshold == result["report"]["chosen"]["threshold"]

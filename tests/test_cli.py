@@ -267,6 +267,36 @@ def test_calibrate_backend_against_the_real_llama_server_is_picked_up_by_ask(run
     assert receipt["config"]["threshold"] == load_record_threshold(path)
 
 
+@pytest.mark.slow
+def test_calibrate_a_chat_api_through_the_openai_client_is_picked_up_by_ask(runner, request, tmp_path, monkeypatch):
+    """The real llama.cpp server used as a black box: its /v1 chat API through the official `openai` client
+    (no token ids, cloze items asked as instructions), calibrated on the top-20 logprobs it streams."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("openai")
+    from test_backend_llama_server import shared_server
+
+    process = shared_server(request.config)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
+    chat = ["--backend", "openai", "--base-url", f"http://{process.host}:{process.port}/v1", "--model", "smol-chat"]
+    result = runner.invoke(main, ["calibrate", *chat, "--limit", "40", "--bootstrap", "20"])
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "home" / "calibrations" / "smol-chat--top20.toml"
+    assert f"wrote {path}" in result.stdout and "calibrated smol-chat (top-20) on 40 replies" in result.stdout
+    rows = [
+        json.loads(line)
+        for line in (tmp_path / "home" / "calibrations" / "smol-chat--top20" / "labels" / "labels.jsonl").open()
+    ]
+    assert len(rows) == 40 and all("".join(r["pieces"]) == r["reply"] and r["entropies"] for r in rows)
+    result = runner.invoke(
+        main, ["ask", "What is the capital of Chad?", *chat, "--mode", "intervene", "--memory", "none"]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count(" (top-20) from " + str(path)) == 1 and "no calibration" not in result.stderr
+    receipt = json.loads((tmp_path / "home" / "receipts.jsonl").read_text().splitlines()[-1])
+    assert receipt["config"]["threshold"] == load_record_threshold(path) and receipt["backend"] == "openai"
+    assert "sk-local-test" not in json.dumps(receipt)
+
+
 def load_record_threshold(path) -> float:
     import tomllib
 

@@ -635,13 +635,14 @@ def calibrate_model(
 ) -> dict:
     """Label the packaged calibration set through `backend` (resumable, in home()/calibrations/SLUG/labels),
     calibrate on the signals it gives (its top k, or the full distribution in process) and write the
-    model's calibration file: `out`, by default home()/calibrations/SLUG.toml, where the runtime finds it."""
-    if not hasattr(backend, "session"):  # labels keep token ids and pieces: a chat API streams text only
-        raise InputError(
-            f"calibrate --backend {backend.name}: calibrating a chat API is not built yet; give its thresholds "
-            "with --config FILE or --threshold BITS (without them it runs detect only)"
-        )
+    model's calibration file: `out`, by default home()/calibrations/SLUG.toml, where the runtime finds it.
+
+    A chat API's label rows hold the entropies it estimated from the stream's top k (no ids to recompute
+    them from): they are calibrated as they are, and the file is named for that top k."""
+    from ..backends import SteerableBackend
+
     top_k = calibrations.backend_top_k(backend)
+    from_rows = not isinstance(backend, SteerableBackend)  # a chat API: signals as streamed
     stem = calibrations.slug(backend.model_id, top_k)
     work = calibrations.user_dir(home()) / stem
     label_config = config.replace(max_tokens=LABEL_MAX_TOKENS)
@@ -657,11 +658,12 @@ def calibrate_model(
         objective=objective,
         min_precision=min_precision,
         progress=progress,
-        top_k=top_k,
+        top_k=None if from_rows else top_k,
         only=ids,
         fixed_rule=MODEL_RULE,
         kind_min_items=MODEL_KIND_MIN_ITEMS,
     )
+    report["top_k"] = top_k
     record = calibration_record(backend, label_config, report, stem, work, limit)
     target = Path(out) if out else calibrations.user_dir(home()) / f"{stem}.toml"
     calibrations.write(target, load_config(work / "config.toml", env={}), record)

@@ -6,6 +6,10 @@ so a crash or Ctrl-C loses at most the item in flight.
 Each row keeps, per reply token, the top-20 logprobs (`top_logprobs`: [token id, natural-log prob] pairs,
 most likely first): what an inference server or cloud API streams, so `calibrate --top-k K` can measure
 the signals as they would be computed there. Keeping them only reads the logits: replies are unchanged.
+
+Through a chat API (no token ids, no assistant prefix): a cloze item is asked as its instruction alone, the
+pieces are the streamed tokens' text, `top_logprobs` stays empty and `entropies` are the estimates the
+backend made from the stream's top k, exactly what its trigger sees online.
 """
 
 from __future__ import annotations
@@ -47,21 +51,26 @@ def read_items(path: str | Path, limit: int | None = None) -> list[dict]:
     return items
 
 
-def prompt_for(item: dict) -> tuple[str, str]:
-    """(user question, assistant prefix): cloze items are continued as the start of the reply, not asked."""
+def prompt_for(item: dict, can_continue: bool = True) -> tuple[str, str]:
+    """(user question, assistant prefix): cloze items are continued as the start of the reply, not asked;
+    a backend that cannot continue an assistant turn (a chat API) gets the instruction alone."""
     if item.get("format") == "cloze":
-        return CLOZE_INSTRUCTION.format(question=item["question"]), item["question"]
+        return CLOZE_INSTRUCTION.format(question=item["question"]), item["question"] if can_continue else ""
     return item["question"], ""
 
 
 def label_item(backend, item: dict, config: Config) -> dict:
+    from ..backends import SteerableBackend
     from ..controller import generate
 
-    question, prefix = prompt_for(item)
+    steerable = isinstance(backend, SteerableBackend)
+    question, prefix = prompt_for(item, can_continue=steerable)
     started = time.monotonic()
     result = generate(backend, question, config, {}, assistant_prefix=prefix)
     extra = result.receipt.get("extra", {})
     graded = grade(result.text, item)
+    ids = extra.get("token_ids") or []
+    pieces = [backend.token_bytes(t).decode("utf-8", "replace") for t in ids] if steerable else None
     return {
         "id": item["id"],
         "question": item["question"],
@@ -72,8 +81,8 @@ def label_item(backend, item: dict, config: Config) -> dict:
         "reply": result.text,
         "correct": graded.correct,
         "grade_rule": graded.rule,
-        "token_ids": extra.get("token_ids", []),
-        "pieces": [backend.token_bytes(t).decode("utf-8", "replace") for t in extra.get("token_ids", [])],
+        "token_ids": ids,
+        "pieces": pieces if pieces is not None else extra.get("token_pieces") or [],
         "surprises": extra.get("token_surprises", []),
         "entropies": extra.get("token_entropies", []),
         "top_logprobs": extra.get("token_top_logprobs", []),
