@@ -391,7 +391,7 @@ def evaluate(
     if oracle is not None:
         summary["oracle"] = oracle
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    write_report(summary, rows, out, data, config)
+    write_report(summary, rows, out, data, config, model=f"{getattr(backend, 'name', 'backend')} · {backend.model_id}")
     return summary
 
 
@@ -479,12 +479,13 @@ def oracle_line(oracle: dict) -> str:
     )
 
 
-def write_report(summary: dict, rows: list[dict], out: Path, data, config: Config) -> None:
+def write_report(summary: dict, rows: list[dict], out: Path, data, config: Config, model: str = "") -> None:
+    kinds = f" (+{len(config.kind_thresholds)} per-kind)" if config.kind_thresholds else ""
     lines = [
         f"# surprisegate eval: {Path(str(data)).name}",
         "",
-        f"model: SmolLM2-135M-Instruct (embedded) unless the config says otherwise · "
-        f"signal {config.signal} {config.statistic} W={config.window} threshold {config.threshold}",
+        f"model: {model or 'not recorded'} · "
+        f"signal {config.signal} {config.statistic} W={config.window} threshold {config.threshold}{kinds}",
         "",
         "| mode | n | accuracy | regressions | fixes | trigger rate | precision | recall | grounding calls | "
         "tokens decoded | tokens prefilled | seconds |",
