@@ -34,6 +34,7 @@ from surprisegate.research.calibrate import (
     precision_recall,
 )
 from surprisegate.signals import copy_flags, question_kind
+from surprisegate.trigger import window_peak
 
 SHIPPED_RECALL = 0.705  # the shipped rule's recall on factqa half A: candidates are compared at this recall
 SENTENCE_END = re.compile(r"[.!?]\s*$")
@@ -76,9 +77,7 @@ def skipping(predicate: Callable[[dict, int], bool]) -> Callable[[dict], float]:
     """Mean-entropy W=4 peak over the tokens the predicate keeps."""
 
     def peak(r: dict) -> float:
-        kept = [h for i, h in enumerate(r["entropies"]) if predicate(r, i)]
-        means = [sum(kept[i - 3 : i + 1]) / 4 for i in range(3, len(kept))]
-        return max(means, default=0.0)
+        return window_peak([h for i, h in enumerate(r["entropies"]) if predicate(r, i)], 4, "mean", 4)
 
     return peak
 
