@@ -7,6 +7,10 @@ are judged on half B and on the README's factqa 100-item sample. Trigger efficie
 calls is about precision × (the gate's fix rate ÷ the oracle's), so precision at equal recall is what a
 better trigger has to raise.
 
+The last candidates read each token's top-20 alternatives (the labels keep them; their text comes from the
+embedded model's vocabulary): a crude semantic entropy that merges alternatives spelling the same word
+("Sant" / "Santiago"), or leaves out alternatives that only rephrase (function words, punctuation).
+
     python scripts/trigger_features.py --labels labels/factqa_dev labels/wikidata labels/arith \\
         --sample results/eval/factqa_dev/results.jsonl --out results/trigger_features
 (labels from `surprisegate label --data ../shared/data/<set>.jsonl --out labels/<set> --max-tokens 32`)
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import random
 import re
 from collections.abc import Callable
@@ -34,6 +39,7 @@ from surprisegate.research.calibrate import (
     precision_recall,
 )
 from surprisegate.signals import copy_flags, question_kind
+from surprisegate.text import STOPWORDS, WORD, fold
 from surprisegate.trigger import window_peak
 
 SHIPPED_RECALL = 0.705  # the shipped rule's recall on factqa half A: candidates are compared at this recall
@@ -95,6 +101,65 @@ for a, b, c, d in itertools.product((0, 0.5), (0, -1, -2), (0, -1, -2), (0, -1))
         )
 
 
+def vocabulary() -> list[str]:
+    """Every token's text in the embedded model (the labels' top-20 ids are its ids)."""
+    from llama_cpp import Llama
+
+    from surprisegate.backends.llamacpp import embedded_model_path
+
+    model = Llama(str(embedded_model_path()), vocab_only=True, verbose=False)
+    return [model.detokenize([i]).decode("utf-8", "replace") for i in range(model.n_vocab())]
+
+
+def word_groups(top: list, vocab: list[str]) -> list[tuple[str, float]]:
+    """Top-k alternatives merged when one's folded, stripped text is a prefix of another's: (text, mass)."""
+    groups: list[list] = []
+    for token, logprob in top:
+        key, p = fold(vocab[token]).strip(), math.exp(logprob)
+        for g in groups:
+            if key and g[0] and (key.startswith(g[0]) or g[0].startswith(key)):
+                g[1] += p
+                break
+        else:
+            groups.append([key, p])
+    return [(k, m) for k, m in groups]
+
+
+def entropy_bits(masses: list[float]) -> float:
+    total = sum(masses)
+    return -sum(m / total * math.log2(m / total) for m in masses if m > 0) if total > 0 else 0.0
+
+
+def alternative_signals(r: dict, vocab: list[str]) -> dict[str, list[float]]:
+    """Per token: entropy over merged spellings (+ the missing mass), and over content-word alternatives only."""
+    merged, content = [], []
+    for top in r["top_logprobs"]:
+        groups = word_groups(top, vocab)
+        missing = max(0.0, 1.0 - sum(m for _, m in groups))
+        merged.append(entropy_bits([m for _, m in groups] + [missing]))
+        words = [m for k, m in groups if WORD.findall(k) and not all(w in STOPWORDS for w in WORD.findall(k))]
+        content.append(entropy_bits(words))
+    return {"merged": merged, "content": content}
+
+
+def alternatives_peak(name: str, skip_copied: bool = False) -> Callable[[dict], float]:
+    def peak(r: dict) -> float:
+        values = r["alternatives"][name]
+        if skip_copied:
+            values = [v for v, c in zip(values, r["copied"], strict=True) if not c]
+        return window_peak(values, 4, "mean", 4)
+
+    return peak
+
+
+ALTERNATIVE_CANDIDATES = {
+    "top-20 spellings merged (crude semantic entropy)": alternatives_peak("merged"),
+    "top-20 spellings merged, copied tokens skipped": alternatives_peak("merged", True),
+    "top-20 content-word alternatives only": alternatives_peak("content"),
+    "top-20 content-word alternatives only, copied tokens skipped": alternatives_peak("content", True),
+}
+
+
 def judge(rows: list[dict], peak: Callable[[dict], float], sample: set[str]) -> dict:
     peaks = np.array([peak(r) for r in rows])
     wrong = np.array([0 if r["correct"] else 1 for r in rows])
@@ -132,11 +197,17 @@ def main() -> None:
     rows = [r for folder in args.labels for r in load(folder)]
     for r in rows:
         r["windows"] = window_features(r)
+    candidates = dict(CANDIDATES)
+    if any(r.get("top_logprobs") for r in rows):  # labels made with top-20 logprobs
+        vocab = vocabulary()
+        for r in rows:
+            r["alternatives"] = alternative_signals(r, vocab)
+        candidates.update(ALTERNATIVE_CANDIDATES)
     sample = {json.loads(line)["id"] for line in open(args.sample)}
     results = {}
-    for i, (name, peak) in enumerate(CANDIDATES.items(), 1):
+    for i, (name, peak) in enumerate(candidates.items(), 1):
         results[name] = judge(rows, peak, sample)
-        print(f"[{i}/{len(CANDIDATES)}] {name}: {results[name]}", flush=True)
+        print(f"[{i}/{len(candidates)}] {name}: {results[name]}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "trigger_features.json").write_text(json.dumps(results, indent=2))

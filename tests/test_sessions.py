@@ -759,3 +759,24 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+@pytest.mark.slow
+def test_lockstep_rate_decodes_the_sequences_together_and_leaves_them_free(sessions_backend):
+    b = sessions_backend
+    prompt = b.tokenize("One two three four")
+    before = b.decode_stats["decodes"]
+    rate = b.lockstep_rate(N_SESSIONS, prompt, 5)
+    assert rate > 0
+    # N prefills (alone) and 5 decodes of N sequences each
+    assert b.decode_stats["decodes"] - before == N_SESSIONS + 5
+    assert b.free_sessions == N_SESSIONS
+    assert all(b.cache_pos_max(seq) == -1 for seq in range(N_SESSIONS))  # cells cleared afterwards
+    held = b.session()
+    try:
+        with pytest.raises(BackendError, match="all free"):
+            b.lockstep_rate(1, prompt, 1)  # never under an open session
+    finally:
+        held.close()
+    with pytest.raises(BackendError, match="1..4"):
+        b.lockstep_rate(N_SESSIONS + 1, prompt, 1)

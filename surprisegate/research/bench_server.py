@@ -10,7 +10,10 @@ no memory store), then, all in one run:
               ratios (goal <= 1.10)
   throughput  requests/s with 8 clients / with 1 client, best of two alternating runs each (goal >= 1.5
               where sessions decode together)
-and checks that the server is healthy afterwards.
+and checks that the server is healthy afterwards. Then, with serve stopped, the ceiling that throughput
+has on this machine: the same model in this process, one `llama_decode` of 8 one-token sequences against
+one of a single sequence (`decode_8_over_1`, tokens/s), and a prompt's prefill time against a reply's
+decode time (prefill runs alone: it does not batch with other sessions' steps).
 """
 
 from __future__ import annotations
@@ -94,6 +97,8 @@ class ServeProcess:
         raise BackendError(f"serve did not answer /health within {timeout_s} s on {self.url}")
 
     def stop(self) -> None:
+        if self.proc.poll() is not None:  # already stopped
+            return
         self.proc.terminate()
         try:
             self.proc.wait(15)
@@ -251,6 +256,34 @@ def bench_server(
             server.stop()
 
 
+def decode_ceiling(n: int = 8, steps: int = 32, repeats: int = 3) -> dict[str, float]:
+    """Tokens/s of one llama_decode over `n` one-token sequences ÷ over one (best of `repeats` each), and the
+    prefill ms of a bench prompt: what batching sessions can give at most on this machine's cores."""
+    from ..backends.llamacpp import LlamaCppSessions, from_llamacpp
+    from ..config import Config
+    from ..prompting import chat_messages
+
+    backend = from_llamacpp(sessions=n)
+    assert isinstance(backend, LlamaCppSessions)  # sessions > 1
+    prompt = backend.tokenize(backend.chat_prompt(chat_messages(question(0)[0], Config().system_prompt)), special=True)
+    rates = {}
+    for width in (1, n):
+        best = 0.0
+        for _ in range(repeats):
+            best = max(best, backend.lockstep_rate(width, prompt, steps))
+        rates[width] = best
+    started = time.perf_counter()
+    backend.lockstep_rate(1, prompt, 0)  # the prompt's prefill alone
+    prefill_ms = (time.perf_counter() - started) * 1000
+    return {
+        f"decode_{n}_over_1": round(rates[n] / rates[1], 3),
+        "decode_tok_s_1": round(rates[1], 1),
+        f"decode_tok_s_{n}": round(rates[n], 1),
+        "prefill_ms": round(prefill_ms, 1),
+        "prompt_tokens": len(prompt),
+    }
+
+
 def _measure(
     server: ServeProcess,
     model: str,
@@ -275,6 +308,9 @@ def _measure(
     throughput = throughput_ratio(server.url, model, 4, first_k + 10)
     after = request(server.url, model, 0, False, "detect")
     healthy = httpx.get(server.url + "/health").json().get("status") == "ok" and after.status == 200
+    server.stop()  # the ceiling is measured on an idle machine
+    progress("bench server: the machine's ceiling (llama_decode of 8 one-token sequences ÷ 1) ...")
+    ceiling = decode_ceiling()
     return {
         "requests": len(outcomes),
         "answered": len(answered),
@@ -286,6 +322,7 @@ def _measure(
         "p95_ms": round(latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))], 1) if latencies else None,
         "gated_over_plain": round(gated, 3),
         "throughput_8_over_1": round(throughput, 3),
+        "ceiling": ceiling,
         "healthy_after": healthy,
         "clients": clients,
         "per_client": per_client,
