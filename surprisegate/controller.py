@@ -147,7 +147,8 @@ class _Emitter:
             i = self.emitted
             text = self._decoder.decode(reply.pieces[i], final=final and i == n - 1)
             self.emitted += 1
-            yield Token(i, reply.tokens[i], text, reply.surprises[i], reply.window_stats[i])
+            top = reply.top[i] if i < len(reply.top) else ()
+            yield Token(i, reply.tokens[i], text, reply.surprises[i], reply.window_stats[i], top)
 
     def shown_after(self, start: int) -> int:
         """Visible tokens from reply index `start` on that a consumer must retract (emit streaming)."""

@@ -17,6 +17,9 @@ class Token:
     text: str
     surprise: float  # bits, -log2 p under the raw model distribution
     window_stat: float  # rolling statistic after pushing this token
+    # (id, natural-log prob) of the k most likely tokens at this step, most likely first, when the config asks
+    # for them (top_logprobs > 0) and the backend has token ids: what a stream's logprobs send with the token
+    top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -251,12 +251,20 @@ def test_a_stream_through_the_client_with_usage_and_logprobs(server):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == receipt["n_tokens"]
 
 
-def test_a_stream_with_top_logprobs_sends_the_reply_with_them_at_its_end(server):
+def test_a_stream_sends_top_logprobs_with_their_tokens(server):
     chunks = list(ask(server, "Top?", stream=True, logprobs=True, top_logprobs=2, stop=". Done"))
     content = [c for c in chunks if c.choices and c.choices[0].delta.content]
-    assert len(content) == 1 and content[0].choices[0].delta.content == "You asked: Top?"
-    tokens = content[0].choices[0].logprobs.content
-    assert "".join(t.token for t in tokens) == "You asked: Top?" and all(len(t.top_logprobs) == 2 for t in tokens)
+    assert len(content) > 1  # as the tokens come, not the whole reply at the end
+    assert "".join(c.choices[0].delta.content for c in content) == "You asked: Top?"
+    for c in content:  # each chunk carries its own tokens, each with its 2 most likely alternatives
+        tokens = c.choices[0].logprobs.content
+        assert "".join(t.token for t in tokens) == c.choices[0].delta.content
+        assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob for t in tokens)
+    streamed = [t for c in content for t in c.choices[0].logprobs.content]
+    tops = receipt_of(chunks[-1])["extra"]["token_top_logprobs"]
+    streamed_tops = [x.logprob for t in streamed for x in t.top_logprobs]
+    receipt_tops = [lp for top in tops[: len(streamed)] for _, lp in top[:2]]  # the receipt rounds to 4 places
+    assert streamed_tops == pytest.approx(receipt_tops, abs=1e-4) and len(streamed_tops) == 2 * len(streamed)
 
 
 def test_stop_strings_cut_the_reply_streamed_or_not(server):

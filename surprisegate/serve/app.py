@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..backends import SteerableBackend
 from ..events import Token
 from .gate import Admission, Finished, Generation, RotatingReceipts, check_context
 from .metrics import CONTENT_TYPE, Metrics
@@ -173,11 +174,14 @@ class Server:
     async def _chunks(self, gen: Generation, shape: ReplyShape) -> AsyncIterator[dict]:
         r = shape.request
         cutter = StopCutter(r.stops)
-        buffered = r.logprobs and r.top_logprobs > 0  # top logprobs are in the receipt only: sent at the end
+        # Top logprobs go with their tokens where the events carry them (a model with token ids); a chat API's
+        # reach only the receipt, so that reply is sent whole at the end with them.
+        buffered = r.logprobs and r.top_logprobs > 0 and not isinstance(self.runtime.backend, SteerableBackend)
         yield shape.chunk("" if r.endpoint == "chat" else None, role=True)
         async for item in gen.events():
             if isinstance(item, Token) and not buffered:
-                info = token_info(item.token_id, item.surprise, (), self.token_bytes) if r.logprobs else None
+                top = item.top_logprobs[: r.top_logprobs]
+                info = token_info(item.token_id, item.surprise, top, self.token_bytes) if r.logprobs else None
                 text, held = cutter.feed(item.text, info)
                 if text or held:
                     yield shape.chunk(text, [t for _, t in held], offset=held[0][0] if held else 0)
