@@ -172,12 +172,17 @@ def stream(
     arms: Mapping[str, Arm] | None = None,
     router: Callable[..., Any] | None = None,
     assistant_prefix: str = "",
+    stop: Sequence[str] = (),
 ) -> Iterator[Event]:
     """Generate one reply to a chat (`messages`, or one question string), yielding events. The arms'
     query is the last user turn. Uses one session of the backend for the whole reply.
 
     `assistant_prefix` starts the assistant's turn (a cloze such as "The capital of Chad is"): the model
     continues it; the visible reply is the continuation.
+
+    `stop`: strings that end the reply (finish reason "stop") once they stand in text that can no longer
+    be rewound; the reply's text still holds the stop string (a caller cuts it, as serve does). A chat
+    API's draft is not stopped early: its caller cuts it.
 
     Token events carry text once it can no longer be rewound (`holdback`), or at once with explicit
     Rewind events (`emit`). The last event is Done, which carries the receipt. On a black-box backend (a
@@ -201,6 +206,7 @@ def stream(
     loop = _ReplyLoop(
         backend, conversation(messages, config.system_prompt), config, dict(arms or {}), router, assistant_prefix
     )
+    loop.stop = tuple(s for s in stop if s)
     try:
         yield from loop.run()
     finally:
@@ -249,6 +255,8 @@ class _ReplyLoop:
         self.max_decoded = config.max_tokens * (config.max_rounds + 2) + 8  # every round may rewrite, a revert redo
         self.session = backend.session()
         self.steps: Steps | None = None  # the current continuation; replaced on every rewind
+        self.stop: tuple[str, ...] = ()  # stop strings (stream's `stop`)
+        self.stop_searched = 0  # characters of unchangeable reply text already searched for them
 
     def close(self) -> None:
         if self.steps is not None:
@@ -296,6 +304,9 @@ class _ReplyLoop:
                 continue  # a failed rewrite went back (or is tried again)
             self.context.tokens.append(reply.tokens[-1])  # fed when the next step is asked for
             yield from self.emitter.upto(reply, self._final_upto())
+            if self.stop and self._reached_stop():
+                self.finish_reason = "stop"
+                break
 
     def _on_fault(self, fault: BackendFault) -> Iterator[Event]:
         """The backend failed mid-reply: the reply ends with what was received, and a rewrite not yet shown
@@ -326,10 +337,19 @@ class _ReplyLoop:
         return len(self.rounds) + len(self.would_trigger) < self.config.max_rounds and not self.reverted
 
     def _final_upto(self) -> int:
-        """Reply tokens that can no longer change: safe to show in holdback streaming."""
+        """Reply tokens to show now: all of them in emit streaming, those that can no longer change in holdback."""
+        return self._unchangeable_upto() if self.emitter.holdback else len(self.reply.tokens)
+
+    def _reached_stop(self) -> bool:
+        """Whether a stop string stands in the reply text that no rewind can change any more (searched once)."""
+        text = self.reply.text(self._unchangeable_upto())
+        start = max(0, self.stop_searched - max(len(s) for s in self.stop) + 1)
+        self.stop_searched = len(text)
+        return any(text.find(s, start) >= 0 for s in self.stop)
+
+    def _unchangeable_upto(self) -> int:
+        """Reply tokens that no round, rewrite check or revert can change any more."""
         n = len(self.reply.tokens)
-        if not self.emitter.holdback:
-            return n
         can_rewind = self.intervening and len(self.rounds) < self.config.max_rounds and not self.reverted
         final_upto = self.policy.first_rewindable(n) if can_rewind else n
         return min(final_upto, self.unchecked.span_start) if self.unchecked is not None else final_upto

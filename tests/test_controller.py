@@ -581,3 +581,36 @@ def test_a_fault_on_the_resume_request_keeps_the_reply_and_its_round():
     (record,) = done.rounds
     assert record["action"] == "resumed_unmodified" and "the resume failed (http)" in record["reason"]
     assert done.receipt["fault"]["kind"] == "http"
+
+
+# --------------------------------------------------------------------------------------------------
+# stop strings
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("stream_mode", ["holdback", "emit"])
+def test_a_stop_string_ends_decoding_once_it_can_no_longer_be_rewound(stream_mode):
+    config = cfg(mode="detect", stream=stream_mode)
+    full = list(stream(ScriptedBackend(script_testland), QUESTION, config))[-1]
+    backend = ScriptedBackend(script_testland)
+    events = list(stream(backend, QUESTION, config, stop=["capital"]))
+    done = events[-1]
+    assert full.text == WRONG and full.finish_reason == "stop"  # the end of turn
+    # decoding stopped on the token that completed "capital", well before the reply's end
+    assert done.finish_reason == "stop" and done.text == "The capital"
+    assert done.n_tokens == len("The capital") < full.n_tokens
+    assert "".join(e.text for e in events if isinstance(e, Token)) == done.text
+
+
+def test_a_stop_string_inside_a_span_that_may_still_be_rewound_does_not_end_the_reply():
+    # "Wrongville" is doubtful: the window fires there and the span is rewritten to "Rightburg"
+    arm = StaticArm("memory", [RIGHT_EVIDENCE])
+    backend = ScriptedBackend(script_testland)
+    done = list(stream(backend, QUESTION, cfg(), {"memory": arm}, stop=["Wrong"]))[-1]
+    assert done.text == RIGHT  # "Wrong" was written, then rewound away: never final, never a stop
+    done = list(stream(ScriptedBackend(script_testland), QUESTION, cfg(), {"memory": arm}, stop=["Right"]))[-1]
+    assert done.text.startswith("The capital is Right") and done.finish_reason == "stop"
+
+
+def test_no_stop_strings_change_nothing():
+    a = list(stream(ScriptedBackend(script_testland), QUESTION, cfg(mode="detect")))
+    b = list(stream(ScriptedBackend(script_testland), QUESTION, cfg(mode="detect"), stop=["", "zzz"]))
+    assert a[-1].text == b[-1].text and a[-1].n_tokens == b[-1].n_tokens and a[-1].finish_reason == "stop"

@@ -279,7 +279,10 @@ def test_stop_strings_cut_the_reply_streamed_or_not(server):
         t.token for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content
     )
     assert tokens == text  # tokens held with their text, the ones of the stop string never sent
-    assert receipt_of(chunks[-1])["reply"] == "You asked: Cut me?. Done."  # the receipt keeps the whole reply
+    receipt = receipt_of(chunks[-1])
+    # decoding stopped with the stop string: the receipt keeps what was decoded, the stop string included
+    assert receipt["reply"] == "You asked: Cut me?. Done" and receipt["n_tokens"] == len("You asked: Cut me?. Done")
+    assert receipt["finish_reason"] == "stop" and receipt["extra"]["serve"]["stop"] == [". Done"]
 
 
 def test_completions_stream_and_not(server):

@@ -164,7 +164,9 @@ class Generation:
         r = self.request
         arms: Mapping[str, Arm] = self.runtime.arms if r.config.mode == "intervene" else {}
         # controller.stream is a generator: close() runs its finally, which closes the reply's session.
-        events = cast(Generator[Event, None, None], stream(self.runtime.backend, r.messages, r.config, arms))
+        # A stop string ends the reply's decoding too, not only what the client is sent.
+        reply = stream(self.runtime.backend, r.messages, r.config, arms, stop=r.stops)
+        events = cast(Generator[Event, None, None], reply)
         try:
             for event in events:
                 if self.cancelled.is_set():
