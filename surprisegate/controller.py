@@ -32,7 +32,7 @@ from .prompting import PromptLayout, conversation, last_user_turn
 from .receipts import ConvergenceRecord, rounded_trigger
 from .support import cut_short, rewrite_problem
 from .surprise import aggregates
-from .text import current_sentence, sentence_end, sentence_start
+from .text import current_sentence, first_stop, sentence_end, sentence_start
 from .trigger import TriggerPolicy
 
 
@@ -203,10 +203,8 @@ def stream(
         chat = conversation(messages, config.system_prompt)
         yield from revise_stream(backend, chat, config, dict(arms or {}), router)
         return
-    loop = _ReplyLoop(
-        backend, conversation(messages, config.system_prompt), config, dict(arms or {}), router, assistant_prefix
-    )
-    loop.stop = tuple(s for s in stop if s)
+    chat = conversation(messages, config.system_prompt)
+    loop = _ReplyLoop(backend, chat, config, dict(arms or {}), router, assistant_prefix, stop)
     try:
         yield from loop.run()
     finally:
@@ -224,6 +222,7 @@ class _ReplyLoop:
         arms: dict[str, Arm],
         router: Callable[..., Any],
         assistant_prefix: str,
+        stop: Sequence[str] = (),
     ) -> None:
         self.backend, self.config, self.arms, self.router = backend, config, arms, router
         self.messages = messages
@@ -255,7 +254,7 @@ class _ReplyLoop:
         self.max_decoded = config.max_tokens * (config.max_rounds + 2) + 8  # every round may rewrite, a revert redo
         self.session = backend.session()
         self.steps: Steps | None = None  # the current continuation; replaced on every rewind
-        self.stop: tuple[str, ...] = ()  # stop strings (stream's `stop`)
+        self.stop = tuple(s for s in stop if s)  # stop strings (stream's `stop`; an empty one never stops)
         self.stop_searched = 0  # characters of unchangeable reply text already searched for them
 
     def close(self) -> None:
@@ -345,7 +344,7 @@ class _ReplyLoop:
         text = self.reply.text(self._unchangeable_upto())
         start = max(0, self.stop_searched - max(len(s) for s in self.stop) + 1)
         self.stop_searched = len(text)
-        return any(text.find(s, start) >= 0 for s in self.stop)
+        return first_stop(text, self.stop, start) is not None
 
     def _unchangeable_upto(self) -> int:
         """Reply tokens that no round, rewrite check or revert can change any more."""

@@ -109,8 +109,8 @@ class _Revision:
             if crossed and len(self.triggers) < self.config.max_rounds:
                 self._flag(draft, value)
             if show_draft:
-                top = step.top_logprobs if step.token is not None else ()  # by id: a chat API's have none
-                yield Token(i, step.token, step.piece.decode("utf-8", "replace"), step.surprise, value, top)
+                piece = step.piece.decode("utf-8", "replace")
+                yield Token(i, step.token, piece, step.surprise, value, step.top_logprobs)
                 self.shown = i + 1
         reply = draft
         if self.intervening and draft.fault is None:

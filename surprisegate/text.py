@@ -13,6 +13,7 @@ import re
 import sqlite3
 import threading
 import unicodedata
+from collections.abc import Sequence
 
 # --------------------------------------------------------------------------------------------
 # words
@@ -132,6 +133,12 @@ def stops_between(text: str, start: int, end: int) -> bool:
     """Whether a sentence stop stands in `text[start:end]` (the gap between two words), judged with the
     words before it: the gap after "St" in "St. Louis" holds none, the gap after "end" in "end. Then" does."""
     return _STOP.search(text, start, end) is not None
+
+
+def first_stop(text: str, stops: Sequence[str], start: int = 0) -> int | None:
+    """Index of the earliest stop string (a request's `stop`) in `text` at or after `start` (None: none)."""
+    hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
+    return min(hits) if hits else None
 
 
 def split_sentences(text: str) -> list[str]:

@@ -19,6 +19,7 @@ from surprisegate.text import (
     current_sentence,
     ends_sentence,
     first_sentence,
+    first_stop,
     fold,
     light_stem,
     sentence_end,
@@ -287,3 +288,30 @@ def test_index_stemmer_cuts_words_as_fts5_does():
     assert stemmer.stems("capitals") == ("capit",)
     assert stemmer.stems("!") == ()
     assert stemmer.passages([("Burkina Faso", "Its capitals")]) == [(["burkina", "faso"], ["it", "capit"])]
+
+
+# --------------------------------------------------------------------------------------------------
+# stop strings
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "stops", "start", "expected"),
+    [
+        ("You asked: Cut me?. Done.", [". Done"], 0, 18),
+        ("You asked: Cut me?. Done.", ["Cut", ". Done"], 0, 11),  # the earliest of several
+        ("You asked: Cut me?. Done.", ["Cut"], 12, None),  # before `start` does not count
+        ("abc", ["zzz"], 0, None),
+        ("abc", [], 0, None),
+    ],
+)
+def test_first_stop_finds_the_earliest_stop_string(text, stops, start, expected):
+    assert first_stop(text, stops, start) == expected
+
+
+@given(st.text(max_size=40), st.lists(st.text(min_size=1, max_size=4), max_size=3), st.integers(0, 40))
+def test_first_stop_is_a_real_earliest_hit(text, stops, start):
+    hit = first_stop(text, stops, start)
+    if hit is None:
+        assert not any(s in text[start:] for s in stops)
+    else:
+        assert hit >= start and any(text.startswith(s, hit) for s in stops)
+        assert not any(s in text[start : hit + len(s) - 1] for s in stops)  # none starts earlier

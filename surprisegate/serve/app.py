@@ -28,9 +28,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..backends import SteerableBackend
 from ..events import Token
+from ..text import first_stop
 from .gate import Admission, Finished, Generation, RotatingReceipts, check_context
 from .metrics import CONTENT_TYPE, Metrics
-from .replies import ReplyShape, StopCutter, finish_reason, first_stop, token_info, token_infos
+from .replies import ReplyShape, StopCutter, finish_reason, token_info, token_infos
 from .wire import ApiError, GateRequest, Limits, parse_chat, parse_completion, parse_json
 
 # An unread body would be parsed as the next request on a kept-alive connection: close it after the error.

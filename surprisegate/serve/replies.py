@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..text import first_stop
 from .wire import GateRequest
 
 LN2 = math.log(2.0)
@@ -26,12 +27,6 @@ def logprob(surprise: float) -> float:
 # --------------------------------------------------------------------------------------------
 # stop strings
 # --------------------------------------------------------------------------------------------
-def first_stop(text: str, stops: Sequence[str], start: int = 0) -> int | None:
-    """Index of the earliest stop string in `text` at or after `start` (None: none)."""
-    hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
-    return min(hits) if hits else None
-
-
 @dataclass
 class StopCutter:
     """Streams text up to the first stop string: text that may be the start of a stop string is held
