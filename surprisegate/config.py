@@ -67,6 +67,14 @@ class Config:
         default_factory=lambda: dict(calibrated.KIND_THRESHOLDS),
         metadata={"help": "per-kind-of-question thresholds (bits) learned by calibrate; other kinds use threshold"},
     )
+    probe: str = field(
+        default="off",
+        metadata={
+            "flag": True,
+            "help": "trigger probe on the model's hidden states for the first sentence: off | auto (the one that "
+            "ships for the loaded model, if any) | PATH.npz (scripts/fit_probe.py); in-process llama.cpp only",
+        },
+    )
     top_logprobs: int = field(
         default=0,
         metadata={
@@ -258,6 +266,8 @@ def _validate(c: Config) -> None:
             f"several sessions need backend='llamacpp' (backend={c.backend!r}); use 1",
             "argument",
         )
+    if not isinstance(c.probe, str) or not c.probe:
+        _fail("probe", c.probe, "use off, auto or the path of a probe file (.npz)", "argument")
     if not 0 <= c.top_logprobs <= 20:
         _fail(
             "top_logprobs",

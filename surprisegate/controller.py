@@ -28,6 +28,7 @@ from .config import Config, evidence_text
 from .errors import BackendFault, InputError
 from .events import Done, Event, Grounding, Rewind, Token, Trigger
 from .grounding import ground_span, why_not_grounded
+from .probe import TriggerProbe, resolve_probe
 from .prompting import PromptLayout, conversation, last_user_turn
 from .receipts import ConvergenceRecord, rounded_trigger
 from .support import cut_short, rewrite_problem
@@ -230,7 +231,12 @@ class _ReplyLoop:
         self.started = time.monotonic()
         self.scored = config.mode != "off"
         self.intervening = config.mode == "intervene"
-        self.sampling = Sampling(config.temperature, config.seed, self.scored, config.top_logprobs)
+        probe = _probe_for(backend, config) if self.scored else None
+        self.policy = TriggerPolicy(config, self.question, assistant_prefix, probe)
+        # Hidden states only when a probe will read them (the backend then keeps its tapped layer's state).
+        self.sampling = Sampling(
+            config.temperature, config.seed, self.scored, config.top_logprobs, hidden=self.policy.probe is not None
+        )
         self.assistant_prefix = assistant_prefix
         # Set by _prepare_prompt (a server renders and tokenizes: it may fail, and the receipt says so).
         self.layout: PromptLayout | None = None
@@ -238,7 +244,6 @@ class _ReplyLoop:
         self.open_tokens: list[int] = []
         self.prompt_tokens: list[int] = []
         self.context = _Context([], 0)
-        self.policy = TriggerPolicy(config, self.question, assistant_prefix)
         self.emitter = _Emitter(config.stream == "holdback")
         self.reply = _Reply()
         self.rounds: list[ConvergenceRecord] = []
@@ -292,12 +297,18 @@ class _ReplyLoop:
             step = next(self.steps)
             self.decoded += 1
             if step.token in self.eos:
+                if self._doubtful_at_end():
+                    # The last reply token counts as the triggering one (as if not yet fed), like any trigger's.
+                    self.context.tokens.pop()
+                    if (yield from self._on_trigger()):
+                        continue  # the probe found the first sentence doubtful: rewound
+                    self.context.tokens.append(reply.tokens[-1])
                 if (yield from self._end_of_turn()):
                     break
                 continue
             value, crossed = self._measure(step)
             reply.add(step, value)
-            if crossed and self._may_trigger() and (yield from self._on_trigger(value)):
+            if crossed and self._may_trigger() and (yield from self._on_trigger()):
                 continue  # rewound: the next step continues after the injected evidence
             if self.unchecked is not None and (yield from self._check_rewrite(len(reply.tokens) >= c.max_tokens)):
                 continue  # a failed rewrite went back (or is tried again)
@@ -329,8 +340,12 @@ class _ReplyLoop:
         if not self.scored:
             return math.nan, False
         return self.policy.push(
-            len(self.reply.tokens), step.piece.decode("utf-8", "replace"), step.surprise, step.entropy
+            len(self.reply.tokens), step.piece.decode("utf-8", "replace"), step.surprise, step.entropy, step.hidden
         )
+
+    def _doubtful_at_end(self) -> bool:
+        """The turn ended with the first sentence still waiting for the probe: whether it judges it doubtful."""
+        return self.scored and self._may_trigger() and bool(self.reply.tokens) and self.policy.end_of_turn()
 
     def _may_trigger(self) -> bool:
         return len(self.rounds) + len(self.would_trigger) < self.config.max_rounds and not self.reverted
@@ -359,14 +374,15 @@ class _ReplyLoop:
         self.emitter.restart(self.reply, n)
 
     # --- a trigger and its round ------------------------------------------------------------------
-    def _on_trigger(self, value: float) -> Generator[Event, None, bool]:
+    def _on_trigger(self) -> Generator[Event, None, bool]:
         """Record (detect) or act on (intervene) a crossing; True when the reply was rewound."""
         reply, policy = self.reply, self.policy
+        statistic, value, bar = policy.crossing
         trigger = Trigger(
             token_index=len(reply.tokens) - 1,
-            statistic=policy.statistic_name,
+            statistic=statistic,
             value=value,
-            threshold=policy.threshold,
+            threshold=bar,
             span_start=policy.span_start,
             span_text=reply.tail(policy.span_start),
             round=len(self.rounds) + len(self.would_trigger) + 1,
@@ -555,6 +571,14 @@ class _ReplyLoop:
         self.reply.restore(saved.reply)
 
     # --- the result -------------------------------------------------------------------------------
+    def _probe_receipt(self) -> dict[str, Any] | None:
+        """Which probe judged the first sentence, and its score (None: no probe, or it never judged)."""
+        probe = self.policy.probe
+        if probe is None:
+            return None
+        score = self.policy.probe_score
+        return probe.to_dict() | {"score": None if score is None else round(score, 4)}
+
     def _done(self) -> Done:
         reply, c = self.reply, self.config
         text = reply.text()
@@ -583,11 +607,20 @@ class _ReplyLoop:
             "question": self.question,
             "question_kind": self.policy.kind,
             "threshold": self.policy.threshold,
+            "probe": self._probe_receipt(),
             "fault": self.fault,
         }
         return Done(
             text=text, finish_reason=self.finish_reason, n_tokens=len(reply.tokens), rounds=rounds, receipt=result
         )
+
+
+def _probe_for(backend: SteerableBackend, config: Config) -> TriggerProbe | None:
+    """The trigger probe the config names, if the backend reads the layer it was fitted on (runtime taps it)."""
+    if config.probe == "off":
+        return None
+    probe = resolve_probe(config.probe, backend.model_id)
+    return probe if probe is not None and getattr(backend, "tapped_layer", None) == probe.layer else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -671,5 +704,5 @@ def build_receipt_for(backend: SteerableBackend | BlackBoxBackend, config: Confi
             )
         }
         # The revise pass on a chat API: the draft, its flagged spans, evidence, revision; why no logprobs came.
-        | {k: result[k] for k in ("revise", "no_logprobs", "token_pieces") if result.get(k) is not None},
+        | {k: result[k] for k in ("revise", "no_logprobs", "token_pieces", "probe") if result.get(k) is not None},
     )

@@ -126,9 +126,27 @@ def load_backend(config: Config) -> Any:
         }
     if kind == "cloud":  # retries of a 429/5xx stay within a round's deadline
         options |= {"base_url": config.base_url or None, "retry_deadline_s": config.round_deadline_s}
-    return open_backend(
+    backend = open_backend(
         config.backend, config.model or None, n_ctx=config.n_ctx, seed=config.seed, threads=config.threads, **options
     )
+    tap_probe_layer(backend, config)
+    return backend
+
+
+def tap_probe_layer(backend: Any, config: Config, say: Callable[[str], None] = lambda message: None) -> None:
+    """Give the backend the hidden states the config's trigger probe reads (an in-process llama.cpp model with
+    one session); where it cannot, the window rule triggers alone, and `say` tells why."""
+    if config.probe == "off":
+        return
+    from .probe import resolve_probe
+
+    probe = resolve_probe(config.probe, backend.model_id)
+    if probe is None:
+        return  # 'auto' and no probe ships for this model
+    if not hasattr(backend, "tap_layer") or config.sessions > 1:
+        say(f"probe={config.probe!r}: the {backend.name} backend gives no hidden states here; the window rule alone")
+        return
+    backend.tap_layer(probe.layer)
 
 
 # --------------------------------------------------------------------------------------------

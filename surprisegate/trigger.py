@@ -3,15 +3,24 @@
 One rule, used online by the loop (`TriggerPolicy`) and offline by `calibrate` (`window_peak`): the
 per-token value of the configured signal enters a rolling window; a window holding at least
 min(min_tokens, window) values is eligible, and an eligible window above the threshold triggers.
+
+With a trigger probe (probe.py) for the question's kind and hidden states from the backend, the reply's
+first sentence is judged whole instead, once it ends (or the reply does): the probe weighs its highest
+window's margin over the threshold with the mean hidden state of its tokens, and a doubtful sentence is
+rewound from its start. Later sentences go back to the window rule.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .config import Config
+from .probe import TriggerProbe
 from .signals import CopyTracker, question_kind, signal_value
 from .surprise import RollingWindow
+from .text import ends_sentence
 
 
 def eligible(n_values: int, window: int, min_tokens: int) -> bool:
@@ -30,10 +39,33 @@ def window_peak(values: list[float], window: int, statistic: str, min_tokens: in
     return 0.0 if peak == -math.inf else peak  # never eligible (too few values): it could not have fired
 
 
-class TriggerPolicy:
-    """The rolling window of one reply, the threshold for its kind of question, and where a span starts."""
+class _PendingSentence:
+    """The reply's first sentence while the probe has not judged it: its highest window and mean state."""
 
-    def __init__(self, config: Config, question: str, copied_from: str = "") -> None:
+    def __init__(self) -> None:
+        self.text = ""
+        self.peak = -math.inf  # highest eligible window statistic in it
+        self.state_sum: np.ndarray | None = None
+        self.states = 0
+
+    def add(self, text: str, hidden: np.ndarray | None) -> None:
+        self.text += text
+        if hidden is not None:
+            self.state_sum = hidden.astype(np.float64) if self.state_sum is None else self.state_sum + hidden
+            self.states += 1
+
+    @property
+    def mean_state(self) -> np.ndarray | None:
+        return None if self.state_sum is None else self.state_sum / self.states
+
+
+class TriggerPolicy:
+    """The rolling window of one reply, the threshold for its kind of question, and where a span starts.
+
+    `probe`: a trigger probe; it judges the first sentence when it applies to this kind of question and
+    the reply is not the continuation of a cloze prefix (it was fitted on answers to questions)."""
+
+    def __init__(self, config: Config, question: str, copied_from: str = "", probe: TriggerProbe | None = None) -> None:
         self.config = config
         self.kind = question_kind(question)
         # Per-kind threshold (calibrated per-category normalisation), else the global one.
@@ -43,37 +75,100 @@ class TriggerPolicy:
         # Which tokens merely copy the question (or a cloze prefix): the "novel" signals skip them.
         self.copies = CopyTracker(question + " " + copied_from) if config.signal.startswith("novel") else None
         self.window_max = 0.0  # highest eligible statistic over every token decoded
+        self.probe = probe if probe is not None and probe.applies_to(self.kind) and not copied_from else None
+        self.pending: _PendingSentence | None = _PendingSentence() if self.probe is not None else None
+        self.probe_score: float | None = None  # the probe's score of the first sentence, once judged
+        self.judged: tuple[float, np.ndarray] | None = None  # what it judged: (window margin, mean state)
+        self._judged_from = 0  # reply index where the judged sentence began
+        self.crossing: tuple[str, float, float] = (
+            "",
+            math.nan,
+            math.nan,
+        )  # the last crossing's (statistic, value, bar)
 
     @property
     def statistic_name(self) -> str:
         c = self.config
         return c.statistic if c.signal == "surprise" else f"{c.signal}:{c.statistic}"
 
-    def push(self, index: int, text: str, surprise: float, entropy: float) -> tuple[float, bool]:
-        """Add reply token `index`; return (window statistic after it, whether an eligible window crossed)."""
+    def push(
+        self, index: int, text: str, surprise: float, entropy: float, hidden: np.ndarray | None = None
+    ) -> tuple[float, bool]:
+        """Add reply token `index`; return (window statistic after it, whether the reply should be grounded now:
+        an eligible window crossed, or the probe judged the finished first sentence doubtful)."""
         copied = self.copies.push(text) if self.copies else False
         pushed = signal_value(self.config.signal, surprise, entropy, copied)
         if pushed is None:  # novel signals skip tokens copied from the question
             return (self.window.value if len(self.window) else math.nan), False
         value = self.window.push(pushed)
         self.pushed_at.append(index)
-        if not eligible(len(self.window), self.config.window, self.config.min_tokens):
+        is_eligible = eligible(len(self.window), self.config.window, self.config.min_tokens)
+        if is_eligible:
+            self.window_max = max(self.window_max, value)
+        if self.pending is not None:
+            return value, self._judge_pending(index, text, value if is_eligible else None, hidden)
+        if not is_eligible:
             return value, False
-        self.window_max = max(self.window_max, value)
+        self.crossing = (self.statistic_name, value, self.threshold)
         return value, value > self.threshold
+
+    def _judge_pending(self, index: int, text: str, stat: float | None, hidden: np.ndarray | None) -> bool:
+        """Add a token to the pending first sentence; judge it once it has ended with an eligible window in it,
+        or the reply reached max_tokens."""
+        pending = self.pending
+        assert pending is not None
+        if hidden is None:  # no hidden states from this backend: the window rule from here on
+            self.pending = None
+            return stat is not None and self._window_crossed(stat)
+        pending.add(text, hidden)
+        if stat is not None:
+            pending.peak = max(pending.peak, stat)
+        ended = ends_sentence(pending.text) or index + 1 >= self.config.max_tokens
+        return self._judge() if ended and pending.peak > -math.inf else False
+
+    def _window_crossed(self, stat: float) -> bool:
+        self.crossing = (self.statistic_name, stat, self.threshold)
+        return stat > self.threshold
+
+    def end_of_turn(self) -> bool:
+        """The reply ended: judge a first sentence still pending (it may have no full stop)."""
+        if self.pending is None or self.pending.peak == -math.inf:
+            return False
+        return self._judge()
+
+    def _judge(self) -> bool:
+        pending, probe = self.pending, self.probe
+        assert pending is not None and probe is not None and pending.mean_state is not None
+        self.judged = (pending.peak - self.threshold, pending.mean_state)
+        self.probe_score = probe.score(*self.judged)
+        self.crossing = ("probe", self.probe_score, probe.cut)
+        self.pending = None
+        self._judged_from = self.pushed_at[0] if self.pushed_at else 0
+        self.window.reset()  # later sentences start a fresh window
+        self.pushed_at.clear()
+        return self.probe_score > probe.cut
 
     @property
     def span_start(self) -> int:
-        """Reply index of the window's oldest token: where a doubtful span begins."""
+        """Reply index where a doubtful span begins: the window's oldest token, or after the probe judged the
+        first sentence doubtful, its first token."""
+        if not len(self.window) and self.crossing[0] == "probe":
+            return self._judged_from
         return self.pushed_at[self.window.start]
 
     def first_rewindable(self, n_reply: int) -> int:
-        """Reply tokens before this index have left the window and can no longer be rewound."""
-        return self.span_start if len(self.window) else n_reply
+        """Reply tokens before this index have left the window and can no longer be rewound (a pending
+        first sentence may be rewound whole)."""
+        if self.pending is not None:
+            return self.pushed_at[0] if self.pushed_at else n_reply
+        return self.pushed_at[self.window.start] if len(self.window) else n_reply
 
     def reset(self, word_dropped: bool = False) -> None:
-        """Start the window afresh (after a round, or when the reply was cut back)."""
+        """Start the window afresh (after a round, or when the reply was cut back). A first sentence still
+        pending is no longer judged by the probe: the window rule goes on."""
         self.window.reset()
         self.pushed_at.clear()
+        self.pending = None
+        self.crossing = ("", math.nan, math.nan)
         if word_dropped and self.copies:
             self.copies.reset_word()  # the word in progress was dropped with the span

@@ -93,3 +93,46 @@ def test_logits_are_a_fresh_view_per_step_and_detection_only_reads(llama_backend
     before = logits.copy()
     Sampling().step(logits, int(logits.argmax()), b"")
     np.testing.assert_array_equal(logits, before)
+
+
+@pytest.fixture(scope="module")
+def tapped_backend(llama_backend):
+    """A second copy of the embedded model with layer 17 tapped (the shipped probe's layer)."""
+    from surprisegate.backends.llamacpp import from_llamacpp
+
+    backend = from_llamacpp(None, n_ctx=1024)
+    backend.tap_layer(17)
+    return backend
+
+
+def test_a_layer_tap_leaves_the_logits_alone_and_its_state_follows_the_context(llama_backend, tapped_backend):
+    prompt = prompt_tokens(llama_backend, "Write a sentence about the sea.")
+    llama_backend.reset()
+    want_tokens, want_logits = greedy(llama_backend, llama_backend.append(prompt), N)
+    tapped_backend.reset()
+    assert tapped_backend.hidden_state() is None  # nothing decoded yet
+    logits = tapped_backend.append(prompt)
+    states = []
+    got_tokens, got_logits = [], []
+    for _ in range(N):
+        states.append(np.array(tapped_backend.hidden_state(), copy=True))
+        got_logits.append(np.array(logits, copy=True))
+        got_tokens.append(int(np.argmax(logits)))
+        logits = tapped_backend.append([got_tokens[-1]])
+    assert got_tokens == want_tokens and tapped_backend.tapped_layer == 17
+    for got, want in zip(got_logits, want_logits, strict=True):
+        assert np.max(np.abs(got - want)) == 0.0  # bit for bit: the tap only reads
+    assert states[0].shape == (576,) and all(np.isfinite(s).all() for s in states)
+    assert min(np.linalg.norm(a - b) for a, b in zip(states, states[1:], strict=False)) > 0  # a state per position
+    # Trim and re-decode: the state at a position is the state a fresh run had there.
+    assert tapped_backend.trim(K) == K
+    assert tapped_backend.hidden_state() is None  # stale until the position is computed again
+    tapped_backend.logits()
+    np.testing.assert_allclose(tapped_backend.hidden_state(), states[N - K], atol=1e-3)
+
+
+def test_a_layer_outside_the_model_is_refused(tapped_backend):
+    from surprisegate.errors import InputError
+
+    with pytest.raises(InputError, match="layer=99 is outside this model's layers 0..29"):
+        tapped_backend.tap_layer(99)

@@ -614,3 +614,49 @@ def test_no_stop_strings_change_nothing():
     a = list(stream(ScriptedBackend(script_testland), QUESTION, cfg(mode="detect")))
     b = list(stream(ScriptedBackend(script_testland), QUESTION, cfg(mode="detect"), stop=["", "zzz"]))
     assert a[-1].text == b[-1].text and a[-1].n_tokens == b[-1].n_tokens and a[-1].finish_reason == "stop"
+
+
+class _StatefulBackend(ScriptedBackend):
+    """The scripted model with a one-number "hidden state": 1.0 once its reply has started writing "W"."""
+
+    tapped_layer = 0
+
+    def hidden_state(self):
+        reply = self.detokenize(self.context).split("<|im_start|>assistant\n")[-1]
+        return np.array([1.0 if "W" in reply else 0.0, 0.0], np.float32)
+
+
+def test_a_probe_judges_the_first_sentence_at_its_end_and_rewinds_it_whole(tmp_path):
+    from surprisegate.probe import TriggerProbe
+
+    path = tmp_path / "probe.npz"
+    TriggerProbe(
+        "scripted-test-model", 0, frozenset({"capital"}), np.zeros(2), np.ones(2), 0.0, np.array([1.0, 0.0]), 0.0, 0.2
+    ).save(path)
+    arm = StaticArm("memory", [RIGHT_EVIDENCE])
+    backend, events, done = run(cfg(probe=str(path)), {"memory": arm}, backend=_StatefulBackend(script_testland))
+    trigger = next(e for e in events if isinstance(e, Trigger))
+    # The window rule alone fires inside "Wrongville"; the probe waits for the full stop and takes the sentence.
+    assert trigger.statistic == "probe" and trigger.token_index == len(WRONG) - 1 and trigger.span_start == 0
+    # The mean state over the sentence: the states that chose "rongville." (10 of its 26 tokens) read 1.
+    assert trigger.value == pytest.approx(10 / 26, abs=1e-4) and trigger.threshold == pytest.approx(0.2)
+    assert done.text == RIGHT and done.rounds[0]["action"] == "rewound"
+    assert done.receipt["probe"]["score"] == pytest.approx(trigger.value, abs=1e-4)
+    # Off, the same reply is judged by the window rule at the doubtful token.
+    _, events, _ = run(
+        cfg(), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, backend=_StatefulBackend(script_testland)
+    )
+    assert next(e for e in events if isinstance(e, Trigger)).token_index == WRONG.index("Wrongville")
+
+
+def test_a_probe_that_finds_the_sentence_sound_leaves_the_reply_alone(tmp_path):
+    from surprisegate.probe import TriggerProbe
+
+    path = tmp_path / "probe.npz"
+    TriggerProbe(
+        "scripted-test-model", 0, frozenset({"capital"}), np.zeros(2), np.ones(2), 0.0, np.array([1.0, 0.0]), 0.0, 0.9
+    ).save(path)
+    arm = StaticArm("memory", [RIGHT_EVIDENCE])
+    _, events, done = run(cfg(probe=str(path)), {"memory": arm}, backend=_StatefulBackend(script_testland))
+    assert done.text == WRONG and done.rounds == [] and arm.calls == []
+    assert done.receipt["probe"]["score"] < 0.9

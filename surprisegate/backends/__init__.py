@@ -35,6 +35,9 @@ class Step:
     surprise: float  # bits, -log2 p of the chosen token under the raw distribution; nan when unscored
     entropy: float  # bits, of the raw distribution (exact locally, estimated from top-k elsewhere)
     top_logprobs: tuple[tuple[int, float], ...] = ()  # (id, natural-log prob), most likely first
+    # The model's last hidden state (after its final norm) at the position that chose this token, where the
+    # backend can read it and the sampling asked for it (Sampling.hidden): what a trigger probe reads.
+    hidden: np.ndarray | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -45,6 +48,7 @@ class Sampling:
     seed: int = 0
     scored: bool = True  # compute surprise and entropy (off mode skips the cost)
     top_logprobs: int = 0  # keep the k most likely tokens of each step
+    hidden: bool = False  # attach the model's hidden state to each step (backends that can read it)
     rng: np.random.Generator | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -64,14 +68,14 @@ class Sampling:
         p = np.exp(z - z.max())
         return int(self.rng.choice(p.size, p=p / p.sum()))
 
-    def step(self, logits: np.ndarray, token: int, piece: bytes) -> Step:
+    def step(self, logits: np.ndarray, token: int, piece: bytes, hidden: np.ndarray | None = None) -> Step:
         """The step for `token` drawn from `logits`: both signals come from the raw distribution
-        (temperature 1) whatever the sampling temperature."""
+        (temperature 1) whatever the sampling temperature. `hidden`: the state behind `logits`, kept as given."""
         if not self.scored:
             return Step(token, piece, math.nan, math.nan)
         surprise, entropy = surprise_and_entropy(logits, token)
         top = tuple(top_logprobs(logits, self.top_logprobs)) if self.top_logprobs else ()
-        return Step(token, piece, surprise, entropy, top)
+        return Step(token, piece, surprise, entropy, top, hidden if self.hidden else None)
 
 
 class Steps(Iterator[Step], Protocol):
@@ -194,6 +198,14 @@ class LocalModel(Protocol):
     def token_bytes(self, token_id: int) -> bytes: ...
 
 
+def hidden_state_of(model: object) -> np.ndarray | None:
+    """A copy of the model's last hidden state at the position its logits describe, or None where the model
+    cannot read it (an optional primitive: `hidden_state()`, loaded with hidden states on)."""
+    read = getattr(model, "hidden_state", None)
+    state = read() if read is not None else None
+    return None if state is None else np.array(state, dtype=np.float32)
+
+
 def common_prefix(held: Sequence[int], wanted: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""
     n = 0
@@ -252,7 +264,8 @@ class LocalSession:
         while True:
             token = sampling.choose(logits, banned)
             banned = frozenset()
-            yield sampling.step(logits, token, self._model.token_bytes(token))
+            hidden = hidden_state_of(self._model) if sampling.hidden and sampling.scored else None
+            yield sampling.step(logits, token, self._model.token_bytes(token), hidden)
             # Reached only when the next step is asked for: a closed iterator never feeds its last token.
             self._check_current()
             logits = self._model.append([token])

@@ -100,6 +100,7 @@ class LlamaCppBackend(LocalBackend):
         self._stale = True  # logits do not describe the current context (after reset or trim)
         self._chat_template = llama.metadata.get("tokenizer.chat_template")
         self._formatters: dict[bool, Any] = {}  # add_generation_prompt -> compiled Jinja2ChatFormatter
+        self._tap: Any = None  # layer_tap.LayerTap once tap_layer() is called: hidden states for a probe
 
     # --- tokens -----------------------------------------------------------------------------
     def tokenize(self, text: str, special: bool = False) -> list[int]:
@@ -171,6 +172,26 @@ class LlamaCppBackend(LocalBackend):
     def _last_logits(self) -> np.ndarray:
         ptr = self._llama._ctx.get_logits_ith(-1)
         return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
+
+    def tap_layer(self, layer: int) -> None:
+        """From now on, keep layer `layer`'s state at the last fed position (hidden_state()). Resets the context."""
+        from .layer_tap import install
+
+        if self._tap is None or self._tap.layer != layer:
+            self._tap = install(self._llama, layer)
+        self._llama.reset()
+        self._stale = True
+
+    @property
+    def tapped_layer(self) -> int | None:
+        return None if self._tap is None else self._tap.layer
+
+    def hidden_state(self) -> np.ndarray | None:
+        """The tapped layer's state at the last fed position (a view valid until the next append), or None
+        without a tap or when a trim made it stale."""
+        if self._tap is None or self._stale or not self._tap.fresh:
+            return None
+        return self._tap.state
 
     def logits(self) -> np.ndarray:
         if self._stale:
@@ -641,6 +662,9 @@ class LlamaCppSessions(LlamaCppBackend):
                 self._free = list(range(self.n_sessions))
 
     # --- the one-context primitives do not apply --------------------------------------------------
+    def tap_layer(self, layer: int) -> None:
+        raise BackendError("a model holding several sessions reads no hidden states (no trigger probe); use sessions=1")
+
     def _no_single_context(self, *_, **__):
         raise BackendError(
             "this backend holds several sessions (sessions > 1): it has no single context; "

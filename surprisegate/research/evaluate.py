@@ -170,8 +170,13 @@ def run_flare(
 def oracle_config(config: Config) -> Config:
     """intervene with a trigger that fires at the first eligible window, whatever the question kind."""
     # One round: at this threshold every later window would fire too, grounding the rewrite itself again.
+    # No probe: the oracle grounds at the first window whatever trigger the gate uses.
     return config.replace(
-        mode="intervene", threshold=ORACLE_THRESHOLD, kind_thresholds={}, max_rounds=min(config.max_rounds, 1)
+        mode="intervene",
+        threshold=ORACLE_THRESHOLD,
+        kind_thresholds={},
+        max_rounds=min(config.max_rounds, 1),
+        probe="off",
     )
 
 
