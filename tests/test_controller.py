@@ -660,3 +660,25 @@ def test_a_probe_that_finds_the_sentence_sound_leaves_the_reply_alone(tmp_path):
     _, events, done = run(cfg(probe=str(path)), {"memory": arm}, backend=_StatefulBackend(script_testland))
     assert done.text == WRONG and done.rounds == [] and arm.calls == []
     assert done.receipt["probe"]["score"] < 0.9
+
+
+def test_a_probe_judges_a_first_sentence_left_open_at_the_end_of_turn(tmp_path):
+    from surprisegate.probe import TriggerProbe
+
+    unfinished = "The capital is Wrongville"
+
+    def script(context):
+        return plan(RIGHT) if "Rightburg" in context else plan(unfinished, doubtful="Wrongville")
+
+    path = tmp_path / "probe.npz"
+    TriggerProbe(
+        "scripted-test-model", 0, frozenset({"capital"}), np.zeros(2), np.ones(2), 0.0, np.array([1.0, 0.0]), 0.0, 0.2
+    ).save(path)
+    arm = StaticArm("memory", [RIGHT_EVIDENCE])
+    _, events, done = run(cfg(probe=str(path)), {"memory": arm}, backend=_StatefulBackend(script))
+    trigger = next(e for e in events if isinstance(e, Trigger))
+    assert trigger.statistic == "probe" and trigger.token_index == len(unfinished) - 1 and trigger.span_start == 0
+    assert done.text == RIGHT and done.rounds[0]["action"] == "rewound"
+    # detect: the same judgement is recorded, the reply stays as written
+    _, _, done = run(cfg(mode="detect", probe=str(path)), {}, backend=_StatefulBackend(script))
+    assert done.text == unfinished and done.receipt["would_trigger"][0]["statistic"] == "probe"

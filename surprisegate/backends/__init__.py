@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -68,14 +68,14 @@ class Sampling:
         p = np.exp(z - z.max())
         return int(self.rng.choice(p.size, p=p / p.sum()))
 
-    def step(self, logits: np.ndarray, token: int, piece: bytes, hidden: np.ndarray | None = None) -> Step:
+    def step(self, logits: np.ndarray, token: int, piece: bytes) -> Step:
         """The step for `token` drawn from `logits`: both signals come from the raw distribution
-        (temperature 1) whatever the sampling temperature. `hidden`: the state behind `logits`, kept as given."""
+        (temperature 1) whatever the sampling temperature."""
         if not self.scored:
             return Step(token, piece, math.nan, math.nan)
         surprise, entropy = surprise_and_entropy(logits, token)
         top = tuple(top_logprobs(logits, self.top_logprobs)) if self.top_logprobs else ()
-        return Step(token, piece, surprise, entropy, top, hidden if self.hidden else None)
+        return Step(token, piece, surprise, entropy, top)
 
 
 class Steps(Iterator[Step], Protocol):
@@ -264,8 +264,10 @@ class LocalSession:
         while True:
             token = sampling.choose(logits, banned)
             banned = frozenset()
-            hidden = hidden_state_of(self._model) if sampling.hidden and sampling.scored else None
-            yield sampling.step(logits, token, self._model.token_bytes(token), hidden)
+            step = sampling.step(logits, token, self._model.token_bytes(token))
+            if sampling.hidden and sampling.scored:  # the state behind these logits, for a trigger probe
+                step = replace(step, hidden=hidden_state_of(self._model))
+            yield step
             # Reached only when the next step is asked for: a closed iterator never feeds its last token.
             self._check_current()
             logits = self._model.append([token])
