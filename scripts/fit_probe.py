@@ -85,21 +85,20 @@ class _AllKinds(frozenset):
         return True
 
 
-def replay(config: Config, question: str, steps: list, eos: frozenset[int], probe: TriggerProbe) -> TriggerPolicy:
-    """The policy after a reply's steps (a trigger records and resets, as detect mode does)."""
-    policy = TriggerPolicy(config, question, "", probe)
-    policy.fired = False  # type: ignore[attr-defined]
-    n = 0
-    for step in steps:
+def replay(
+    config: Config, question: str, steps: list, eos: frozenset[int], probe: TriggerProbe | None
+) -> tuple[TriggerPolicy, bool]:
+    """The policy after a reply's steps, and whether it fired (a trigger records and resets, as detect does)."""
+    policy, fired = TriggerPolicy(config, question, "", probe), False
+    for n, step in enumerate(steps):
         if step.token in eos:
-            policy.fired |= policy.end_of_turn()  # type: ignore[attr-defined]
+            fired |= policy.end_of_turn()
             break
         _, crossed = policy.push(n, step.piece.decode("utf-8", "replace"), step.surprise, step.entropy, step.hidden)
-        n += 1
         if crossed:
-            policy.fired = True  # type: ignore[attr-defined]
+            fired = True
             policy.reset()
-    return policy
+    return policy, fired
 
 
 def collect(items: list[dict], layer: int) -> tuple[list[dict], frozenset[int]]:
@@ -173,11 +172,11 @@ def judged_rows(rows, config, eos, layer):
     out, feats, later = [], [], []
     width = next(s.hidden.size for r in rows for s in r["steps"] if s.hidden is not None)
     for r in rows:
-        policy = replay(config, r["question"], r["steps"], eos, feature_probe(layer, width))
+        policy, fired_later = replay(config, r["question"], r["steps"], eos, feature_probe(layer, width))
         if policy.judged is not None:
             out.append(r)
             feats.append(np.concatenate([[policy.judged[0]], policy.judged[1]]))
-            later.append(policy.fired)  # type: ignore[attr-defined]
+            later.append(fired_later)  # the feature probe never fires: only a later sentence's window can
     return out, np.array(feats), np.array(later)
 
 
@@ -193,7 +192,7 @@ def fit_and_judge(rows: list[dict], eos: frozenset[int], seed: int, layer: int, 
     wrong = np.array([r["wrong"] for r in rows])
     in_a = np.array([r["id"] in half_a for r in rows])
     in_sample = np.array([r["id"] in sample for r in rows])
-    fired_by = {"shipped": np.array([replay(config, r["question"], r["steps"], eos, None).fired for r in rows])}  # type: ignore[attr-defined]
+    fired_by = {"shipped": np.array([replay(config, r["question"], r["steps"], eos, None)[1] for r in rows])}
     recall_a = precision_recall(fired_by["shipped"][in_a], wrong[in_a])[1]
 
     judged, x, later = judged_rows(rows, config, eos, layer)
@@ -206,7 +205,7 @@ def fit_and_judge(rows: list[dict], eos: frozenset[int], seed: int, layer: int, 
     from surprisegate.backends.llamacpp import embedded_model_path
 
     probe = as_probe(scaler, model, embedded_model_path().name, layer, {r["kind"] for r in judged}, cut)
-    fired_by["probe"] = np.array([replay(config, r["question"], r["steps"], eos, probe).fired for r in rows])  # type: ignore[attr-defined]
+    fired_by["probe"] = np.array([replay(config, r["question"], r["steps"], eos, probe)[1] for r in rows])
     report = {
         "seed": seed,
         "cut": round(cut, 4),

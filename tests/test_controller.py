@@ -626,13 +626,19 @@ class _StatefulBackend(ScriptedBackend):
         return np.array([1.0 if "W" in reply else 0.0, 0.0], np.float32)
 
 
-def test_a_probe_judges_the_first_sentence_at_its_end_and_rewinds_it_whole(tmp_path):
+def probe_file(tmp_path, cut):
+    """A probe for the scripted model: its score is the sentence's mean state, in "capital" questions."""
     from surprisegate.probe import TriggerProbe
 
     path = tmp_path / "probe.npz"
     TriggerProbe(
-        "scripted-test-model", 0, frozenset({"capital"}), np.zeros(2), np.ones(2), 0.0, np.array([1.0, 0.0]), 0.0, 0.2
+        "scripted-test-model", 0, frozenset({"capital"}), np.zeros(2), np.ones(2), 0.0, np.array([1.0, 0.0]), 0.0, cut
     ).save(path)
+    return path
+
+
+def test_a_probe_judges_the_first_sentence_at_its_end_and_rewinds_it_whole(tmp_path):
+    path = probe_file(tmp_path, cut=0.2)
     arm = StaticArm("memory", [RIGHT_EVIDENCE])
     backend, events, done = run(cfg(probe=str(path)), {"memory": arm}, backend=_StatefulBackend(script_testland))
     trigger = next(e for e in events if isinstance(e, Trigger))
@@ -650,12 +656,7 @@ def test_a_probe_judges_the_first_sentence_at_its_end_and_rewinds_it_whole(tmp_p
 
 
 def test_a_probe_that_finds_the_sentence_sound_leaves_the_reply_alone(tmp_path):
-    from surprisegate.probe import TriggerProbe
-
-    path = tmp_path / "probe.npz"
-    TriggerProbe(
-        "scripted-test-model", 0, frozenset({"capital"}), np.zeros(2), np.ones(2), 0.0, np.array([1.0, 0.0]), 0.0, 0.9
-    ).save(path)
+    path = probe_file(tmp_path, cut=0.9)
     arm = StaticArm("memory", [RIGHT_EVIDENCE])
     _, events, done = run(cfg(probe=str(path)), {"memory": arm}, backend=_StatefulBackend(script_testland))
     assert done.text == WRONG and done.rounds == [] and arm.calls == []
@@ -663,17 +664,12 @@ def test_a_probe_that_finds_the_sentence_sound_leaves_the_reply_alone(tmp_path):
 
 
 def test_a_probe_judges_a_first_sentence_left_open_at_the_end_of_turn(tmp_path):
-    from surprisegate.probe import TriggerProbe
-
     unfinished = "The capital is Wrongville"
 
     def script(context):
         return plan(RIGHT) if "Rightburg" in context else plan(unfinished, doubtful="Wrongville")
 
-    path = tmp_path / "probe.npz"
-    TriggerProbe(
-        "scripted-test-model", 0, frozenset({"capital"}), np.zeros(2), np.ones(2), 0.0, np.array([1.0, 0.0]), 0.0, 0.2
-    ).save(path)
+    path = probe_file(tmp_path, cut=0.2)
     arm = StaticArm("memory", [RIGHT_EVIDENCE])
     _, events, done = run(cfg(probe=str(path)), {"memory": arm}, backend=_StatefulBackend(script))
     trigger = next(e for e in events if isinstance(e, Trigger))
