@@ -74,15 +74,10 @@ class _Recorder:
         return _Session()
 
 
-def feature_probe(layer: int, width: int) -> TriggerProbe:
+def feature_probe(layer: int, width: int, kinds: set[str]) -> TriggerProbe:
     """A probe that never fires: replaying a reply through the policy with it gives the judged features."""
     zero = np.zeros(width, dtype=np.float32)
-    return TriggerProbe("", layer, _AllKinds(), zero, zero + 1, 0.0, zero, 0.0, math.inf)
-
-
-class _AllKinds(frozenset):
-    def __contains__(self, kind: object) -> bool:
-        return True
+    return TriggerProbe("", layer, frozenset(kinds), zero, zero + 1, 0.0, zero, 0.0, math.inf)
 
 
 def replay(
@@ -171,8 +166,9 @@ def judged_rows(rows, config, eos, layer):
     """(rows whose first sentence was judged, their features, whether a later window crossed)."""
     out, feats, later = [], [], []
     width = next(s.hidden.size for r in rows for s in r["steps"] if s.hidden is not None)
+    features = feature_probe(layer, width, {r["kind"] for r in rows})
     for r in rows:
-        policy, fired_later = replay(config, r["question"], r["steps"], eos, feature_probe(layer, width))
+        policy, fired_later = replay(config, r["question"], r["steps"], eos, features)
         if policy.judged is not None:
             out.append(r)
             feats.append(np.concatenate([[policy.judged[0]], policy.judged[1]]))

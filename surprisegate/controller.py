@@ -297,12 +297,8 @@ class _ReplyLoop:
             step = next(self.steps)
             self.decoded += 1
             if step.token in self.eos:
-                if self._doubtful_at_end():
-                    # The last reply token counts as the triggering one (as if not yet fed), like any trigger's.
-                    self.context.tokens.pop()
-                    if (yield from self._on_trigger()):
-                        continue  # the probe found the first sentence doubtful: rewound
-                    self.context.tokens.append(reply.tokens[-1])
+                if (yield from self._judged_at_end_of_turn()):
+                    continue  # the probe found the first sentence doubtful: rewound
                 if (yield from self._end_of_turn()):
                     break
                 continue
@@ -343,9 +339,16 @@ class _ReplyLoop:
             len(self.reply.tokens), step.piece.decode("utf-8", "replace"), step.surprise, step.entropy, step.hidden
         )
 
-    def _doubtful_at_end(self) -> bool:
-        """The turn ended with the first sentence still waiting for the probe: whether it judges it doubtful."""
-        return self.scored and self._may_trigger() and bool(self.reply.tokens) and self.policy.end_of_turn()
+    def _judged_at_end_of_turn(self) -> Generator[Event, None, bool]:
+        """The turn ended with the first sentence still waiting for the probe: judge it; True when rewound.
+        The last reply token counts as the triggering one (as if not yet fed), like any trigger's."""
+        if not (self.scored and self._may_trigger() and self.reply.tokens and self.policy.end_of_turn()):
+            return False
+        self.context.tokens.pop()
+        if (yield from self._on_trigger()):
+            return True
+        self.context.tokens.append(self.reply.tokens[-1])
+        return False
 
     def _may_trigger(self) -> bool:
         return len(self.rounds) + len(self.would_trigger) < self.config.max_rounds and not self.reverted

@@ -4,12 +4,12 @@ hidden state, for the kinds of question the probe was fitted on.
 The window rule fires when the mean next-token entropy of the last W tokens crosses its kind's threshold. A
 reply the model writes confidently wrong and one it writes hesitantly right can look alike there; the
 model's own state while it writes tells them apart better (issue 9: `scripts/hidden_probe.py`, then
-`scripts/fit_probe.py`). The probe scores, at every eligible window,
+`scripts/fit_probe.py`). The probe scores the reply's first sentence once it has ended,
 
-    score = w_margin * (window statistic - kind threshold) + w_state . standardised(state) + bias
+    score = w_margin * (highest window statistic in it - kind threshold) + w_state . standardised(state) + bias
 
-where `state` is the mean final-norm hidden state of the reply tokens since the window last reset (the
-reply so far, in the first round), and fires when score > cut. Replies of other kinds keep the window rule.
+where `state` is the mean over the sentence's tokens of the tapped layer's output (the residual stream
+after `layer`), and fires when score > cut (trigger.py). Replies of other kinds keep the window rule.
 
 A probe belongs to one model (its hidden states) and one set of thresholds (its margin): it is a small .npz
 file, fitted by `scripts/fit_probe.py`; the embedded model's ships in surprisegate/data/probes/.

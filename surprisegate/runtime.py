@@ -133,9 +133,9 @@ def load_backend(config: Config) -> Any:
     return backend
 
 
-def tap_probe_layer(backend: Any, config: Config, say: Callable[[str], None] = lambda message: None) -> None:
+def tap_probe_layer(backend: Any, config: Config) -> None:
     """Give the backend the hidden states the config's trigger probe reads (an in-process llama.cpp model with
-    one session); where it cannot, the window rule triggers alone, and `say` tells why."""
+    one session); where it cannot, the window rule triggers alone and the receipt's `probe` is null."""
     if config.probe == "off":
         return
     from .probe import resolve_probe
@@ -143,10 +143,8 @@ def tap_probe_layer(backend: Any, config: Config, say: Callable[[str], None] = l
     probe = resolve_probe(config.probe, backend.model_id)
     if probe is None:
         return  # 'auto' and no probe ships for this model
-    if not hasattr(backend, "tap_layer") or config.sessions > 1:
-        say(f"probe={config.probe!r}: the {backend.name} backend gives no hidden states here; the window rule alone")
-        return
-    backend.tap_layer(probe.layer)
+    if hasattr(backend, "tap_layer") and config.sessions == 1:
+        backend.tap_layer(probe.layer)
 
 
 # --------------------------------------------------------------------------------------------

@@ -80,11 +80,8 @@ class TriggerPolicy:
         self.probe_score: float | None = None  # the probe's score of the first sentence, once judged
         self.judged: tuple[float, np.ndarray] | None = None  # what it judged: (window margin, mean state)
         self._judged_from = 0  # reply index where the judged sentence began
-        self.crossing: tuple[str, float, float] = (
-            "",
-            math.nan,
-            math.nan,
-        )  # the last crossing's (statistic, value, bar)
+        # The last crossing: (statistic, value, the bar it crossed), for the trigger's receipt.
+        self.crossing: tuple[str, float, float] = ("", math.nan, math.nan)
 
     @property
     def statistic_name(self) -> str:
@@ -107,10 +104,7 @@ class TriggerPolicy:
             self.window_max = max(self.window_max, value)
         if self.pending is not None:
             return value, self._judge_pending(index, text, value if is_eligible else None, hidden)
-        if not is_eligible:
-            return value, False
-        self.crossing = (self.statistic_name, value, self.threshold)
-        return value, value > self.threshold
+        return value, is_eligible and self._window_crossed(value)
 
     def _judge_pending(self, index: int, text: str, stat: float | None, hidden: np.ndarray | None) -> bool:
         """Add a token to the pending first sentence; judge it once it has ended with an eligible window in it,

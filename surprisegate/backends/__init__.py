@@ -35,7 +35,7 @@ class Step:
     surprise: float  # bits, -log2 p of the chosen token under the raw distribution; nan when unscored
     entropy: float  # bits, of the raw distribution (exact locally, estimated from top-k elsewhere)
     top_logprobs: tuple[tuple[int, float], ...] = ()  # (id, natural-log prob), most likely first
-    # The model's last hidden state (after its final norm) at the position that chose this token, where the
+    # The model's hidden state (its tapped layer's output) at the position that chose this token, where the
     # backend can read it and the sampling asked for it (Sampling.hidden): what a trigger probe reads.
     hidden: np.ndarray | None = field(default=None, repr=False, compare=False)
 
