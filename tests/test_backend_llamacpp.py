@@ -131,6 +131,28 @@ def test_a_layer_tap_leaves_the_logits_alone_and_its_state_follows_the_context(l
     np.testing.assert_allclose(tapped_backend.hidden_state(), states[N - K], atol=1e-3)
 
 
+def test_the_compiled_tap_and_the_python_tap_read_the_same_state(tapped_backend, monkeypatch):
+    from surprisegate.backends import layer_tap
+    from surprisegate.backends.llamacpp import from_llamacpp
+
+    # setup builds llama-cpp-python from source, so a C compiler and ggml.h are here: the tap is compiled.
+    assert tapped_backend._tap.native
+    monkeypatch.setattr(layer_tap, "native_callback", lambda: None)
+    python_tapped = from_llamacpp(None, n_ctx=1024)
+    python_tapped.tap_layer(17)
+    assert not python_tapped._tap.native
+    prompt = prompt_tokens(tapped_backend, "Name a river.")
+    for backend in (tapped_backend, python_tapped):
+        backend.reset()
+        backend.append(prompt)
+    for _ in range(8):
+        np.testing.assert_array_equal(tapped_backend.hidden_state(), python_tapped.hidden_state())
+        token = int(np.argmax(tapped_backend.logits()))
+        assert token == int(np.argmax(python_tapped.logits()))
+        tapped_backend.append([token])
+        python_tapped.append([token])
+
+
 def test_a_layer_outside_the_model_is_refused(tapped_backend):
     from surprisegate.errors import InputError
 

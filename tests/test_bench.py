@@ -17,9 +17,13 @@ def test_bench_decode_small():
 
     out = bench_decode(n_tokens=24, repeats=2)
     assert out["same_tokens"] is True  # detection only reads logits: same greedy tokens as plain llama.cpp
-    assert out["tokens_per_run"]["plain"] == out["tokens_per_run"]["detect"] > 0
+    assert (
+        out["tokens_per_run"]["plain"] == out["tokens_per_run"]["detect"] == out["tokens_per_run"]["detect_tapped"] > 0
+    )
     assert out["ratio"] == pytest.approx(out["detect_tokens_per_s"] / out["plain_tokens_per_s"], rel=1e-2)
-    assert len(out["detect_runs"]) == len(out["plain_runs"]) == 2
+    assert out["tapped_ratio"] == pytest.approx(out["detect_tapped_tokens_per_s"] / out["plain_tokens_per_s"], rel=1e-2)
+    assert out["tap"] == "compiled"  # setup builds llama.cpp from source: a C compiler is here
+    assert len(out["detect_runs"]) == len(out["plain_runs"]) == len(out["detect_tapped_runs"]) == 2
 
 
 def test_bench_rewind_small():

@@ -3,15 +3,28 @@
 llama.cpp names every tensor of its compute graph; the residual stream after layer i is "l_out-i". Its
 scheduler asks an eval callback, node by node, whether it wants a tensor's data; we say yes for that one
 name and copy the last position's row once it is computed. Nothing else changes: the logits are the same
-bit for bit (tests/test_backend_llamacpp.py). The callback runs for every graph node, so decoding is
-slower while a tap is on (measured ~1 ms a token on 2 cores); without a probe there is no tap.
+bit for bit (tests/test_backend_llamacpp.py). The callback runs for every graph node: in Python that
+cost ~1 ms a token on 2 cores, so it is compiled from layer_tap.c once per machine (a C compiler and the
+ggml.h llama-cpp-python installs) into $SURPRISEGATE_HOME/lib; where that cannot be done, the Python
+callback below does the same work, slower.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 GGML_TYPE_F32 = 0
 
@@ -44,16 +57,41 @@ def layer_name(layer: int) -> bytes:
     return f"l_out-{layer}".encode()
 
 
-class LayerTap:
-    """An eval callback that keeps the last position's row of one named tensor, per decode."""
+class _NativeTapState(ctypes.Structure):
+    """layer_tap.c's `struct surprisegate_tap`: the callback's user data."""
 
-    def __init__(self, llama_cpp, layer: int, width: int) -> None:
+    _fields_ = [
+        ("name", ctypes.c_char * 64),
+        ("width", ctypes.c_int64),
+        ("out", ctypes.POINTER(ctypes.c_float)),
+        ("fresh", ctypes.c_int32),
+    ]
+
+
+class LayerTap:
+    """An eval callback that keeps the last position's row of one named tensor, per decode: the compiled
+    one when `native` (layer_tap.c) is given, else a Python one."""
+
+    def __init__(self, llama_cpp, layer: int, width: int, native: ctypes.CDLL | None = None) -> None:
         self.layer = layer
         self.name = layer_name(layer)
         self._name_z = self.name + b"\0"  # compared with the tensor's name bytes, its terminator included
         self.state = np.zeros(width, dtype=np.float32)
-        self.fresh = False  # a decode has written `state` since the tap was installed
-        self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_tensor)  # kept alive with the tap
+        self._fresh = False  # a decode has written `state` since the tap was installed (Python callback)
+        self.native = native is not None
+        self.user_data: int | None = None
+        if native is None:
+            self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_tensor)  # kept alive with the tap
+        else:
+            out = self.state.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            self._native_state = _NativeTapState(self.name, width, out, 0)  # kept alive with the tap
+            self.user_data = ctypes.addressof(self._native_state)
+            self.callback = ctypes.cast(native.surprisegate_tap_eval, llama_cpp.ggml_backend_sched_eval_callback)
+
+    @property
+    def fresh(self) -> bool:
+        """Whether a decode has written `state` since the tap was installed."""
+        return bool(self._native_state.fresh) if self.native else self._fresh
 
     def _on_tensor(self, tensor: int, ask: bool, _user_data: int) -> bool:
         # Called for every node of every decode: the name is read as raw bytes first (the cheapest test).
@@ -66,8 +104,67 @@ class LayerTap:
             rows = int(t.ne[1])
             row = ctypes.cast(t.data + (rows - 1) * int(t.nb[1]), ctypes.POINTER(ctypes.c_float))
             self.state[:] = np.ctypeslib.as_array(row, shape=(self.state.size,))
-            self.fresh = True
+            self._fresh = True
         return True
+
+
+_SOURCE = Path(__file__).with_name("layer_tap.c")
+
+
+def _ggml_paths(llama_cpp) -> tuple[Path, Path] | None:
+    """The ggml.h and libggml-base llama-cpp-python installed (its wheel ships both), if found."""
+    package = Path(llama_cpp.__file__).parent
+    include = package.parent / "include"
+    libs = sorted((package / "lib").glob("libggml-base.*"))
+    if not (include / "ggml.h").is_file() or not (include / "ggml-backend.h").is_file() or not libs:
+        return None
+    return include, libs[0]
+
+
+@lru_cache(maxsize=1)
+def native_callback() -> ctypes.CDLL | None:
+    """layer_tap.c compiled (once per machine and llama-cpp-python build) and loaded, or None where there
+    is no C compiler or no ggml.h (the Python callback is then used)."""
+    import llama_cpp
+
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    paths = _ggml_paths(llama_cpp)
+    if compiler is None or paths is None:
+        log.info("layer tap: no C compiler or ggml.h; the Python callback reads the layer (~1 ms a token)")
+        return None
+    include, lib = paths
+    from ..runtime import home
+
+    # Keyed by the source and the headers it was compiled against: a new llama-cpp-python builds anew.
+    key = hashlib.sha256(_SOURCE.read_bytes() + (include / "ggml.h").read_bytes() + str(lib).encode())
+    target = home() / "lib" / f"layer_tap-{key.hexdigest()[:16]}{sysconfig.get_config_var('SHLIB_SUFFIX') or '.so'}"
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            built = Path(tmp) / target.name
+            command = [
+                compiler,
+                "-O2",
+                "-shared",
+                "-fPIC",
+                f"-I{include}",
+                str(_SOURCE),
+                "-o",
+                str(built),
+                str(lib),
+                f"-Wl,-rpath,{lib.parent}",
+            ]
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                log.warning("layer tap: compiling %s failed, using the Python callback:\n%s", _SOURCE, done.stderr)
+                return None
+            os.replace(built, target)  # atomic: a concurrent first use never loads half a file
+    native = ctypes.CDLL(str(target))
+    native.surprisegate_tap_name_size.restype = ctypes.c_size_t
+    if native.surprisegate_tap_name_size() != ctypes.sizeof(ctypes.c_char * 64):
+        log.warning("layer tap: this ggml's GGML_MAX_NAME is not 64; using the Python callback")
+        return None
+    return native
 
 
 def install(llama, layer: int) -> LayerTap:
@@ -80,8 +177,9 @@ def install(llama, layer: int) -> LayerTap:
     n_layer = llama_cpp.llama_model_n_layer(llama.model)
     if not 0 <= layer < n_layer:
         raise InputError(f"layer={layer} is outside this model's layers 0..{n_layer - 1}; pick one of those")
-    tap = LayerTap(llama_cpp, layer, llama.n_embd())
+    tap = LayerTap(llama_cpp, layer, llama.n_embd(), native_callback())
     llama.context_params.cb_eval = tap.callback
+    llama.context_params.cb_eval_user_data = tap.user_data
     old = llama._ctx
     # The callback is a context parameter: the context is made again with it (weights stay loaded).
     llama._ctx = _internals.LlamaContext(model=llama._model, params=llama.context_params, verbose=False)

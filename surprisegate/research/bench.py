@@ -1,7 +1,8 @@
 """Benchmarks that measure a ratio against a baseline in the same run, on the same loaded model.
 
 decode: detect-mode tokens/s (our loop, scoring every token) ÷ plain llama-cpp-python greedy
-        `Llama.generate` tokens/s, same model, same prompt, same tokens.
+        `Llama.generate` tokens/s, same model, same prompt, same tokens; and the same with the trigger
+        probe's layer tap on (a second copy of the model, `probe = "auto"`).
 rewind: (continue from the context minus a 16-token span plus a 30-token segment, then re-decode 16, all
         through the session seam) ÷ re-prefilling the whole context.
 Repeats alternate baseline and candidate so drift in machine load hits both; medians are reported.
@@ -63,40 +64,65 @@ def bench_decode(n_tokens: int = 256, repeats: int = 5, progress: Callable[[str]
     def detect() -> tuple[list[int], float]:
         return _detect_run(backend, config)
 
-    plain()
-    detect()  # warm-up: page in weights, build caches
-    plain_s: list[float] = []
-    detect_s: list[float] = []
+    # The probe's layer tap on a second copy (its context is made anew with the callback), hidden states
+    # read at every step as they are when `probe = "auto"` finds a probe for the model.
+    tapped, tapped_config = _tapped_copy(config)
+
+    def detect_tapped() -> tuple[list[int], float]:
+        return _detect_run(tapped, tapped_config)
+
+    runs: dict[str, tuple[Callable[[], tuple[list[int], float]], list[float]]] = {
+        "plain": (plain, []),
+        "detect": (detect, []),
+        "detect_tapped": (detect_tapped, []),
+    }
+    for fn, _ in runs.values():
+        fn()  # warm-up: page in weights, build caches
+    tokens: dict[str, list[int]] = {}
     same_tokens = True
-    n_plain = n_detect = 0
     for i in range(repeats):
-        for name, fn, sink in (
-            (("plain", plain, plain_s), ("detect", detect, detect_s))
-            if i % 2 == 0
-            else (("detect", detect, detect_s), ("plain", plain, plain_s))
-        ):
-            toks, seconds = fn()
-            sink.append(len(toks) / seconds)
-            if name == "plain":
-                plain_toks, n_plain = toks, len(toks)
-            else:
-                detect_toks, n_detect = toks, len(toks)
-        same_tokens &= plain_toks == detect_toks
-        progress(f"decode repeat {i + 1}/{repeats}: plain {plain_s[-1]:.1f} tok/s, detect {detect_s[-1]:.1f} tok/s")
-    plain_tps, detect_tps = statistics.median(plain_s), statistics.median(detect_s)
+        # Rotate the order so drift in machine load hits every arm alike.
+        names = list(runs)[i % 3 :] + list(runs)[: i % 3]
+        for name in names:
+            fn, sink = runs[name]
+            tokens[name], seconds = fn()
+            sink.append(len(tokens[name]) / seconds)
+        same_tokens &= tokens["plain"] == tokens["detect"] == tokens["detect_tapped"]
+        progress(
+            f"decode repeat {i + 1}/{repeats}: " + ", ".join(f"{name} {runs[name][1][-1]:.1f} tok/s" for name in runs)
+        )
+    tps = {name: statistics.median(sink) for name, (_, sink) in runs.items()}
     return {
         "benchmark": "decode",
-        "ratio": round(detect_tps / plain_tps, 4),
+        "ratio": round(tps["detect"] / tps["plain"], 4),
         "target": ">= 0.97",
-        "detect_tokens_per_s": round(detect_tps, 2),
-        "plain_tokens_per_s": round(plain_tps, 2),
-        "detect_runs": [round(x, 2) for x in detect_s],
-        "plain_runs": [round(x, 2) for x in plain_s],
-        "tokens_per_run": {"plain": n_plain, "detect": n_detect},
+        "tapped_ratio": round(tps["detect_tapped"] / tps["plain"], 4),
+        "tap": "compiled" if tapped._tap.native else "python",
+        "detect_tokens_per_s": round(tps["detect"], 2),
+        "detect_tapped_tokens_per_s": round(tps["detect_tapped"], 2),
+        "plain_tokens_per_s": round(tps["plain"], 2),
+        **{f"{name}_runs": [round(x, 2) for x in sink] for name, (_, sink) in runs.items()},
+        "tokens_per_run": {name: len(toks) for name, toks in tokens.items()},
         "same_tokens": same_tokens,
         "model": backend.model_id,
         "prompt_tokens": len(prompt_tokens),
     }
+
+
+def _tapped_copy(config: Config) -> tuple[Any, Config]:
+    """A second copy of the embedded model with the shipped probe's layer tapped, and the config that
+    makes the loop read its hidden states."""
+    from dataclasses import replace
+
+    from ..backends.llamacpp import from_llamacpp
+    from ..probe import resolve_probe
+
+    tapped = from_llamacpp(None, n_ctx=2048)
+    probe = resolve_probe("auto", tapped.model_id)
+    if probe is None:
+        raise RuntimeError(f"no probe ships for {tapped.model_id}; the tapped run needs one")
+    tapped.tap_layer(probe.layer)
+    return tapped, replace(config, probe="auto")
 
 
 def _filler_text(n_sentences: int) -> str:

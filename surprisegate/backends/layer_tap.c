@@ -1,0 +1,35 @@
+/* The layer tap's eval callback in C (layer_tap.py compiles it once against the installed ggml.h).
+ * llama.cpp's scheduler calls it for every graph node of every decode; in Python that cost ~1 ms a token. */
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "ggml.h"
+#include "ggml-backend.h"
+
+/* Mirrored by layer_tap._NativeTapState. */
+struct surprisegate_tap {
+    char name[GGML_MAX_NAME]; /* the tensor to keep, e.g. "l_out-17" */
+    int64_t width;            /* its row length (n_embd) */
+    float *out;               /* width floats: the last position's row */
+    int32_t fresh;            /* set once a decode has written out */
+};
+
+bool surprisegate_tap_eval(struct ggml_tensor *t, bool ask, void *user_data) {
+    struct surprisegate_tap *tap = (struct surprisegate_tap *)user_data;
+    if (strncmp(t->name, tap->name, GGML_MAX_NAME) != 0) {
+        return !ask; /* not wanted; once computed, go on */
+    }
+    if (ask) {
+        return true;
+    }
+    const struct ggml_backend_buffer *buffer = t->view_src ? t->view_src->buffer : t->buffer;
+    if (buffer != NULL && t->data != NULL && t->type == GGML_TYPE_F32 && t->ne[0] == tap->width && t->ne[1] > 0) {
+        /* tensor_get reads host and device buffers alike */
+        ggml_backend_tensor_get(t, tap->out, (size_t)(t->ne[1] - 1) * t->nb[1], (size_t)tap->width * sizeof(float));
+        tap->fresh = 1;
+    }
+    return true;
+}
+
+size_t surprisegate_tap_name_size(void) { return GGML_MAX_NAME; }
