@@ -74,6 +74,10 @@ class _Reply:
         """The text of the reply from token `start` on."""
         return self.text()[len(self.text(start)) :]
 
+    def between(self, start: int, end: int) -> str:
+        """The text of reply tokens [start, end)."""
+        return self.text(end)[len(self.text(start)) :]
+
     def cut(self, n: int) -> None:
         del self.tokens[n:], self.surprises[n:], self.entropies[n:], self.window_stats[n:], self.pieces[n:]
         del self.top[n:]
@@ -420,8 +424,9 @@ class _ReplyLoop:
         started = time.monotonic()
         prefix_text = b"".join(self.backend.token_bytes(t) for t in self.prefix_tokens).decode("utf-8", "replace")
         # The sentence so far includes a cloze prefix the assistant turn started with.
+        asked_from, asked_to = self.policy.query_span(len(self.reply.tokens))
         query = Query(
-            span=trigger.span_text.strip(),
+            span=self.reply.between(asked_from, asked_to).strip(),
             question=self.question,
             sentence=current_sentence(prefix_text + self.reply.text()),
         )

@@ -45,6 +45,7 @@ class _PendingSentence:
     def __init__(self) -> None:
         self.text = ""
         self.peak = -math.inf  # highest eligible window statistic in it
+        self.peak_span = (0, 0)  # reply indices [start, end) of the window that reached it
         self.state_sum: np.ndarray | None = None
         self.states = 0
 
@@ -80,6 +81,7 @@ class TriggerPolicy:
         self.probe_score: float | None = None  # the probe's score of the first sentence, once judged
         self.judged: tuple[float, np.ndarray] | None = None  # what it judged: (window margin, mean state)
         self._judged_from = 0  # reply index where the judged sentence began
+        self._judged_peak = (0, 0)  # reply indices [start, end) of its highest window
         # The last crossing: (statistic, value, the bar it crossed), for the trigger's receipt.
         self.crossing: tuple[str, float, float] = ("", math.nan, math.nan)
 
@@ -115,8 +117,8 @@ class TriggerPolicy:
             self.pending = None
             return stat is not None and self._window_crossed(stat)
         pending.add(text, hidden)
-        if stat is not None:
-            pending.peak = max(pending.peak, stat)
+        if stat is not None and stat > pending.peak:
+            pending.peak, pending.peak_span = stat, (self.pushed_at[self.window.start], index + 1)
         ended = ends_sentence(pending.text) or index + 1 >= self.config.max_tokens
         return self._judge() if ended and pending.peak > -math.inf else False
 
@@ -138,6 +140,7 @@ class TriggerPolicy:
         self.crossing = ("probe", self.probe_score, probe.cut)
         self.pending = None
         self._judged_from = self.pushed_at[0] if self.pushed_at else 0
+        self._judged_peak = pending.peak_span
         self.window.reset()  # later sentences start a fresh window
         self.pushed_at.clear()
         return self.probe_score > probe.cut
@@ -149,6 +152,14 @@ class TriggerPolicy:
         if not len(self.window) and self.crossing[0] == "probe":
             return self._judged_from
         return self.pushed_at[self.window.start]
+
+    def query_span(self, n_reply: int) -> tuple[int, int]:
+        """Reply indices [start, end) of the tokens the arms are asked about: the window that crossed, or
+        after the probe judged the first sentence doubtful, its highest window (the whole sentence mostly
+        restates the question, and a longer claim re-ranks evidence toward the restatement)."""
+        if not len(self.window) and self.crossing[0] == "probe":
+            return self._judged_peak
+        return self.span_start, n_reply
 
     def first_rewindable(self, n_reply: int) -> int:
         """Reply tokens before this index have left the window and can no longer be rewound (a pending

@@ -648,6 +648,9 @@ def test_a_probe_judges_the_first_sentence_at_its_end_and_rewinds_it_whole(tmp_p
     assert trigger.value == pytest.approx(10 / 26, abs=1e-4) and trigger.threshold == pytest.approx(0.2)
     assert done.text == RIGHT and done.rounds[0]["action"] == "rewound"
     assert done.receipt["probe"]["score"] == pytest.approx(trigger.value, abs=1e-4)
+    # The arms are asked about the sentence's highest window, not the whole restating sentence.
+    asked = done.rounds[0]["arms"][0]["query"]["span"]
+    assert asked == "is W" and asked in trigger.span_text  # the window where "Wrongville" began
     # Off, the same reply is judged by the window rule at the doubtful token.
     _, events, _ = run(
         cfg(), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, backend=_StatefulBackend(script_testland)

@@ -110,6 +110,33 @@ def test_the_first_sentence_is_judged_once_it_ends_and_rewound_from_its_start():
     assert policy.judged is not None and policy.judged[0] == pytest.approx(2.0)  # peak 3.0 - threshold 1.0
 
 
+def test_a_doubtful_sentence_is_rewound_whole_but_the_arms_are_asked_about_its_highest_window():
+    policy = TriggerPolicy(cfg(), QUESTION, probe=probe(cut=0.5))
+    pieces = ["The", " capital", " is", " Abeche", ",", " a", " town", "."]
+    entropies = [0.2, 0.4, 0.6, 3.5, 2.5, 0.3, 0.2, 0.1]
+    assert push_all(policy, pieces, entropies, [state(1.0)] * 8)[-1]
+    assert policy.span_start == 0  # rewound from the sentence's start
+    assert policy.query_span(8) == (3, 5)  # [" Abeche", ","]: the window of mean 3.0
+
+
+def test_the_window_rule_asks_the_arms_about_the_window_that_crossed():
+    policy = TriggerPolicy(cfg(), QUESTION)
+    crossed = push_all(policy, ["The", " capital", " is", " Abeche"], [0.2, 0.4, 0.6, 3.5], [None] * 4)
+    assert crossed[-1] and policy.query_span(4) == (policy.span_start, 4) == (2, 4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(entropies=st.lists(st.floats(0, 8, allow_nan=False), min_size=2, max_size=12))
+def test_the_asked_window_is_the_first_sentences_highest(entropies):
+    """Whatever the probe decides, the span it would ask about is a window of the sentence with the peak mean."""
+    policy = TriggerPolicy(cfg(), QUESTION, probe=probe(cut=-math.inf))
+    pieces = ["w"] * (len(entropies) - 1) + ["."]
+    assert push_all(policy, pieces, entropies, [state(0.0)] * len(entropies))[-1]
+    start, end = policy.query_span(len(entropies))
+    assert 0 <= start < end <= len(entropies) and end - start == 2
+    assert np.mean(entropies[start:end]) == pytest.approx(window_peak(entropies, 2, "mean", 2))
+
+
 def test_a_confident_probe_lets_a_doubtful_looking_window_pass_and_later_sentences_use_the_window_rule():
     policy = TriggerPolicy(cfg(), QUESTION, probe=probe(cut=0.5))
     first = push_all(policy, ["The", " capital", " is", " Abeche", "."], [3.0] * 5, [state(0.0)] * 5)
