@@ -61,7 +61,7 @@ def slug(model_id: str, top_k: int | None) -> str:
 
 
 def user_dir(home: Path) -> Path:
-    """Where `calibrate --backend` writes calibrations, looked in first: runtime.home()/calibrations."""
+    """Where `calibrate --backend` writes calibrations, looked in first: paths.home()/calibrations."""
     return Path(home) / "calibrations"
 
 

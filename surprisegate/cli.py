@@ -17,7 +17,8 @@ import click
 from . import __version__
 from .config import Config, ConfigLayers, flag_fields, to_toml
 from .errors import BackendError, InputError, SurpriseGateError
-from .runtime import build_arms, check_memory, home, load_backend, model_config
+from .paths import home
+from .runtime import build_arms, check_memory, load_backend, model_config
 
 DEMO_QUESTION = "What is the capital of Burkina Faso?"
 

@@ -68,11 +68,12 @@ class Config:
         metadata={"help": "per-kind-of-question thresholds (bits) learned by calibrate; other kinds use threshold"},
     )
     probe: str = field(
-        default="off",
+        default="auto",
         metadata={
             "flag": True,
             "help": "trigger probe on the model's hidden states for the first sentence: off | auto (the one that "
-            "ships for the loaded model, if any) | PATH.npz (scripts/fit_probe.py); in-process llama.cpp only",
+            "ships for the loaded model, if any) | PATH.npz (scripts/fit_probe.py); in-process llama.cpp with one "
+            "session only, elsewhere the window rule decides",
         },
     )
     top_logprobs: int = field(

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import MissingDependency
+from .paths import home
 from .store.sqlite import SQLiteMemory
 
 DEMO_FILENAME = "demo-memory.sqlite"
@@ -130,8 +131,7 @@ LANGUAGE_NAMES = {
 
 
 def default_demo_path() -> Path:
-    home = os.environ.get("SURPRISEGATE_HOME") or "~/.cache/surprisegate"
-    return Path(home).expanduser() / DEMO_FILENAME
+    return home().expanduser() / DEMO_FILENAME
 
 
 def ensure_demo_memory(path: Path | None = None) -> Path:

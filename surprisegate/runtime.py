@@ -9,7 +9,7 @@ Once the backend is loaded its model id is known, and `model_config` puts that m
 
 from __future__ import annotations
 
-import os
+import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,11 +19,7 @@ from typing import Any
 from .arms import Arm
 from .config import THRESHOLD_KEYS, Config, ConfigLayers
 from .errors import InputError
-
-
-def home() -> Path:
-    """Where surprisegate keeps its files: $SURPRISEGATE_HOME, default ~/.cache/surprisegate."""
-    return Path(os.environ.get("SURPRISEGATE_HOME") or Path.home() / ".cache" / "surprisegate")
+from .paths import home
 
 
 def demo_memory(quiet: bool = True, say: Callable[[str], None] = lambda message: None) -> Path:
@@ -145,6 +141,12 @@ def tap_probe_layer(backend: Any, config: Config) -> None:
         return  # 'auto' and no probe ships for this model
     if hasattr(backend, "tap_layer") and config.sessions == 1:
         backend.tap_layer(probe.layer)
+    elif config.probe != "auto":  # asked for by path: say why it is not used ('auto' falls back quietly)
+        logging.getLogger(__name__).warning(
+            "probe=%r needs the model's hidden states, which only an in-process llama.cpp model with sessions=1 "
+            "gives; the window rule triggers alone (set probe = 'off' to silence this)",
+            config.probe,
+        )
 
 
 # --------------------------------------------------------------------------------------------

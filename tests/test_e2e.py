@@ -69,11 +69,16 @@ def test_a_rewrite_that_ignores_the_evidence_gets_one_more_try_then_gives_back_t
     # Shown the (right) evidence, the model answers "I'm ready to help. What's your question?": the
     # rewrite repeats nothing of the evidence. One more try with that first token banned answers from the
     # evidence; without the retry, the reply written without evidence comes back, as `off` wrote it.
+    # The trigger probe (the default) finds that sentence sound and leaves it alone; the window rule fires
+    # on it, which is the path tested here.
     home, store = factkb_memory
     question = "What is the capital of the U.S. state of Virginia?"
     off = ask_json(home, "--mode", "off", question)
     assert "Richmond" in off["reply"]
-    on = ask_json(home, "--mode", "intervene", "--memory", str(store), question)
+    probed = ask_json(home, "--mode", "intervene", "--memory", str(store), question)
+    assert probed["rounds"] == [] and probed["reply"] == off["reply"]
+    window_rule = {"SURPRISEGATE_PROBE": "off"}
+    on = ask_json(home, "--mode", "intervene", "--memory", str(store), question, env_extra=window_rule)
     from surprisegate.grading import first_sentence
 
     assert "Richmond" in first_sentence(on["reply"])
@@ -82,7 +87,7 @@ def test_a_rewrite_that_ignores_the_evidence_gets_one_more_try_then_gives_back_t
     assert first["retries"][0]["rewrite"].strip().startswith("I'm ready to help.")
     assert "used none of the evidence" in first["retries"][0]["problem"]
 
-    no_retry = {"SURPRISEGATE_RETRY_FAILED_REWRITE": "0"}
+    no_retry = window_rule | {"SURPRISEGATE_RETRY_FAILED_REWRITE": "0"}
     reverted_run = ask_json(home, "--mode", "intervene", "--memory", str(store), question, env_extra=no_retry)
     assert reverted_run["reply"] == off["reply"]
     (reverted,) = [r for r in reverted_run["rounds"] if r["action"] == "reverted"]

@@ -7,6 +7,7 @@ import pytest
 from surprisegate import runtime
 from surprisegate.config import ARM_NAMES, Config, ConfigLayers
 from surprisegate.errors import ConfigError, InputError
+from surprisegate.paths import home
 
 
 def test_the_arm_registry_and_the_configs_arm_names_agree():
@@ -34,11 +35,52 @@ def test_load_backend_asks_for_sessions_only_when_several(monkeypatch, sessions,
 
     def fake_open(spec, model=None, **options):
         seen.update(spec=spec, options=options)
-        return "backend"
+        return backend
 
+    backend = TappableBackend()
     monkeypatch.setattr("surprisegate.backends.registry.open_backend", fake_open)
-    assert runtime.load_backend(Config(sessions=sessions)) == "backend"
+    assert runtime.load_backend(Config(sessions=sessions)) is backend
     assert seen["spec"] == "llamacpp" and {k: v for k, v in seen["options"].items() if k == "sessions"} == passed
+
+
+class TappableBackend:
+    """A llama.cpp-like backend of the embedded model: it can tap a layer for the trigger probe."""
+
+    model_id = "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+    def __init__(self):
+        self.tapped: list[int] = []
+
+    def tap_layer(self, layer):
+        self.tapped.append(layer)
+
+
+def test_the_default_probe_taps_its_layer_on_one_session_only():
+    from surprisegate.probe import resolve_probe
+
+    shipped = resolve_probe("auto", TappableBackend.model_id)
+    backend = TappableBackend()
+    runtime.tap_probe_layer(backend, Config())
+    assert backend.tapped == [shipped.layer] == [17]
+    for config in (Config(sessions=4), Config(probe="off")):
+        backend = TappableBackend()
+        runtime.tap_probe_layer(backend, config)
+        assert backend.tapped == []
+    other = TappableBackend()
+    other.model_id = "some-other-model.gguf"  # no probe ships for it: the window rule, quietly
+    runtime.tap_probe_layer(other, Config())
+    assert other.tapped == []
+
+
+def test_a_probe_file_the_backend_cannot_use_is_named_in_a_warning(caplog):
+    from surprisegate.probe import shipped_probe_path
+
+    path = str(shipped_probe_path(TappableBackend.model_id))
+    with caplog.at_level("WARNING", logger="surprisegate.runtime"):
+        runtime.tap_probe_layer(TappableBackend(), Config(probe=path, sessions=4))
+        runtime.tap_probe_layer(TappableBackend(), Config(sessions=4))  # 'auto': no warning
+    (record,) = caplog.records
+    assert path in record.getMessage() and "sessions=1" in record.getMessage()
 
 
 @pytest.mark.parametrize(
@@ -69,7 +111,7 @@ def homes(tmp_path, monkeypatch):
     shipped = tmp_path / "shipped"
     shipped.mkdir()
     monkeypatch.setattr(calibrations, "shipped_dir", lambda: shipped)
-    return calibrations.user_dir(runtime.home()), shipped
+    return calibrations.user_dir(home()), shipped
 
 
 def write_calibration(folder, model_id, top_k, threshold):
@@ -201,14 +243,14 @@ def test_the_embedded_models_server_calibration_ships_in_the_package(tmp_path, m
 
     monkeypatch.setenv("SURPRISEGATE_HOME", str(tmp_path))  # no calibration of the user's
     served = "/models/SmolLM2-135M-Instruct.Q4_1.gguf"  # llama-server reports the GGUF's path
-    path = calibrations.find(served, 20, runtime.home())
+    path = calibrations.find(served, 20, home())
     assert path is not None and path.parent == calibrations.shipped_dir()
     record = calibrations.read_record(path)
     assert (record["items"], record["signal_source"], record["objective"]) == (400, "top20", "recall")
     config = load_config(env={}, calibration_file=path)
     assert config.threshold == record_threshold(path) and config.kind_thresholds
     # In process the same model runs on the shipped defaults, with no file.
-    assert calibrations.find(served, None, runtime.home()) is None and calibrations.covered_by_defaults(served, None)
+    assert calibrations.find(served, None, home()) is None and calibrations.covered_by_defaults(served, None)
 
 
 def record_threshold(path) -> float:

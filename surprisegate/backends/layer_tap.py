@@ -133,7 +133,7 @@ def native_callback() -> ctypes.CDLL | None:
         log.info("layer tap: no C compiler or ggml.h; the Python callback reads the layer (~1 ms a token)")
         return None
     include, lib = paths
-    from ..runtime import home
+    from ..paths import home
 
     # Keyed by the source and the headers it was compiled against: a new llama-cpp-python builds anew.
     key = hashlib.sha256(_SOURCE.read_bytes() + (include / "ggml.h").read_bytes() + str(lib).encode())

@@ -27,7 +27,7 @@ from .. import __version__, calibrated, calibrations
 from ..backends.registry import parse_backend
 from ..config import Config, load_config, to_toml
 from ..errors import InputError
-from ..runtime import home
+from ..paths import home
 from ..signals import SIGNALS, copy_flags, question_kind, signal_value
 from ..surprise import topk_entropy, topk_entropy_bounds
 from ..trigger import window_peak  # the loop's own rule: calibration thresholds what the loop compares

@@ -12,7 +12,8 @@ from typing import Any
 from ..backends.registry import parse_backend
 from ..config import ConfigLayers
 from ..errors import InputError
-from ..runtime import Runtime, assemble, home
+from ..paths import home
+from ..runtime import Runtime, assemble
 from .app import ServeSettings, create_app, served_name
 from .gate import RotatingReceipts
 from .http import uvicorn_config
