@@ -135,13 +135,13 @@ class TerminalView:
             self.pieces.append(event.text)
             click.echo(event.text, nl=False)
         elif isinstance(event, Trigger):
-            click.echo(
-                self.paint(
-                    f"\n  ⚠ round {event.round}: {event.statistic} {event.value:.2f} > {event.threshold:.2f} bits "
-                    f"on {event.span_text.strip()!r}",
-                    "33",
-                )
+            span = event.span_text.strip()
+            crossed = (
+                f"probe score {event.value:.2f} > cut {event.threshold:.2f} on the first sentence {span!r}"
+                if event.statistic == "probe"  # a logistic score, not bits
+                else f"{event.statistic} {event.value:.2f} > {event.threshold:.2f} bits on {span!r}"
             )
+            click.echo(self.paint(f"\n  ⚠ round {event.round}: {crossed}", "33"))
         elif isinstance(event, Grounding):
             if event.found:
                 click.echo(

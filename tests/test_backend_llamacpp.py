@@ -158,3 +158,31 @@ def test_a_layer_outside_the_model_is_refused(tapped_backend):
 
     with pytest.raises(InputError, match="layer=99 is outside this model's layers 0..29"):
         tapped_backend.tap_layer(99)
+
+
+@pytest.fixture
+def fresh_native(tmp_path, monkeypatch):
+    """native_callback() with its cache emptied and a home of its own (restored for later tests)."""
+    from surprisegate.backends import layer_tap
+
+    monkeypatch.setenv("SURPRISEGATE_HOME", str(tmp_path))
+    layer_tap.native_callback.cache_clear()
+    yield layer_tap
+    layer_tap.native_callback.cache_clear()
+
+
+def test_the_tap_is_compiled_once_into_home_and_reused(fresh_native, tmp_path, monkeypatch):
+    assert fresh_native.native_callback() is not None
+    (built,) = (tmp_path / "lib").glob("layer_tap-*")
+    fresh_native.native_callback.cache_clear()
+    monkeypatch.setenv("CC", "false")  # a compiler that always fails: the built library must be reused
+    assert fresh_native.native_callback() is not None
+    assert list((tmp_path / "lib").glob("layer_tap-*")) == [built]
+
+
+def test_a_tap_that_cannot_be_compiled_falls_back_to_python_and_says_why(fresh_native, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("CC", "false")
+    with caplog.at_level("WARNING", logger="surprisegate.backends.layer_tap"):
+        assert fresh_native.native_callback() is None
+    assert "using the Python callback" in caplog.text
+    assert not list((tmp_path / "lib").glob("layer_tap-*"))  # nothing half-built is left to load

@@ -301,3 +301,17 @@ def load_record_threshold(path) -> float:
     import tomllib
 
     return tomllib.loads(path.read_text())["surprisegate"]["threshold"]
+
+
+def test_the_terminal_view_shows_a_window_in_bits_and_a_probe_as_a_score(capsys):
+    from surprisegate.cli import TerminalView
+    from surprisegate.events import Trigger
+
+    view = TerminalView(color=False)
+    view(Trigger(3, "entropy:mean", 1.661, 1.03, 0, "The capital of Burk", 1))
+    view(Trigger(9, "probe", 1.834, 0.77, 0, "The capital is Kouar-Boukoula.", 2))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line]
+    assert lines == [
+        "  ⚠ round 1: entropy:mean 1.66 > 1.03 bits on 'The capital of Burk'",
+        "  ⚠ round 2: probe score 1.83 > cut 0.77 on the first sentence 'The capital is Kouar-Boukoula.'",
+    ]
