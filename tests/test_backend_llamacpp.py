@@ -180,8 +180,11 @@ def test_the_tap_is_compiled_once_into_home_and_reused(fresh_native, tmp_path, m
     assert list((tmp_path / "lib").glob("layer_tap-*")) == [built]
 
 
-def test_a_tap_that_cannot_be_compiled_falls_back_to_python_and_says_why(fresh_native, tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv("CC", "false")
+@pytest.mark.parametrize("compiler", ["false", "/no/such/compiler"])  # fails; is not there at all
+def test_a_tap_that_cannot_be_compiled_falls_back_to_python_and_says_why(
+    fresh_native, tmp_path, monkeypatch, caplog, compiler
+):
+    monkeypatch.setenv("CC", compiler)
     with caplog.at_level("WARNING", logger="surprisegate.backends.layer_tap"):
         assert fresh_native.native_callback() is None
     assert "using the Python callback" in caplog.text
