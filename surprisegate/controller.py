@@ -625,10 +625,11 @@ class _ReplyLoop:
 
 def _probe_for(backend: SteerableBackend, config: Config) -> TriggerProbe | None:
     """The trigger probe the config names, if the backend reads the layer it was fitted on (runtime taps it)."""
-    if config.probe == "off":
+    tapped = getattr(backend, "tapped_layer", None)
+    if tapped is None:  # servers, cloud APIs, several sessions: nothing to look up per reply
         return None
     probe = resolve_probe(config.probe, backend.model_id)
-    return probe if probe is not None and getattr(backend, "tapped_layer", None) == probe.layer else None
+    return probe if probe is not None and probe.layer == tapped else None
 
 
 # --------------------------------------------------------------------------------------------

@@ -132,13 +132,11 @@ def load_backend(config: Config) -> Any:
 def tap_probe_layer(backend: Any, config: Config) -> None:
     """Give the backend the hidden states the config's trigger probe reads (an in-process llama.cpp model with
     one session); where it cannot, the window rule triggers alone and the receipt's `probe` is null."""
-    if config.probe == "off":
-        return
     from .probe import resolve_probe
 
     probe = resolve_probe(config.probe, backend.model_id)
     if probe is None:
-        return  # 'auto' and no probe ships for this model
+        return  # 'off', or 'auto' and no probe ships for this model
     if hasattr(backend, "tap_layer") and config.sessions == 1:
         backend.tap_layer(probe.layer)
     elif config.probe != "auto":  # asked for by path: say why it is not used ('auto' falls back quietly)

@@ -146,10 +146,15 @@ class TriggerPolicy:
         return self.probe_score > probe.cut
 
     @property
+    def _probe_crossed(self) -> bool:
+        """The last crossing was the probe's verdict on the first sentence (its window has been reset since)."""
+        return not len(self.window) and self.crossing[0] == "probe"
+
+    @property
     def span_start(self) -> int:
         """Reply index where a doubtful span begins: the window's oldest token, or after the probe judged the
         first sentence doubtful, its first token."""
-        if not len(self.window) and self.crossing[0] == "probe":
+        if self._probe_crossed:
             return self._judged_from
         return self.pushed_at[self.window.start]
 
@@ -157,7 +162,7 @@ class TriggerPolicy:
         """Reply indices [start, end) of the tokens the arms are asked about: the window that crossed, or
         after the probe judged the first sentence doubtful, its highest window (the whole sentence mostly
         restates the question, and a longer claim re-ranks evidence toward the restatement)."""
-        if not len(self.window) and self.crossing[0] == "probe":
+        if self._probe_crossed:
             return self._judged_peak
         return self.span_start, n_reply
 

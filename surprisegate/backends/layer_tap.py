@@ -147,7 +147,7 @@ def native_callback() -> ctypes.CDLL | None:
         return None
     native = ctypes.CDLL(str(target))
     native.surprisegate_tap_name_size.restype = ctypes.c_size_t
-    if native.surprisegate_tap_name_size() != ctypes.sizeof(ctypes.c_char * 64):
+    if native.surprisegate_tap_name_size() != _NativeTapState.name.size:  # the struct mirrored above
         log.warning("layer tap: this ggml's GGML_MAX_NAME is not 64; using the Python callback")
         return None
     return native

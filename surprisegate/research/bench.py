@@ -112,8 +112,6 @@ def bench_decode(n_tokens: int = 256, repeats: int = 5, progress: Callable[[str]
 def _tapped_copy(config: Config) -> tuple[Any, Config]:
     """A second copy of the embedded model with the shipped probe's layer tapped, and the config that
     makes the loop read its hidden states."""
-    from dataclasses import replace
-
     from ..backends.llamacpp import from_llamacpp
     from ..probe import resolve_probe
 
@@ -122,7 +120,7 @@ def _tapped_copy(config: Config) -> tuple[Any, Config]:
     if probe is None:
         raise RuntimeError(f"no probe ships for {tapped.model_id}; the tapped run needs one")
     tapped.tap_layer(probe.layer)
-    return tapped, replace(config, probe="auto")
+    return tapped, config.replace(probe="auto")
 
 
 def _filler_text(n_sentences: int) -> str:
