@@ -983,6 +983,18 @@ def _serve_main():
     "--receipts-max-mb", default=64, show_default=True, type=int, help="Rotate the receipts file at this size."
 )
 @click.option("--served-model-name", default=None, help="The model id clients send [default: the model file's stem].")
+@click.option(
+    "--allow-python",
+    is_flag=True,
+    help="Let the tool arm run Python snippets from clients' own turns (off by default: code execution is the "
+    "operator's decision); needs a sandbox that isolates them here (bubblewrap, or the namespace sandbox).",
+)
+@click.option(
+    "--receipts-show-config",
+    is_flag=True,
+    help="Receipts sent to clients include the server's config (system prompt, tool roots, allow-lists, model "
+    "path); by default they carry only the gate settings a request may set.",
+)
 def serve(
     host: str,
     port: int,
@@ -995,6 +1007,8 @@ def serve(
     no_receipts: bool,
     receipts_max_mb: int,
     served_model_name: str | None,
+    allow_python: bool,
+    receipts_show_config: bool,
     **kwargs,
 ) -> None:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/completions) with the gate in the loop.
@@ -1013,6 +1027,8 @@ def serve(
         keep_receipts=not no_receipts,
         receipts_max_mb=receipts_max_mb,
         model_name=served_model_name,
+        allow_python=allow_python,
+        show_config=receipts_show_config,
     )
     serve_main.serve_forever(resolve_layers(kwargs), options, _say)
 

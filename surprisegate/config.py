@@ -132,8 +132,22 @@ class Config:
     tool_status_targets: tuple[str, ...] = field(
         default=(), metadata={"help": "host:port or URLs the live-status tool may check"}
     )
+    tool_python: bool = field(
+        default=True,
+        metadata={
+            "help": "run a Python snippet from the user's own turn in the sandbox (serve: off unless the operator "
+            "passes --allow-python; a client can never turn it on)"
+        },
+    )
     tool_python_sandbox: str = field(default="auto", metadata={"help": "auto | bwrap | rlimits (python snippets)"})
     tool_timezone: str = field(default="UTC", metadata={"help": "zone for 'today' questions"})
+    web_cache_s: float = field(
+        default=600.0,
+        metadata={
+            "help": "seconds a web search's results are reused for the same search (0: never; serve keeps none, "
+            "so one client cannot time what another asked)"
+        },
+    )
     injection: str = field(
         default="system_turn",
         metadata={
@@ -296,6 +310,8 @@ def _validate(c: Config) -> None:
         _fail("max_rounds", c.max_rounds, "use a whole number between 0 and 16, e.g. 2", "argument")
     if not (math.isfinite(c.round_deadline_s) and 0 < c.round_deadline_s <= 600):
         _fail("round_deadline_s", c.round_deadline_s, "use seconds between 0 and 600, e.g. 2.0", "argument")
+    if not (math.isfinite(c.web_cache_s) and 0 <= c.web_cache_s <= 86400):
+        _fail("web_cache_s", c.web_cache_s, "use seconds from 0 (no cache) to 86400, e.g. 600", "argument")
     if not 0.0 <= c.relevance_floor <= 1.0:
         _fail("relevance_floor", c.relevance_floor, "use a number between 0 and 1, e.g. 0.6", "argument")
     if not 0.0 <= c.arbitration_margin <= 1.0:

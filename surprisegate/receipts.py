@@ -11,6 +11,7 @@ line (reporting its number) instead of failing.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import enum
@@ -114,19 +115,27 @@ class ReceiptWriter:
     Each `append` opens, writes one line, flushes and fsyncs, so there is no open handle to leak and
     each record is on disk when `append` returns. Appends from several processes are not locked;
     each is a single `write` on a file opened with O_APPEND.
+
+    Receipts hold users' prompts, so by default (`private=True`) a new file is 0600 and the folders made
+    for it 0700, whatever the umask; `private=False` (evaluation results, labels) keeps the umask's modes.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], private: bool = True) -> None:
         self.path = Path(path)
+        self.private = private
         if self.path.is_dir():
             raise InputError(f"receipts={str(self.path)!r} is a directory; give a file path such as receipts.jsonl")
 
     def append(self, record: dict[str, Any]) -> None:
         """Write `record` as one line. Raises TypeError/ValueError, writing nothing, if it cannot be serialised."""
         data = dumps_line(record).encode("utf-8")  # fails here, before the file is touched
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(self.path.parent, private=self.private)
         created = not self.path.exists()
-        with open(self.path, "a+b") as f:
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(self.path, flags, 0o600 if self.private else 0o666)
+        with os.fdopen(fd, "a+b") as f:
+            if created and self.private:
+                os.fchmod(f.fileno(), 0o600)  # the umask could only narrow it; say it outright
             if _ends_with_torn_line(f):
                 data = b"\n" + data  # start on a fresh line so the torn one stays isolated and skippable
             f.write(data)
@@ -137,6 +146,62 @@ class ReceiptWriter:
 
     def __repr__(self) -> str:
         return f"ReceiptWriter({str(self.path)!r})"
+
+
+_KEPT_WHOLE = (
+    "schema",
+    "reply_id",
+    "created",
+    "created_unix",
+    "surprisegate_version",
+    "mode",
+    "finish_reason",
+    "prompt_sha256",
+    "conversation_sha256",
+    "n_tokens",
+)
+
+
+def fit_receipt(record: dict[str, Any], max_bytes: int) -> dict[str, Any]:
+    """`record` if its line fits in `max_bytes`, else a copy whose long texts and lists are cut, step by step,
+    until it does, with `truncated` saying how big it was. Ids, hashes, mode and counts always survive, so a
+    cut receipt still says which reply it was; one request cannot fill a receipts file with its own bytes."""
+    size = len(dumps_line(record).encode("utf-8"))
+    if size <= max_bytes:
+        return record
+    plain = to_jsonable(record)
+    whole = {k: plain[k] for k in _KEPT_WHOLE if k in plain}
+    for chars, items in ((4000, 512), (1000, 128), (200, 32), (60, 8)):
+        cut = {k: v if k in whole else _cut(v, chars, items) for k, v in plain.items()}
+        cut["truncated"] = {"bytes": size, "cap": max_bytes, "texts_cut_to": chars, "lists_cut_to": items}
+        if len(dumps_line(cut).encode("utf-8")) <= max_bytes:
+            return cut
+    return whole | {"truncated": {"bytes": size, "cap": max_bytes, "texts_cut_to": 0, "lists_cut_to": 0}}
+
+
+def _cut(value: Any, chars: int, items: int) -> Any:
+    if isinstance(value, str):
+        return value if len(value) <= chars else value[:chars] + f"…[{len(value) - chars} more characters]"
+    if isinstance(value, list):
+        return [_cut(v, chars, items) for v in value[:items]]
+    if isinstance(value, dict):
+        # Keys are text too (a 300,000-character key must not survive); later keys go past `items`.
+        return {
+            _cut(k, chars, items) if isinstance(k, str) else k: _cut(v, chars, items)
+            for k, v in list(value.items())[: max(items, 64)]
+        }
+    return value
+
+
+def make_folder(folder: Path, private: bool = True) -> None:
+    """Create `folder` and its missing parents; with `private` the ones created here are 0700 (an existing
+    folder keeps its modes: it is the operator's)."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    if private:
+        for created in missing:
+            with contextlib.suppress(OSError):
+                os.chmod(created, 0o700)
 
 
 def _ends_with_torn_line(f: BinaryIO) -> bool:

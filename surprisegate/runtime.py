@@ -60,7 +60,7 @@ def _memory_arm(config: Config, target: str, say: Callable[[str], None]) -> Arm:
 def _web_arm(config: Config, target: str, say: Callable[[str], None]) -> Arm:
     from .arms.web import build_web_arm
 
-    arm = build_web_arm(target)
+    arm = build_web_arm(target, cache_ttl_s=config.web_cache_s)
     problem = arm.problem()
     if problem:
         say(f"warning: web arm: {problem}")
@@ -68,9 +68,12 @@ def _web_arm(config: Config, target: str, say: Callable[[str], None]) -> Arm:
 
 
 def _tool_arm(config: Config, target: str, say: Callable[[str], None]) -> Arm:
-    from .arms.tools import ToolArm
+    from .arms.tools import TOOL_NAMES, ToolArm
 
+    # Running code is the operator's decision (config tool_python; serve turns it off by default).
+    tools = tuple(name for name in TOOL_NAMES if name != "python" or config.tool_python)
     return ToolArm(
+        tools=tools,
         roots=config.tool_roots,
         allowed_status_targets=config.tool_status_targets,
         python_sandbox=config.tool_python_sandbox,

@@ -615,6 +615,33 @@ def test_the_cache_is_a_bounded_lru(searches, size):
     assert list(key for _, key in arm._cache) == recent
 
 
+def test_a_cached_search_expires_after_its_time_to_live():
+    provider, now = _CountingProvider(), [0.0]
+    arm = WebArm(provider, cache_ttl_s=60.0, clock=lambda: now[0])
+    arm._search("a", float("inf"))
+    now[0] = 59.0
+    arm._search("a", float("inf"))  # still fresh: no second request
+    assert provider.searched == ["a"]
+    now[0] = 120.0
+    arm._search("a", float("inf"))  # stale: searched again, then fresh from then on
+    arm._search("a", float("inf"))
+    assert provider.searched == ["a", "a"]
+
+
+def test_no_cache_at_a_time_to_live_of_zero():
+    provider = _CountingProvider()
+    arm = WebArm(provider, cache_ttl_s=0)
+    for _ in range(3):
+        arm._search("a", float("inf"))
+    assert provider.searched == ["a"] * 3 and arm._cache is None
+
+
+@pytest.mark.parametrize("ttl", [-1.0, float("nan"), float("inf")])
+def test_a_bad_time_to_live_is_refused(ttl):
+    with pytest.raises(ConfigError, match="cache_ttl_s"):
+        WebArm(_CountingProvider(), cache_ttl_s=ttl)
+
+
 def test_errors_are_not_cached(fake_server):
     server = fake_server({"/search": Reply(503, b"busy", content_type="text/plain")})
     arm = WebArm(SearxngSearch(base_url=server.url, env={}))

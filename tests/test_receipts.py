@@ -358,3 +358,30 @@ def test_from_dict_rejects_unknown_round_fields():
     d = make_round().to_dict() | {"tokens_dropped_typo": 1}
     with pytest.raises(ValueError, match="tokens_dropped_typo"):
         ConvergenceRecord.from_dict(d)
+
+
+# --------------------------------------------------------------------------------------------------
+# a cap on one receipt
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.recursive(
+        st.text(max_size=3000) | st.integers() | st.floats(allow_nan=False) | st.booleans() | st.none(),
+        lambda inner: st.lists(inner, max_size=40) | st.dictionaries(st.text(max_size=2000), inner, max_size=20),
+        max_leaves=200,
+    ),
+    st.integers(1024, 20_000),
+)
+def test_fit_receipt_always_fits_and_keeps_the_ids(payload, cap):
+    from surprisegate.receipts import fit_receipt
+
+    record = {"schema": SCHEMA, "reply_id": "r", "prompt_sha256": "0" * 64, "mode": "off", "payload": payload}
+    fitted = fit_receipt(record, cap)
+    size = len(receipts.dumps_line(record).encode("utf-8"))
+    assert len(receipts.dumps_line(fitted).encode("utf-8")) <= cap
+    if size <= cap:
+        assert fitted is record
+    else:
+        assert fitted["reply_id"] == "r" and fitted["prompt_sha256"] == "0" * 64
+        assert fitted["truncated"]["bytes"] == size and fitted["truncated"]["cap"] == cap

@@ -67,6 +67,7 @@ RESULT_TEXT_CHARS = 600  # how much of the result text the receipt keeps
 # Searches a WebArm remembers (per arm, least recently used dropped first). A reply asks one question at
 # most `max_rounds` times; a server's arm sees many questions and must not grow without bound.
 CACHE_SIZE = 256
+CACHE_TTL_S = 600.0  # a search result older than this is fetched again (results go stale)
 
 
 # --------------------------------------------------------------------------------------------
@@ -950,6 +951,8 @@ class WebArm:
         cache: bool = True,
         max_sentences: int = 2,
         cache_size: int = CACHE_SIZE,
+        cache_ttl_s: float = CACHE_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
         **provider_options,
     ):
         check_arm_settings(
@@ -959,12 +962,18 @@ class WebArm:
             max_sentences=(max_sentences, "sentences per result"),
             cache_size=(cache_size, "searches to remember"),
         )
+        if not (math.isfinite(cache_ttl_s) and cache_ttl_s >= 0):
+            raise ConfigError(f"cache_ttl_s={cache_ttl_s!r}: use seconds >= 0 a result is reused, e.g. {CACHE_TTL_S}")
         self.provider = make_provider(provider, **provider_options) if isinstance(provider, str) else provider
         self.floor, self.max_results, self.max_sentences = floor, max_results, max_sentences
         # Keyed by provider + search text: a second round on the same question costs no request. Least
-        # recently used first out, so a long-lived arm (a server) holds at most `cache_size` answers.
-        self._cache: OrderedDict[tuple[str, str], list[SearchResult]] | None = OrderedDict() if cache else None
-        self.cache_size = cache_size
+        # recently used first out, so a long-lived arm holds at most `cache_size` answers, none older than
+        # `cache_ttl_s` (stale results are searched again). serve keeps none: a hit's speed would tell one
+        # client what another asked.
+        self._cache: OrderedDict[tuple[str, str], tuple[float, list[SearchResult]]] | None = (
+            OrderedDict() if cache and cache_ttl_s > 0 else None
+        )
+        self.cache_size, self.cache_ttl_s, self._clock = cache_size, cache_ttl_s, clock
         self._cache_lock = threading.Lock()
 
     def problem(self) -> str | None:
@@ -991,13 +1000,15 @@ class WebArm:
         key = (self.provider.name, searched)
         if self._cache is not None:
             with self._cache_lock:
-                if key in self._cache:
+                stored = self._cache.get(key)
+                if stored is not None and self._clock() - stored[0] < self.cache_ttl_s:
                     self._cache.move_to_end(key)
-                    return self._cache[key]
+                    return stored[1]
+                self._cache.pop(key, None)  # expired
         results = self.provider.search(searched, max(SEARCH_RESULTS, self.max_results), deadline)
         if self._cache is not None:
             with self._cache_lock:
-                self._cache[key] = results
+                self._cache[key] = (self._clock(), results)
                 self._cache.move_to_end(key)
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
@@ -1007,7 +1018,8 @@ class WebArm:
 def build_web_arm(target: str = "searxng", **options) -> WebArm:
     """A WebArm from one CLI value: a SearxNG-compatible url, or a provider name (searxng | brave | tavily | wikipedia).
 
-    `options` go to WebArm (floor, max_results, cache, max_sentences, cache_size) and on to the provider.
+    `options` go to WebArm (floor, max_results, cache, max_sentences, cache_size, cache_ttl_s) and on to the
+    provider.
     """
     if target.startswith(("http://", "https://")):
         return WebArm(SearxngSearch(base_url=target), **options)

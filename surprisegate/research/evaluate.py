@@ -362,7 +362,7 @@ def evaluate(
         meta["oracle_calls"] = oracle_calls
     guard_resume(out / "eval_config.json", meta)
     done = {(r["id"], r["mode"]) for r in read_receipts(results_path)} if results_path.exists() else set()
-    writer = ReceiptWriter(results_path)
+    writer = ReceiptWriter(results_path, private=False)  # the data set's questions, not users' prompts
     # Two passes: the oracle needs every item's `off` reply and the gate's count of grounded replies first.
     todo = [(it, m) for it in items for m in modes if m != "oracle" and (it["id"], m) not in done]
     oracle_left = sum(1 for it in items if (it["id"], "oracle") not in done) if "oracle" in modes else 0

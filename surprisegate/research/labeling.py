@@ -155,7 +155,7 @@ def label(
     )
     finished = done_ids(out)
     todo = [it for it in items if it["id"] not in finished]
-    writer = ReceiptWriter(out / "labels.jsonl")
+    writer = ReceiptWriter(out / "labels.jsonl", private=False)
     correct = 0
     for i, item in enumerate(todo, 1):
         record = label_item(backend, item, config)

@@ -22,14 +22,18 @@ from pathlib import Path
 from typing import Any, cast
 
 from ..arms import Arm
+from ..config import Config
 from ..controller import build_receipt_for, stream
 from ..errors import InputError
 from ..events import Done, Event
+from ..paths import home
 from ..prompting import conversation
-from ..receipts import ReceiptWriter
-from .wire import ApiError, GateRequest
+from ..receipts import ReceiptWriter, fit_receipt
+from .wire import REQUEST_KEYS, ApiError, GateRequest
 
 _END = object()  # the worker thread is finished (after its last event or error)
+DEFAULT_MAX_RECEIPT_BYTES = 256 << 10  # one receipt in the file; a bigger one keeps its ids and hashes, text cut
+MIN_RECEIPT_BYTES = 4096
 
 
 class Admission:
@@ -77,17 +81,31 @@ class RotatingReceipts:
     `max_bytes` it becomes FILE.1 (FILE.1 becomes FILE.2, ... up to `keep`), so prompts never pile up
     without bound. Thread-safe: worker threads append."""
 
-    def __init__(self, path: str | os.PathLike[str], max_bytes: int = 64 << 20, keep: int = 3) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        max_bytes: int = 64 << 20,
+        keep: int = 3,
+        max_receipt_bytes: int = DEFAULT_MAX_RECEIPT_BYTES,
+    ) -> None:
         if max_bytes < 1024 or keep < 1:
             raise InputError(
                 f"receipts max_bytes={max_bytes}, keep={keep}: keep at least 1 KiB and 1 rotated file "
                 "(or pass --no-receipts)"
             )
-        self.writer = ReceiptWriter(path)
+        if not MIN_RECEIPT_BYTES <= max_receipt_bytes <= max_bytes:
+            raise InputError(
+                f"max_receipt_bytes={max_receipt_bytes}: cap one receipt at {MIN_RECEIPT_BYTES} bytes to the "
+                f"file's {max_bytes} bytes, e.g. {DEFAULT_MAX_RECEIPT_BYTES}"
+            )
+        self.writer = ReceiptWriter(path)  # private: 0600 file, 0700 folders it makes
         self.path, self.max_bytes, self.keep = Path(path), max_bytes, keep
+        self.max_receipt_bytes = max_receipt_bytes
         self._lock = threading.Lock()
 
     def append(self, record: dict[str, Any]) -> None:
+        # One request's receipt never pushes more than its cap into the file, so it cannot rotate others out.
+        record = fit_receipt(record, self.max_receipt_bytes)
         with self._lock:
             if self.path.exists() and self.path.stat().st_size >= self.max_bytes:
                 self._rotate()
@@ -120,7 +138,8 @@ def check_context(backend: Any, request: GateRequest) -> None:
 
 @dataclass
 class Finished:
-    """The Done event with the receipt built (and written) in the worker thread."""
+    """The Done event with the receipt built (and written) in the worker thread. `receipt` is what the
+    client is sent (client_receipt); the file keeps the whole one."""
 
     done: Done
     receipt: dict[str, Any]
@@ -135,8 +154,10 @@ class Generation:
         request: GateRequest,
         receipts: RotatingReceipts | None,
         on_end: Any,
+        view: ClientView | None = None,
     ) -> None:
         self.runtime, self.request, self.receipts, self.on_end = runtime, request, receipts, on_end
+        self.view = view
         self.reply_id = uuid.uuid4().hex
         self.cancelled = threading.Event()
         self.started = time.monotonic()
@@ -191,7 +212,8 @@ class Generation:
         }
         if self.receipts is not None:
             self.receipts.append(receipt)
-        return Finished(done, receipt)
+        view = self.view or ClientView.of(self.runtime, self.request.config)
+        return Finished(done, view.receipt(receipt))
 
     def _push(self, item: Any) -> None:
         self._call_soon(self._queue.put_nowait, item)
@@ -201,3 +223,87 @@ class Generation:
             self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the event loop has closed (server shut down): nobody is listening
             pass
+
+
+# --------------------------------------------------------------------------------------------
+# what a client sees of the server
+# --------------------------------------------------------------------------------------------
+# Config keys a client may see in its receipt: what a request may set, and its sampling. The rest (system
+# prompt, tool roots and allow-lists, model path, backend URI, templates, timeouts) is the operator's.
+CLIENT_CONFIG_KEYS = (*REQUEST_KEYS, "max_tokens", "temperature", "seed", "top_logprobs", "tail_cut")
+REDACTED = "[server]"
+
+
+@dataclass(frozen=True)
+class ClientView:
+    """The receipt a client is sent: its own reply's record without the server's configuration (unless the
+    operator opts in with `show_config`). Server strings (roots, status targets, the model's path, the
+    backend URI, home, the system prompt) are cut out of every text, tool errors included."""
+
+    served_model: str
+    system_prompt: str
+    secrets: tuple[str, ...]  # longest first, so a root inside home is cut as a whole
+    show_config: bool = False
+
+    @classmethod
+    def of(cls, runtime: Any, config: Config, served_model: str = "", show_config: bool = False) -> ClientView:
+        model_id = str(runtime.backend.model_id)
+        served = served_model or (Path(model_id).stem if model_id.endswith(".gguf") else model_id)
+        return cls(served, config.system_prompt, server_strings(runtime, config), show_config)
+
+    def receipt(self, receipt: dict[str, Any]) -> dict[str, Any]:
+        if self.show_config:
+            return receipt
+        view = dict(receipt)
+        view["config"] = {k: v for k, v in receipt.get("config", {}).items() if k in CLIENT_CONFIG_KEYS}
+        view["model"] = self.served_model
+        if view.get("messages"):
+            view["messages"] = self._messages(view["messages"])
+        return cast(dict[str, Any], self._scrub(view))
+
+    def _messages(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
+        """The chat without the server's system prompt (a client's own system text stays)."""
+        first, rest = messages[0], messages[1:]
+        if (
+            first.get("role") != "system"
+            or not self.system_prompt
+            or not first["content"].startswith(self.system_prompt)
+        ):
+            return messages
+        own = first["content"][len(self.system_prompt) :].lstrip("\n")
+        return ([{"role": "system", "content": own}] if own else []) + rest
+
+    def _scrub(self, value: Any) -> Any:
+        if isinstance(value, str):
+            for secret in self.secrets:
+                if secret in value:
+                    value = value.replace(secret, REDACTED)
+            return value
+        if isinstance(value, dict):
+            return {k: self._scrub(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._scrub(v) for v in value]
+        return value
+
+
+def server_strings(runtime: Any, config: Config) -> tuple[str, ...]:
+    """Texts that tell a client about the server's machine or deployment, longest first."""
+    from ..arms.status import parse_target
+
+    # A model named by path shows where the server keeps its files; a served name (vLLM's) is public.
+    found = {m for m in (str(runtime.backend.model_id), config.model) if os.path.isabs(m) or os.path.exists(m)}
+    found |= {config.base_url, str(home())}
+    if "://" in config.backend:
+        found.add(config.backend)
+    for root in config.tool_roots:
+        found |= {root, os.path.realpath(root)}
+    for target in config.tool_status_targets:
+        found.add(target)
+        try:
+            found.add(parse_target(target).label)
+        except Exception:  # noqa: BLE001 - a target the tool refuses anyway; its raw text is still cut
+            pass
+    if config.system_prompt and len(config.system_prompt) >= 16:
+        found.add(config.system_prompt)
+    # Short strings ("/", "a") would cut ordinary words out of the reply: only paths and names worth hiding.
+    return tuple(sorted((s for s in found if s and len(s) >= 4 and s != "/"), key=len, reverse=True))

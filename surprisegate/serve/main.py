@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.registry import parse_backend
-from ..config import ConfigLayers
+from ..config import Config, ConfigLayers
 from ..errors import InputError
 from ..paths import home
 from ..runtime import Runtime, assemble
@@ -37,6 +37,8 @@ class ServeOptions:
     keep_receipts: bool = True
     receipts_max_mb: int = 64
     model_name: str | None = None
+    allow_python: bool = False  # run clients' Python snippets: the operator's decision, off by default
+    show_config: bool = False  # receipts sent to clients include the server's config (roots, prompts, paths)
     limits: Limits = field(default_factory=Limits)
 
 
@@ -77,9 +79,32 @@ def build_settings(options: ServeOptions, slots: int, model_id: str) -> ServeSet
     )
 
 
+def served_layers(layers: ConfigLayers, options: ServeOptions) -> ConfigLayers:
+    """What serve decides whatever the config says: Python only when the operator allows it, and no web
+    cache shared between clients."""
+    forced = {"tool_python": options.tools and options.allow_python, "web_cache_s": 0.0}
+    return ConfigLayers(layers.config_file, {**layers.overrides, **forced}, layers.env)
+
+
+def check_python_sandbox(config: Config) -> None:
+    """--allow-python runs code a remote client sends: only in a sandbox that isolates files, processes and the
+    network here (never the in-process guard alone); else serve does not start."""
+    from ..arms.sandbox import isolation_status
+
+    usable, why = isolation_status(config.tool_python_sandbox)
+    if not usable:
+        raise InputError(
+            f"--allow-python: the {config.tool_python_sandbox!r} python sandbox cannot isolate snippets here ({why}); "
+            "install bubblewrap (apt-get install bubblewrap) or drop --allow-python"
+        )
+
+
 def build_app(layers: ConfigLayers, options: ServeOptions, say: Callable[[str], None]) -> tuple[Any, Runtime]:
     """The app over a freshly assembled runtime (arms first, the model last, its calibration applied)."""
     layers, slots = slots_for(layers, options.sessions, say)
+    layers = served_layers(layers, options)
+    if options.tools and options.allow_python:
+        check_python_sandbox(layers.load())
     runtime = assemble(layers, options.memory, options.tools, options.web, say)
     settings = build_settings(options, slots, str(runtime.backend.model_id))
     app = create_app(runtime, settings)
