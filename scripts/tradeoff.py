@@ -21,8 +21,8 @@ import json
 import sys
 from pathlib import Path
 
-from surprisegate.cli import _progress_bar
 from surprisegate.config import load_config
+from surprisegate.progress import progress_callback
 from surprisegate.receipts import read_receipts
 from surprisegate.research.evaluate import FLARE_THETA, evaluate, summarise, trigger_efficiency
 from surprisegate.runtime import build_arms, load_backend
@@ -73,34 +73,36 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"{path} sets backend/model {config.backend}/{config.model!r}; the points share the default model")
         arms = build_arms(config, args.memory, web=args.web)
         print(f"{label} ({path or 'defaults'})", file=sys.stderr)
-        evaluate(
-            args.data,
-            [mode],
-            backend,
-            config,
-            arms,
-            out / folder,
-            sample=args.sample,
-            progress=_progress_bar(folder),
-            flare_theta=theta,
-        )
-        rows = [r for r in rows_of(out / folder, mode) if r["id"] in ids]
-        points[label] = summarise(off + rows, ["off", mode])["modes"][mode]
-        if args.oracle:
-            # Same folder: its own `off` pass, then the oracle given exactly the replies this point grounded.
-            budget = sum(1 for r in rows if r["grounding_calls"] > 0)
-            summary = evaluate(
+        with progress_callback(folder) as progress:
+            evaluate(
                 args.data,
-                ["off", mode, "oracle"],
+                [mode],
                 backend,
                 config,
                 arms,
                 out / folder,
                 sample=args.sample,
-                progress=_progress_bar(f"{folder} oracle"),
+                progress=progress,
                 flare_theta=theta,
-                oracle_calls=budget,
             )
+        rows = [r for r in rows_of(out / folder, mode) if r["id"] in ids]
+        points[label] = summarise(off + rows, ["off", mode])["modes"][mode]
+        if args.oracle:
+            # Same folder: its own `off` pass, then the oracle given exactly the replies this point grounded.
+            budget = sum(1 for r in rows if r["grounding_calls"] > 0)
+            with progress_callback(f"{folder} oracle") as progress:
+                summary = evaluate(
+                    args.data,
+                    ["off", mode, "oracle"],
+                    backend,
+                    config,
+                    arms,
+                    out / folder,
+                    sample=args.sample,
+                    progress=progress,
+                    flare_theta=theta,
+                    oracle_calls=budget,
+                )
             points[label] |= oracle_fields(summary["modes"], mode, budget)
     baseline = summarise(
         off + rows_of(base, "always") + rows_of(base, "flare") + rows_of(base, "intervene") + rows_of(base, "oracle"),

@@ -475,19 +475,6 @@ def receipts_show(file: str, last: int | None) -> None:
 # ---------------------------------------------------------------------------------------------
 # label / calibrate / eval
 # ---------------------------------------------------------------------------------------------
-def _progress_bar(label: str):
-    from .progress import Progress
-
-    state: dict = {}
-
-    def update(i: int, total: int, note: str = "") -> None:
-        if "bar" not in state:
-            state["bar"] = Progress(total, label)
-        state["bar"].update(1, note)
-
-    return update
-
-
 @main.command()
 @click.option("--data", required=True, type=click.Path(dir_okay=False), help="JSONL items (question, answers).")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder (resumable).")
@@ -496,13 +483,15 @@ def _progress_bar(label: str):
 def label(data: str, out_dir: str, limit: int | None, **kwargs) -> None:
     """Run the model in detect mode over QA items, grade each reply, keep per-token signals and top-20 logprobs
     (resumable)."""
+    from .progress import progress_callback
     from .research.labeling import label as run_label
     from .research.labeling import read_items
 
     read_items(data, 1)  # fail fast on a bad file before loading the model
     config = resolve_config(kwargs)
     backend = load_backend(config)
-    summary = run_label(data, out_dir, backend, config, limit=limit, progress=_progress_bar("label"))
+    with progress_callback("label") as progress:
+        summary = run_label(data, out_dir, backend, config, limit=limit, progress=progress)
     click.echo(json.dumps(summary))
 
 
@@ -642,22 +631,24 @@ def calibrate_backend(
 ) -> None:
     """`calibrate --backend`: label the packaged set through the model, calibrate, write its calibration."""
     from . import calibrations
+    from .progress import progress_callback
     from .research.calibrate import calibrate_model
 
     given = {"backend": backend_spec, "model": model} | ({"base_url": base_url} if base_url else {})
     config = ConfigLayers(None, given).load()
     backend = load_backend(config)
-    result = calibrate_model(
-        backend,
-        config,
-        out=out_config,
-        limit=limit,
-        objective=objective,
-        min_precision=min_precision,
-        bootstrap=bootstrap,
-        progress=_say,
-        label_progress=_progress_bar("label"),
-    )
+    with progress_callback("label") as label_progress:
+        result = calibrate_model(
+            backend,
+            config,
+            out=out_config,
+            limit=limit,
+            objective=objective,
+            min_precision=min_precision,
+            bootstrap=bootstrap,
+            progress=_say,
+            label_progress=label_progress,
+        )
     if as_json:
         click.echo(json.dumps({k: v for k, v in result.items() if k != "report"} | {"config": result["calibration"]}))
         return
@@ -795,6 +786,7 @@ def eval_cmd(
     **kwargs,
 ) -> None:
     """The A/B: accuracy, regressions, trigger rate, grounding calls, tokens and time per mode."""
+    from .progress import progress_callback
     from .research.evaluate import check_modes, evaluate
     from .research.labeling import read_items
 
@@ -816,19 +808,20 @@ def eval_cmd(
             + (f" --model {config.model}" if config.model else "")
             + ", or pass --threshold / --config with thresholds"
         )
-    summary = evaluate(
-        data,
-        mode_list,
-        backend,
-        config,
-        arms,
-        out_dir,
-        limit=limit,
-        sample=sample,
-        progress=_progress_bar("eval"),
-        flare_theta=flare_theta,
-        oracle_calls=oracle_calls,
-    )
+    with progress_callback("eval") as progress:
+        summary = evaluate(
+            data,
+            mode_list,
+            backend,
+            config,
+            arms,
+            out_dir,
+            limit=limit,
+            sample=sample,
+            progress=progress,
+            flare_theta=flare_theta,
+            oracle_calls=oracle_calls,
+        )
     if as_json:
         click.echo(json.dumps(summary))
     else:
@@ -984,6 +977,21 @@ def _serve_main():
 )
 @click.option("--served-model-name", default=None, help="The model id clients send [default: the model file's stem].")
 @click.option(
+    "--client-system",
+    type=click.Choice(["append", "replace", "refuse"]),
+    default="append",
+    show_default=True,
+    help="A client's system/developer turns: append (after the server's system prompt, in one system turn), "
+    "replace (they stand instead of it) or refuse (400).",
+)
+@click.option(
+    "--max-grounding-s",
+    type=float,
+    default=8.0,
+    show_default=True,
+    help="Grounding budget per request: a request's max_rounds x round_deadline_s over it gets a 400.",
+)
+@click.option(
     "--allow-python",
     is_flag=True,
     help="Let the tool arm run Python snippets from clients' own turns (off by default: code execution is the "
@@ -1007,6 +1015,8 @@ def serve(
     no_receipts: bool,
     receipts_max_mb: int,
     served_model_name: str | None,
+    client_system: str,
+    max_grounding_s: float,
     allow_python: bool,
     receipts_show_config: bool,
     **kwargs,
@@ -1027,6 +1037,7 @@ def serve(
         keep_receipts=not no_receipts,
         receipts_max_mb=receipts_max_mb,
         model_name=served_model_name,
+        limits=serve_main.Limits(max_grounding_s=max_grounding_s, client_system=client_system),
         allow_python=allow_python,
         show_config=receipts_show_config,
     )

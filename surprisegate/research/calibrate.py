@@ -638,7 +638,10 @@ def calibrate_model(
     model's calibration file: `out`, by default home()/calibrations/SLUG.toml, where the runtime finds it.
 
     A chat API's label rows hold the entropies it estimated from the stream's top k (no ids to recompute
-    them from): they are calibrated as they are, and the file is named for that top k."""
+    them from): they are calibrated as they are, and the file is named for that top k.
+
+    `label_progress(done, total, note)` follows the label phase over the whole set (labeling.label): its
+    first call gives the labels already on disk, so a resumed run's rate counts only the labels it makes."""
     from ..backends import SteerableBackend
 
     top_k = calibrations.backend_top_k(backend)

@@ -366,12 +366,20 @@ def evaluate(
     # Two passes: the oracle needs every item's `off` reply and the gate's count of grounded replies first.
     todo = [(it, m) for it in items for m in modes if m != "oracle" and (it["id"], m) not in done]
     oracle_left = sum(1 for it in items if (it["id"], "oracle") not in done) if "oracle" in modes else 0
-    steps = itertools.count(1)
+    # progress(done, total, note) counts the whole job, the rows already on disk included: once before any
+    # work (the resumed count), then per row. The oracle pass may redo saved rows that no longer fit its
+    # budget, so `total` can grow as it runs.
+    total = len(items) * len(modes)
+    steps = itertools.count(total - len(todo) - oracle_left)
+    if progress:
+        progress(next(steps), total, "")
 
     def tick(note: str) -> None:
+        nonlocal total
         step = next(steps)
+        total = max(total, step)
         if progress:
-            progress(step, len(todo) + oracle_left, note)
+            progress(step, total, note)
 
     def run(item: dict, mode: str) -> dict:
         started = time.monotonic()

@@ -144,6 +144,8 @@ def label(
     limit: int | None = None,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> dict:
+    """Label the items not yet in OUT/labels.jsonl (resumable). `progress(done, total, note)` counts the whole
+    job: called once before any work with the items already on disk, then after each item labelled."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     items = read_items(data, limit)
@@ -156,17 +158,20 @@ def label(
     finished = done_ids(out)
     todo = [it for it in items if it["id"] not in finished]
     writer = ReceiptWriter(out / "labels.jsonl", private=False)
+    already = len(items) - len(todo)
+    if progress:  # where the job starts: the items on disk count toward the total, not toward the rate
+        progress(already, len(items), "")
     correct = 0
     for i, item in enumerate(todo, 1):
         record = label_item(backend, item, config)
         writer.append(record)
         correct += record["correct"]
         if progress:
-            progress(i, len(todo), f"acc {correct / i:.2f}")
+            progress(already + i, len(items), f"acc {correct / i:.2f}")
     return {
         "items": len(items),
         "labelled_now": len(todo),
-        "already_done": len(items) - len(todo),
+        "already_done": already,
         "out": str(out / "labels.jsonl"),
     }
 
