@@ -16,7 +16,9 @@ from surprisegate.arms.status import (
     check_status,
     extract_status_request,
     is_allowed,
+    normal_path,
     parse_target,
+    remove_dot_segments,
     resolve_request,
     status_evidence,
 )
@@ -105,6 +107,179 @@ def test_allow_list_matching():
     assert not is_allowed(parse_target("http://localhost:8000/api-v2"), allowed)  # prefixes end at a "/"
     assert not is_allowed(parse_target("https://localhost:8000/api/"), allowed)  # the scheme must match
     assert not is_allowed(parse_target("http://127.0.0.1:5432/"), allowed)  # a TCP entry allows no HTTP
+
+
+# --------------------------------------------------------------------------------------------------
+# normal form: what is matched is what is sent (the red team's "/health/../v1/models" got through)
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("path", "normal"),
+    [  # RFC 3986 §5.2.4 and §5.4's examples, then the edges
+        ("/a/b/c/./../../g", "/a/g"),
+        ("mid/content=5/../6", "mid/6"),
+        ("/b/c/d;p/../g", "/b/c/g"),
+        ("/b/c/d/../../../../g", "/g"),  # more ".." than segments stops at the root
+        ("/./g", "/g"),
+        ("/g.", "/g."),
+        ("/.g", "/.g"),
+        ("/..g", "/..g"),
+        ("/g..", "/g.."),
+        ("/b/c/./g/.", "/b/c/g/"),
+        ("/b/c/g/..", "/b/c/"),
+        ("/..", "/"),
+        ("/.", "/"),
+        ("/", "/"),
+        ("", ""),
+        ("/a//../b", "/a/b"),  # ".." removes the empty segment, as the RFC says
+    ],
+)
+def test_remove_dot_segments(path, normal):
+    assert remove_dot_segments(path) == normal
+
+
+@pytest.mark.parametrize(
+    ("path", "normal"),
+    [
+        ("/health/../v1/models", "/v1/models"),
+        ("/health/%2e%2e/v1/models", "/v1/models"),
+        ("/health/%2E%2e/v1/models", "/v1/models"),
+        ("/health/.%2e/v1", "/v1"),
+        ("/health/%2e/x", "/health/x"),
+        ("/health/./", "/health/"),
+        ("/%7Euser/%41", "/~user/A"),  # unreserved escapes decoded
+        ("/a%3fb/%3A", "/a%3Fb/%3A"),  # reserved ones kept, in upper case
+        ("/caf%c3%a9", "/caf%C3%A9"),
+        ("/café", "/caf%C3%A9"),  # non-ASCII sent as UTF-8 escapes
+        ("health", "/health"),
+    ],
+)
+def test_normal_path(path, normal):
+    assert normal_path(path) == normal
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "http://127.0.0.1:8000/health/..%2fv1",  # an encoded slash (a server decoding it first sees "..")
+        "http://127.0.0.1:8000/health/..%2Fv1",
+        "http://127.0.0.1:8000/health/..%5cv1",  # an encoded backslash
+        "http://127.0.0.1:8000/health%252e%252e/v1",  # an encoded "%" (double decoding)
+        "http://127.0.0.1:8000/health/%00",
+        "http://127.0.0.1:8000/health/%zz",
+        "http://127.0.0.1:8000/health/%2",
+        "http://127.0.0.1:8000/health\\..\\v1",  # backslashes (some servers read "\\" as "/")
+        "http://127.0.0.1:8000\\@evil.example/health",
+        "http://127.0.0.1:8000/health/..;/v1",  # ";" parameters dropped by the server leave ".."
+        "http://127.0.0.1:8000/health/.;x/v1",
+        "http://user@127.0.0.1:8000/health",  # user info
+        "http://127.0.0.1:8000@evil.example/health",  # the host is what follows "@"
+        "http://127.0.0.1:8000:80/health",  # two ports
+        "http://127.0.0.1:+8000/health",
+        "http://127.0.0.1:0/health",
+        "http://127.0.0.%31:8000/health",  # an escaped host
+        "http://127.0.0.1:8000/\x00",
+        "http://127.0.0.1:8000/a\x7fb",
+        "localhost:8000/admin",  # a TCP check takes no path
+    ],
+)
+def test_parse_target_refuses_what_a_server_could_read_as_another_target(text):
+    with pytest.raises(ConfigError) as caught:
+        parse_target(text)
+    assert len(str(caught.value)) < 400
+
+
+@pytest.mark.parametrize(
+    ("text", "allowed"),
+    [
+        ("http://127.0.0.1:8000/health", True),
+        ("http://127.0.0.1:8000/health/", True),
+        ("http://127.0.0.1:8000/health/live", True),
+        ("http://127.0.0.1:8000/health/./live", True),
+        ("http://127.0.0.1:8000/health/x/../live", True),
+        ("http://127.0.0.1:8000/health/%6Cive", True),  # %6C is "l"
+        ("http://127.0.0.1:8000/health?x=/../v1", True),  # the query is no path
+        ("http://127.0.0.1:8000/health#/../../v1", True),  # a fragment is never sent
+        ("http://127.0.0.1:8000/health/../v1/models", False),
+        ("http://127.0.0.1:8000/health/%2e%2e/v1/models", False),
+        ("http://127.0.0.1:8000/health/%2E%2E/v1/models", False),
+        ("http://127.0.0.1:8000/health/.%2e/v1/models", False),
+        ("http://127.0.0.1:8000/health/./../v1/models", False),
+        ("http://127.0.0.1:8000/health/live/../../v1/models", False),
+        ("http://127.0.0.1:8000/health/..", False),
+        ("http://127.0.0.1:8000/health/%2e%2e", False),
+        ("http://127.0.0.1:8000/healthz", False),
+        ("http://127.0.0.1:8000/health;x", False),
+        ("http://127.0.0.1:8000//health", False),
+        ("http://127.0.0.1:8000/HEALTH", False),  # paths are case-sensitive
+        ("http://127.0.0.1:8001/health", False),
+        ("http://127.0.0.1:08000/health", True),  # the same port
+        ("HTTP://127.0.0.1:8000/health", True),
+        ("https://127.0.0.1:8000/health", False),
+        ("http://localhost:8000/health", False),  # another name is another host
+        ("http://[::ffff:127.0.0.1]:8000/health", False),
+        ("http://127.1:8000/health", False),  # a short form of an address is not the listed one
+    ],
+)
+def test_allow_list_matches_the_normal_form(text, allowed):
+    entries = [parse_target("http://127.0.0.1:8000/health")]
+    assert is_allowed(parse_target(text), entries) is allowed
+
+
+def test_allow_list_entries_are_normalised_too():
+    entries = [parse_target("http://127.0.0.1:8000/a/../health/"), parse_target("http://[0:0:0:0:0:0:0:1]:9000/")]
+    assert entries[0].path == "/health/" and entries[1].host == "::1"
+    assert is_allowed(parse_target("http://127.0.0.1:8000/health/live"), entries)
+    assert not is_allowed(parse_target("http://127.0.0.1:8000/a/x"), entries)
+    assert is_allowed(parse_target("http://[::1]:9000/anything"), entries)
+
+
+@pytest.fixture
+def recording_server():
+    """An HTTP server on 127.0.0.1 that keeps the request line's path of every HEAD it gets."""
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):  # http.server's naming
+            seen.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.seen = seen
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_normal_form_is_what_is_sent(recording_server):
+    port = recording_server.server_address[1]
+    allowed = [f"http://127.0.0.1:{port}/health"]
+    result = check_status(f"http://127.0.0.1:{port}/health/x/%2E%2E/./live", allowed, _deadline())
+    assert result.up and recording_server.seen == ["/health/live"]
+    for sneaky in ("/health/../v1/models", "/health/%2e%2e/v1/models", "/health/.%2E/v1/models"):
+        with pytest.raises(ToolRefused) as caught:
+            check_status(f"http://127.0.0.1:{port}{sneaky}", allowed, _deadline())
+        assert caught.value.reason == "not_allowed" and "/v1/models" in str(caught.value)
+    assert recording_server.seen == ["/health/live"]  # nothing else was contacted
+
+
+def test_a_sneaky_target_in_a_question_is_refused_before_any_contact(recording_server):
+    port = recording_server.server_address[1]
+    allowed = [parse_target(f"http://127.0.0.1:{port}/health")]
+    for question in (
+        f"Is http://127.0.0.1:{port}/health/../v1/models up?",
+        f"Is http://127.0.0.1:{port}/health/%2e%2e/v1/models up?",
+    ):
+        target = resolve_request(extract_status_request(question), allowed)
+        assert target.path == "/v1/models" and not is_allowed(target, allowed)
+    with pytest.raises(ToolRefused) as caught:
+        resolve_request(extract_status_request(f"Is http://127.0.0.1:{port}/health/..%2fv1 up?"), allowed)
+    assert caught.value.reason == "bad_target"
+    assert recording_server.seen == []
 
 
 def test_tcp_up(listener):

@@ -3,6 +3,10 @@
 Only targets on the configured allow-list are ever contacted: "host:port" (TCP connect) or an http(s) URL
 (HTTP HEAD, no redirects followed). Everything is bounded by the caller's deadline, DNS included: names are
 resolved in a daemon thread that is abandoned when the deadline passes.
+
+A URL is matched in its normal form and sent in that same form (parse_target, normal_path): escapes
+decoded where RFC 3986 allows, dot segments removed, so "/health/../v1/models" is "/v1/models" and is
+refused under an allowed "/health"; what a server could read as another path is refused outright.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from surprisegate.arms import Evidence
 from surprisegate.arms.toolkit import ToolRefused, tool_evidence
@@ -43,32 +47,126 @@ class StatusTarget:
 
 
 def parse_target(text: str) -> StatusTarget:
-    """ "host:port", "tcp://host:port" or an http(s) URL -> StatusTarget; ConfigError when malformed."""
+    """ "host:port", "tcp://host:port" or an http(s) URL -> StatusTarget in normal form (see normal_path);
+    ConfigError when malformed or when servers could read it differently from us (user info, a backslash,
+    an encoded slash or percent, a control character)."""
     if not isinstance(text, str) or not text.strip() or len(text) > 2048 or any(c.isspace() for c in text.strip()):
-        raise ConfigError(f"status target {text!r} must be 'host:port' or an http(s) URL, e.g. 'localhost:8080'")
+        raise ConfigError(f"status target {_short(text)} must be 'host:port' or an http(s) URL, e.g. 'localhost:8080'")
     written = text.strip()
+    bad = next((c for c in written if ord(c) < 0x20 or ord(c) == 0x7F or c == "\\"), None)
+    if bad is not None:
+        raise ConfigError(
+            f"status target {_short(text)} holds {bad!r}, which servers read differently; write the URL without it"
+        )
     if "://" not in written:
         written = "tcp://" + written
     try:
         parts = urlsplit(written)
         port = parts.port
     except ValueError as err:
-        raise ConfigError(f"status target {text!r} is malformed ({err})") from None
+        raise ConfigError(f"status target {_short(text)} is malformed ({err})") from None
     scheme = parts.scheme.lower()
     if scheme not in ("tcp", "http", "https") or not parts.hostname:
-        raise ConfigError(f"status target {text!r} must be 'host:port' or an http(s) URL, e.g. 'localhost:8080'")
+        raise ConfigError(f"status target {_short(text)} must be 'host:port' or an http(s) URL, e.g. 'localhost:8080'")
+    if "@" in parts.netloc:
+        raise ConfigError(
+            f"status target {_short(text)} holds user info before '@' (the host is what follows it); write "
+            "only the scheme, host, port and path"
+        )
+    host = _host(parts.hostname, text)
+    if port == 0:
+        raise ConfigError(f"status target {_short(text)} has port 0; use a port from 1 to 65535")
     if scheme == "tcp":
         if port is None:
-            raise ConfigError(f"status target {text!r} needs a port, e.g. '{parts.hostname}:8080'")
-        return StatusTarget("tcp", _host(parts.hostname), port)
-    path = parts.path or "/"
+            raise ConfigError(f"status target {_short(text)} needs a port, e.g. '{host}:8080'")
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ConfigError(f"status target {_short(text)}: a host:port check takes no path; drop it")
+        return StatusTarget("tcp", host, port)
+    path = normal_path(parts.path or "/", text)
     if parts.query:
-        path += "?" + parts.query
-    return StatusTarget(scheme, _host(parts.hostname), port or {"http": 80, "https": 443}[scheme], path)
+        path += "?" + _ascii(parts.query)
+    return StatusTarget(scheme, host, port or {"http": 80, "https": 443}[scheme], path)
 
 
-def _host(name: str) -> str:
-    return name.lower().rstrip(".")
+_HOSTNAME = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*")
+_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+# Escapes a server may decode before routing (or twice): left in, they would hide a "/" or a "..".
+_REFUSED_ESCAPES = {"2F": "an encoded '/'", "5C": "an encoded backslash", "25": "an encoded '%'"}
+
+
+def _short(text: object) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= 80 else shown[:80] + f"… ({len(shown)} characters)"
+
+
+def _host(name: str, text: str) -> str:
+    """The host in normal form: lower case, no trailing dot, an IP address in its compressed form."""
+    host = name.lower().rstrip(".")
+    try:
+        return ipaddress.ip_address(host).compressed
+    except ValueError:
+        pass
+    if not _HOSTNAME.fullmatch(host):
+        raise ConfigError(
+            f"status target {_short(text)}: host {host!r} must be a name of letters, digits, '-' and '.' "
+            "(an internationalised name in its xn-- form) or an IP address"
+        )
+    return host
+
+
+def normal_path(path: str, text: str = "") -> str:
+    """A URL path in the normal form it is matched and sent in (RFC 3986 §6.2.2): escapes of unreserved
+    characters decoded (%2e is "."), other escapes in upper case, non-ASCII characters escaped as UTF-8,
+    then dot segments removed (§5.2.4), so "/health/../v1" is "/v1". ConfigError for what a server could
+    still read as another path: an encoded "/", backslash or "%", an escaped control character, a
+    malformed escape, or a "..;" segment (servers that drop ";" parameters read it as "..")."""
+    text = text or path
+    if re.search(r"%(?![0-9A-Fa-f]{2})", path):
+        raise ConfigError(f"status target {_short(text)} has a malformed %-escape; write %XX with two hex digits")
+
+    def decode(match: re.Match) -> str:
+        code = match.group(1).upper()
+        char = chr(int(code, 16))
+        if code in _REFUSED_ESCAPES or int(code, 16) < 0x20 or int(code, 16) == 0x7F:
+            what = _REFUSED_ESCAPES.get(code, "an encoded control character")
+            raise ConfigError(f"status target {_short(text)} holds {what} (%{code}); write the path without it")
+        return char if char in _UNRESERVED else "%" + code
+
+    path = remove_dot_segments(_ascii(_ESCAPE.sub(decode, path)))
+    for segment in path.split("/"):
+        if segment.split(";", 1)[0] in (".", ".."):
+            raise ConfigError(f"status target {_short(text)} has a {segment!r} segment; write the path it means")
+    return path if path.startswith("/") else "/" + path
+
+
+def _ascii(text: str) -> str:
+    """Non-ASCII characters as UTF-8 %-escapes (what a request line can carry); ASCII kept as it is."""
+    return "".join(c if ord(c) < 0x80 else quote(c, safe="") for c in text)
+
+
+def remove_dot_segments(path: str) -> str:
+    """RFC 3986 §5.2.4, rule by rule: "/a/b/c/./../../g" -> "/a/g", "mid/content=5/../6" -> "mid/6"."""
+    source, out = path, ""
+    while source:
+        if source.startswith("../"):
+            source = source[3:]
+        elif source.startswith("./"):
+            source = source[2:]
+        elif source.startswith("/./"):
+            source = source[2:]
+        elif source == "/.":
+            source = "/"
+        elif source.startswith("/../") or source == "/..":
+            source = "/" + source[4:]
+            out = out[: max(out.rfind("/"), 0)]
+        elif source in (".", ".."):
+            source = ""
+        else:
+            end = source.find("/", 1)
+            end = len(source) if end < 0 else end
+            out, source = out + source[:end], source[end:]
+    return out
 
 
 def is_allowed(target: StatusTarget, allowed: Sequence[StatusTarget]) -> bool:

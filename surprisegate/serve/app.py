@@ -10,7 +10,9 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,10 +34,11 @@ from ..text import first_stop
 from .gate import Admission, Finished, Generation, RotatingReceipts, check_context
 from .metrics import CONTENT_TYPE, Metrics
 from .replies import ReplyShape, StopCutter, finish_reason, token_info, token_infos
-from .wire import ApiError, GateRequest, Limits, parse_chat, parse_completion, parse_json
+from .wire import ApiError, GateRequest, Limits, parse_chat, parse_completion, parse_json, shown
 
 # An unread body would be parsed as the next request on a kept-alive connection: close it after the error.
 CLOSE = {"Connection": "close"}
+log = logging.getLogger("surprisegate.serve")
 DISCONNECTED = 499  # nginx's "client closed request": counted, never seen by the client
 
 
@@ -166,7 +169,7 @@ class Server:
             yield json.dumps(err.body())
         except Exception as err:  # noqa: BLE001 - a fault in the reply's thread: said in the stream, not a dropped connection
             left = False
-            yield json.dumps(ApiError(f"the reply failed: {err}", status=500, kind="server_error").body())
+            yield json.dumps(internal_error(err, f"stream {gen.reply_id}").body())
         finally:
             gen.cancel()  # a no-op once the reply is done; else its thread stops and frees its session
             if left:
@@ -306,14 +309,43 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    message = f"{request.method} {request.url.path}: {exc.detail}"
-    body = {"error": {"message": message, "type": kind, "param": None, "code": str(exc.status_code)}}
-    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+    message = f"{request.method[:16]} {shown(request.url.path)}: {exc.detail}"  # a path can be kilobytes long
+    error = ApiError(message, status=exc.status_code, code=str(exc.status_code), kind=kind)
+    return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+def internal_error(exc: BaseException, where: str) -> ApiError:
+    """A fault of ours: the client gets a generic message with an id, the log gets the traceback under that
+    id (the exception's text may hold paths, config or another request's data)."""
+    error_id = uuid.uuid4().hex[:12]
+    log.error("internal error %s (%s)", error_id, where, exc_info=(type(exc), exc, exc.__traceback__))
+    return ApiError(
+        f"internal error {error_id}: the server could not finish this request and logged why; retry, or give "
+        "the operator this id",
+        status=500,
+        kind="server_error",
+        code="internal_error",
+    )
+
+
+def guarded(route: Callable[[Request], Any]) -> Callable[[Request], Any]:
+    """The route, its faults turned into the generic 500 (logged once, with its id, here; Starlette's last-resort
+    handler would log the traceback again without it)."""
+
+    async def run(request: Request) -> Response:
+        try:
+            return await route(request)
+        except (ApiError, HTTPException):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a fault of ours, never a client's to read
+            raise internal_error(exc, f"{request.method} {request.url.path[:200]}") from None
+
+    return run
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
-    message = f"internal error: {type(exc).__name__}: {exc}"
-    return JSONResponse({"error": {"message": message, "type": "server_error", "param": None, "code": None}}, 500)
+    error = internal_error(exc, f"{request.method} {request.url.path[:200]}")
+    return JSONResponse(error.body(), status_code=500)
 
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
@@ -354,11 +386,11 @@ def create_app(runtime: Any, settings: ServeSettings | None = None) -> Starlette
 
     app = Starlette(
         routes=[
-            Route("/v1/chat/completions", server.chat, methods=["POST"]),
-            Route("/v1/completions", server.completions, methods=["POST"]),
-            Route("/v1/models", server.models, methods=["GET"]),
-            Route("/health", server.health, methods=["GET"]),
-            Route("/metrics", server.metrics_text, methods=["GET"]),
+            Route("/v1/chat/completions", guarded(server.chat), methods=["POST"]),
+            Route("/v1/completions", guarded(server.completions), methods=["POST"]),
+            Route("/v1/models", guarded(server.models), methods=["GET"]),
+            Route("/health", guarded(server.health), methods=["GET"]),
+            Route("/metrics", guarded(server.metrics_text), methods=["GET"]),
         ],
         middleware=[Middleware(CountRequests, metrics=server.metrics)],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},

@@ -4,18 +4,29 @@ Like vLLM's OpenAI layer, each field is validated at the edge and a bad one gets
 we cannot serve (`n` > 1, `tools`, ...) is named too, rather than silently ignored. What survives becomes
 a `GateRequest`: the chat to answer and the per-request `Config` (server defaults, then the request's
 sampling fields, then its `"surprisegate": {...}` extension).
+
+The body is checked before it is trusted: valid UTF-8 (or UTF-16/32) JSON, at most `MAX_DEPTH` deep (a
+scan over the text before parsing, so no input can exhaust the parser's stack), no NaN or Infinity, and
+no lone surrogate in any string or key. Every gate setting is of a known kind and within bounds: choices
+from their lists, numbers in ranges, kind thresholds only for question kinds the server knows, and the
+request's grounding (max_rounds x round_deadline_s) within the operator's budget. Error messages name the
+field and show at most a short prefix of its value (`shown`); a body is never over `MAX_ERROR_BYTES`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, fields
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import Config
+from .. import calibrated
+from ..config import ARM_NAMES, INJECTIONS, MODES, Config
 from ..errors import ConfigError, InputError
 from ..prompting import conversation
+from ..signals import SIGNALS
+from ..surprise import STATISTICS
 
 # Gate settings a request may change: they shape only its own reply. Backend, model, tools' reach,
 # sessions, threads and prompts stay the server's (one config per deployment, DESIGN §3).
@@ -93,6 +104,51 @@ COMPLETION_FIELDS = (
     "surprisegate",
 )
 
+MAX_DEPTH = 32  # JSON nesting a body may have: a chat needs 5 (body, messages, turn, content parts, part)
+SHOWN_CHARS = 60  # most characters of a client's value an error message shows
+NAME_CHARS = 40  # most characters of a client's key shown in a message or `param`
+MAX_ERROR_BYTES = 2000  # an error body is never bigger (a client's long value cannot make it long)
+THRESHOLD_BITS = 64.0  # |threshold| a request may set: a window statistic in bits is far inside it
+MAX_STOP_CHARS = 256  # a stop string is held back while it may be starting: longer ones hold the reply
+CLIENT_SYSTEM = ("append", "replace", "refuse")  # what a client's system (or developer) turns do
+
+
+def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """A client's value as an error message shows it: as JSON, at most `limit` characters, then an
+    ellipsis and its whole length, so a long value is never echoed and no Python repr of ours leaks."""
+    if isinstance(value, str):
+        text = json.dumps(value[: limit + 1], ensure_ascii=False)
+        return text if len(value) <= limit else f'{text[: limit + 1]}…" ({len(value)} characters)'
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
+def clip(text: str, limit: int = 300) -> str:
+    """One of our own messages (which may quote a client's value) cut to `limit` characters."""
+    return text if len(text) <= limit else f"{text[:limit]}…"
+
+
+def name(key: Any, sized: bool = False) -> str:
+    """A client's key (a field name) as a `param` (or, `sized`, a message) names it: cut to NAME_CHARS,
+    then an ellipsis (and, `sized`, its whole length)."""
+    text = key if isinstance(key, str) else str(key)
+    if len(text) <= NAME_CHARS:
+        return text
+    return f"{text[:NAME_CHARS]}… ({len(text)} characters)" if sized else f"{text[:NAME_CHARS]}…"
+
+
+def _names(keys: list[Any], most: int = 5) -> str:
+    listed = ", ".join(name(k, sized=True) for k in keys[:most])
+    return listed + (f" and {len(keys) - most} more" if len(keys) > most else "")
+
+
+def _clean(text: str) -> str:
+    """Text that encodes as UTF-8: a lone surrogate becomes its escape (it would fail the response)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
 
 class ApiError(InputError):
     """A request the server answers with an OpenAI-shaped error: status, type, the field (`param`), code."""
@@ -112,7 +168,15 @@ class ApiError(InputError):
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
+        """{"error": {...}}, at most MAX_ERROR_BYTES as JSON: a long message is cut, the cut said."""
+        message = _clean(str(self))
+        param = None if self.param is None else _clean(self.param)[: NAME_CHARS * 3]
+        error = {"message": message, "type": self.kind, "param": param, "code": self.code}
+        keep = len(message)
+        while len(json.dumps({"error": error}, ensure_ascii=False).encode()) > MAX_ERROR_BYTES:
+            keep = keep * 3 // 4
+            error["message"] = message[:keep] + "… (message cut)"
+        return {"error": error}
 
 
 @dataclass(frozen=True)
@@ -124,6 +188,22 @@ class Limits:
     max_tokens: int = 1024  # most reply tokens a request may ask for
     max_rounds: int = 4  # most grounding rounds a request may ask for
     max_round_deadline_s: float = 10.0
+    # Most grounding one request may ask for: its max_rounds x round_deadline_s, in seconds of arm time.
+    max_grounding_s: float = 8.0
+    # A client's system/developer turns: "append" (after the server's system prompt, in one system turn),
+    # "replace" (they stand instead of it) or "refuse" (a 400).
+    client_system: str = "append"
+
+    def __post_init__(self) -> None:
+        if self.client_system not in CLIENT_SYSTEM:
+            raise InputError(
+                f"client_system={self.client_system!r} (--client-system) must be one of {', '.join(CLIENT_SYSTEM)}"
+            )
+        budget = self.max_grounding_s
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 3600:
+            raise InputError(
+                f"max_grounding_s={budget!r} (--max-grounding-s) must be seconds over 0, at most 3600, e.g. 8"
+            )
 
 
 @dataclass(frozen=True)
@@ -142,50 +222,134 @@ class GateRequest:
     notes: tuple[str, ...] = ()  # adjustments the server made, said back in the response
 
 
+# --------------------------------------------------------------------------------------------
+# the body
+# --------------------------------------------------------------------------------------------
+EXAMPLE = '{"model": "...", "messages": [{"role": "user", "content": "..."}]}'
+_STRING = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+"?', re.S)  # a JSON string; unclosed: to the end
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def parse_json(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or a 400 that says what is wrong with it."""
+    """The body as a JSON object, or a 400 that says what is wrong with it: checked for depth before it is
+    parsed, and for lone surrogates (which no response or receipt could encode) after."""
+    text = _decoded(raw)
+    check_depth(text)
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        body = json.loads(text, parse_constant=_no_constant)
+    except ApiError:
+        raise
+    except json.JSONDecodeError as err:
         raise ApiError(
-            f"the request body is not valid JSON ({err}); send a JSON object such as "
-            '{"model": "...", "messages": [{"role": "user", "content": "..."}]}',
+            f"the request body is not valid JSON ({err.msg} at line {err.lineno} column {err.colno}); "
+            f"send a JSON object such as {EXAMPLE}",
+            code="invalid_json",
+        ) from None
+    except (ValueError, RecursionError):  # an integer of more digits than Python converts
+        raise ApiError(
+            "the request body holds a number too long to read; send numbers of at most a few dozen digits",
             code="invalid_json",
         ) from None
     if not isinstance(body, dict):
-        raise ApiError(f"the request body is a JSON {type(body).__name__}, not an object; send a JSON object")
+        raise ApiError(
+            f"the request body is a JSON {type(body).__name__}, not an object; send a JSON object such as {EXAMPLE}",
+            code="invalid_json",
+        )
+    check_strings(body)
     return body
+
+
+def _decoded(raw: bytes) -> str:
+    try:
+        return raw.decode(json.detect_encoding(raw))
+    except UnicodeDecodeError as err:
+        raise ApiError(
+            f"the request body is not valid {err.encoding.upper()} (byte {err.start}: {err.reason}); "
+            "send JSON in UTF-8",
+            code="invalid_json",
+        ) from None
+
+
+def _no_constant(word: str) -> float:
+    raise ApiError(f"the request body holds {word}, which is not JSON; send a finite number", code="invalid_json")
+
+
+def check_depth(text: str, limit: int = MAX_DEPTH) -> None:
+    """A 400 when the JSON text nests deeper than `limit` (strings skipped): a linear scan that stops at
+    the first level too deep, so 50,000 `[` cost nothing and never reach the parser's recursion."""
+    depth = 0
+    for bracket in _NOT_BRACKET.sub("", _STRING.sub("", text)):
+        depth += 1 if bracket in "[{" else -1
+        if depth > limit:
+            raise ApiError(
+                f"the request body nests arrays or objects more than {limit} deep; a chat needs 5, "
+                f"send a flatter body such as {EXAMPLE}",
+                code="invalid_json",
+            )
+
+
+def check_strings(value: Any, path: str = "") -> None:
+    """A 400 naming the first string or key holding a lone surrogate (a \\ud800 escape with no pair):
+    it is not Unicode text, so the model, a stop string, a receipt or a reply cannot hold it."""
+    if isinstance(value, str):
+        found = _SURROGATE.search(value)
+        if found:
+            raise _surrogate(path or "the request body", found, what="a string")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            found = _SURROGATE.search(key)
+            if found:
+                raise _surrogate(path or "the request body", found, what="a key")
+            check_strings(item, f"{path}.{name(key)}" if path else name(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_strings(item, f"{path}[{i}]")
+
+
+def _surrogate(where: str, found: re.Match, what: str) -> ApiError:
+    escape = f"\\u{ord(found.group()):04x}"
+    return ApiError(
+        f"{where}: {what} holds a lone surrogate ({escape}) at character {found.start()}, which is not "
+        "Unicode text; send the character itself (UTF-8) or a complete surrogate pair",
+        param=where if where != "the request body" else None,
+        code="invalid_unicode",
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # typed fields
 # --------------------------------------------------------------------------------------------
-def _int(body: dict, name: str, low: int, high: int, default: int | None = None) -> int | None:
-    value = body.get(name)
+def _int(
+    body: dict, key: str, low: int, high: int, default: int | None = None, param: str | None = None, why: str = ""
+) -> int | None:
+    value = body.get(key)
     if value is None:
         return default
+    param = param or key
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ApiError(f"{name}={value!r} must be a whole number from {low} to {high}", param=name)
+        raise ApiError(f"{param}={shown(value)} must be a whole number from {low} to {high}{why}", param=param)
     return value
 
 
-def _number(body: dict, name: str, low: float, high: float) -> float | None:
-    value = body.get(name)
+def _number(body: dict, key: str, low: float, high: float, param: str | None = None, why: str = "") -> float | None:
+    value = body.get(key)
     if value is None:
         return None
+    param = param or key
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ApiError(f"{name}={value!r} must be a number from {low} to {high}", param=name)
+        raise ApiError(f"{param}={shown(value)} must be a number from {low:g} to {high:g}{why}", param=param)
     if not low <= value <= high:
-        raise ApiError(f"{name}={value!r} must be a number from {low} to {high}", param=name)
+        raise ApiError(f"{param}={shown(value)} must be a number from {low:g} to {high:g}{why}", param=param)
     return float(value)
 
 
-def _bool(body: dict, name: str) -> bool:
-    value = body.get(name)
+def _bool(body: dict, key: str, param: str | None = None) -> bool:
+    value = body.get(key)
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise ApiError(f"{name}={value!r} must be true or false", param=name)
+        raise ApiError(f"{param or key}={shown(value)} must be true or false", param=param or key)
     return value
 
 
@@ -198,13 +362,12 @@ def _text(value: Any, param: str) -> str:
         for i, part in enumerate(value):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise ApiError(
-                    f"{param}[{i}]={str(part)[:80]!r}: only text parts are served; send "
-                    '{"type": "text", "text": "..."}',
+                    f'{param}[{i}]={shown(part)}: only text parts are served; send {{"type": "text", "text": "..."}}',
                     param=f"{param}[{i}]",
                 )
             texts.append(part["text"])
         return "".join(texts)
-    raise ApiError(f"{param}={str(value)[:80]!r} must be a string or a list of text parts", param=param)
+    raise ApiError(f"{param}={shown(value)} must be a string or a list of text parts", param=param)
 
 
 # --------------------------------------------------------------------------------------------
@@ -219,21 +382,20 @@ def check_fields(body: dict, allowed: tuple[str, ...]) -> None:
     unknown = [k for k in body if k not in allowed and k not in IGNORED and k not in UNSERVED]
     if unknown:
         raise ApiError(
-            f"unrecognized request field(s) {', '.join(unknown)}; drop them (gate settings go in "
-            '"surprisegate": {...})',
-            param=unknown[0],
+            f'unrecognized request field(s) {_names(unknown)}; drop them (gate settings go in "surprisegate": {{...}})',
+            param=name(unknown[0]),
         )
     if _int(body, "n", 1, 128, 1) != 1 or _int(body, "best_of", 1, 128, 1) != 1:
-        name = "n" if body.get("n", 1) != 1 else "best_of"
+        key = "n" if body.get("n", 1) != 1 else "best_of"
         raise ApiError(
-            f"{name}={body[name]!r}: one reply per request is served; drop {name} or set it to 1", param=name
+            f"{key}={shown(body[key])}: one reply per request is served; drop {key} or set it to 1", param=key
         )
-    for name in ("presence_penalty", "frequency_penalty"):
-        if _number(body, name, -2.0, 2.0) not in (None, 0.0):
-            raise ApiError(f"{name}={body[name]!r} is not served (the gate decodes unpenalized); drop it", param=name)
+    for key in ("presence_penalty", "frequency_penalty"):
+        if _number(body, key, -2.0, 2.0) not in (None, 0.0):
+            raise ApiError(f"{key}={shown(body[key])} is not served (the gate decodes unpenalized); drop it", param=key)
     if _number(body, "top_p", 0.0, 1.0) not in (None, 1.0):
         raise ApiError(
-            f"top_p={body['top_p']!r}: only top_p=1 is served exactly (sampling uses the whole distribution "
+            f"top_p={shown(body['top_p'])}: only top_p=1 is served exactly (sampling uses the whole distribution "
             "at the given temperature); drop top_p or set it to 1",
             param="top_p",
         )
@@ -242,10 +404,10 @@ def check_fields(body: dict, allowed: tuple[str, ...]) -> None:
 def check_model(body: dict, served: tuple[str, ...]) -> None:
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise ApiError(f"model={model!r} must name a served model: {', '.join(served)}", param="model")
+        raise ApiError(f"model={shown(model)} must name a served model: {', '.join(served)}", param="model")
     if model not in served:
         raise ApiError(
-            f"model={model!r} is not served here; use {', '.join(served)} (GET /v1/models)",
+            f"model={shown(model)} is not served here; use {', '.join(served)} (GET /v1/models)",
             status=404,
             param="model",
             code="model_not_found",
@@ -257,8 +419,12 @@ def stops(body: dict) -> tuple[str, ...]:
     if value is None:
         return ()
     items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or len(items) > 4 or not all(isinstance(s, str) and s for s in items):
-        raise ApiError(f"stop={value!r} must be a non-empty string or a list of up to 4 of them", param="stop")
+    if not isinstance(items, list) or len(items) > 4:
+        raise ApiError(f"stop={shown(value)} must be a non-empty string or a list of up to 4 of them", param="stop")
+    for i, item in enumerate(items):
+        param = "stop" if isinstance(value, str) else f"stop[{i}]"
+        if not isinstance(item, str) or not item or len(item) > MAX_STOP_CHARS:
+            raise ApiError(f"{param}={shown(item)} must be a string of 1 to {MAX_STOP_CHARS} characters", param=param)
     return tuple(items)
 
 
@@ -271,66 +437,142 @@ def stream_flags(body: dict) -> tuple[bool, bool]:
     if not stream:
         raise ApiError("stream_options is only allowed with stream=true", param="stream_options")
     if not isinstance(options, dict) or set(options) - {"include_usage", "include_obfuscation"}:
-        raise ApiError(f"stream_options={options!r}: only include_usage is served", param="stream_options")
-    return stream, _bool(options, "include_usage")
+        raise ApiError(f"stream_options={shown(options)}: only include_usage is served", param="stream_options")
+    return stream, _bool(options, "include_usage", "stream_options.include_usage")
 
 
 # --------------------------------------------------------------------------------------------
 # the config of one request
 # --------------------------------------------------------------------------------------------
-_FIELDS = {f.name: f for f in fields(Config)}
+CHOICES = {"mode": MODES, "signal": SIGNALS, "statistic": STATISTICS, "injection": INJECTIONS}
+FLAGS = ("ground_closed_questions", "revert_unused_evidence", "retry_failed_rewrite")
+ARM_ORDERS = ("arm_order_computable", "arm_order_other")
+WHOLE = {"window": (1, 512), "min_tokens": (1, 512)}  # Config's own bounds
+NUMBERS = {
+    "threshold": (-THRESHOLD_BITS, THRESHOLD_BITS),
+    "relevance_floor": (0.0, 1.0),
+    "arbitration_margin": (0.0, 1.0),
+}
 
 
-def _typed(key: str, value: Any) -> Any:
-    """A JSON value of the config field's own type (no string coercion: JSON has real types)."""
-    default = _FIELDS[key].default if key != "kind_thresholds" else {}
-    param = f"surprisegate.{key}"
-    ok = {
-        bool: lambda v: isinstance(v, bool),
-        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-        float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-        str: lambda v: isinstance(v, str),
-        tuple: lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
-        dict: lambda v: isinstance(v, dict),
-    }[type(default)]
-    if not ok(value):
-        kind = {tuple: "list of strings", dict: "object", float: "number"}.get(type(default), type(default).__name__)
-        raise ApiError(f"{param}={value!r} must be a {kind}, e.g. {default!r}", param=param)
-    return tuple(value) if isinstance(default, tuple) else value
+def known_kinds(base: Config) -> frozenset[str]:
+    """The question kinds (signals.question_kind) a request may give its own threshold: those the server's
+    config and the shipped calibration know. Any other key could never match a question's kind."""
+    return frozenset(base.kind_thresholds) | frozenset(calibrated.KIND_THRESHOLDS)
 
 
-def gate_overrides(body: dict, limits: Limits) -> dict[str, Any]:
+def _setting(key: str, value: Any, limits: Limits, kinds: frozenset[str]) -> Any:
+    """One `surprisegate.KEY` value, of its kind and within its bounds, or a 400 naming it."""
+    param, box = f"surprisegate.{key}", {key: value}
+    if key in CHOICES:
+        if not isinstance(value, str) or value not in CHOICES[key]:
+            raise ApiError(f"{param}={shown(value)} must be one of {', '.join(CHOICES[key])}", param=param)
+        return value
+    if key in FLAGS:
+        return _bool(box, key, param)
+    if key in WHOLE:
+        return _int(box, key, *WHOLE[key], param=param)
+    if key in NUMBERS:
+        bits = " bits" if key == "threshold" else ""
+        return _number(box, key, *NUMBERS[key], param=param, why=bits)
+    if key == "max_rounds":
+        return _int(box, key, 0, limits.max_rounds, param=param, why=" (this server's limit)")
+    if key == "round_deadline_s":
+        return _number(box, key, 0.01, limits.max_round_deadline_s, param=param, why=" s (this server's limit)")
+    if key in ARM_ORDERS:
+        return _arm_order(param, value)
+    if key == "kind_thresholds":
+        return _kind_thresholds(param, value, kinds)
+    if value != "holdback":  # stream
+        raise ApiError(
+            f"{param}={shown(value)}: an OpenAI stream cannot take text back, so only 'holdback' is served "
+            "(clients never see rewound text)",
+            param=param,
+        )
+    return value
+
+
+def _arm_order(param: str, value: Any) -> tuple[str, ...]:
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(a, str) and a in ARM_NAMES for a in value)
+        or len(set(value)) != len(value)
+    ):
+        raise ApiError(
+            f"{param}={shown(value)} must be a list of distinct arm names from {', '.join(ARM_NAMES)}, "
+            'e.g. ["memory", "web"]',
+            param=param,
+        )
+    return tuple(value)
+
+
+def _kind_thresholds(param: str, value: Any, kinds: frozenset[str]) -> dict[str, float]:
+    if not isinstance(value, dict):
+        raise ApiError(
+            f'{param}={shown(value)} must be an object of question kind: bits, e.g. {{"capital": 1.5}}', param=param
+        )
+    out = {}
+    for kind, bits in value.items():
+        if kind not in kinds:
+            listed = ", ".join(sorted(kinds))
+            listed = listed if len(listed) <= 700 else listed[:700].rsplit(", ", 1)[0] + ", …"
+            raise ApiError(
+                f"{param}.{name(kind, sized=True)} is not a question kind this server knows; use one of {listed}",
+                param=f"{param}.{name(kind)}",
+            )
+        where = f"{param}.{kind}"
+        threshold = _number({kind: bits}, kind, -THRESHOLD_BITS, THRESHOLD_BITS, param=where, why=" bits")
+        if threshold is None:
+            raise ApiError(
+                f"{where}=null must be a number from {-THRESHOLD_BITS:g} to {THRESHOLD_BITS:g} bits", param=where
+            )
+        out[kind] = threshold
+    return out
+
+
+def gate_overrides(body: dict, limits: Limits, base: Config | None = None) -> dict[str, Any]:
     """The request's `"surprisegate": {...}` gate settings, typed and within the server's limits."""
     ext = body.get("surprisegate")
     if ext is None:
         return {}
     if not isinstance(ext, dict):
-        raise ApiError(f'surprisegate={ext!r} must be an object, e.g. {{"mode": "intervene"}}', param="surprisegate")
+        raise ApiError(
+            f'surprisegate={shown(ext)} must be an object, e.g. {{"mode": "intervene"}}', param="surprisegate"
+        )
     unknown = [k for k in ext if k not in REQUEST_KEYS]
     if unknown:
         raise ApiError(
-            f"surprisegate: unknown or server-only setting(s) {', '.join(unknown)}; a request may set "
+            f"surprisegate: unknown or server-only setting(s) {_names(unknown)}; a request may set "
             f"{', '.join(REQUEST_KEYS)}",
-            param=f"surprisegate.{unknown[0]}",
+            param=f"surprisegate.{name(unknown[0])}",
         )
-    out = {k: _typed(k, v) for k, v in ext.items()}
-    if out.get("stream", "holdback") != "holdback":
-        raise ApiError(
-            f"surprisegate.stream={out['stream']!r}: an OpenAI stream cannot take text back, so only "
-            "'holdback' is served (clients never see rewound text)",
-            param="surprisegate.stream",
-        )
-    if out.get("max_rounds", 0) > limits.max_rounds:
-        raise ApiError(
-            f"surprisegate.max_rounds={out['max_rounds']} is over this server's limit of {limits.max_rounds}"
-        )
-    if out.get("round_deadline_s", 0) > limits.max_round_deadline_s:
-        raise ApiError(
-            f"surprisegate.round_deadline_s={out['round_deadline_s']} is over this server's limit of "
-            f"{limits.max_round_deadline_s} s",
-            param="surprisegate.round_deadline_s",
-        )
+    base = base or Config()
+    kinds = known_kinds(base)
+    out = {k: _setting(k, v, limits, kinds) for k, v in ext.items() if v is not None}
+    check_budget(out, base, limits)
     return out
+
+
+def check_budget(out: dict[str, Any], base: Config, limits: Limits) -> None:
+    """A request that sets max_rounds or round_deadline_s asks for at most their product in grounding time
+    (the server's value for the one it did not set): over `limits.max_grounding_s` is a 400 saying how to fit."""
+    if not {"max_rounds", "round_deadline_s"} & set(out):
+        return
+    rounds = out.get("max_rounds", base.max_rounds)
+    deadline = out.get("round_deadline_s", base.round_deadline_s)
+    budget = limits.max_grounding_s
+    if rounds * deadline <= budget + 1e-9:
+        return
+    fit = math.floor(budget / rounds * 100) / 100
+    param = "surprisegate.round_deadline_s" if "round_deadline_s" in out else "surprisegate.max_rounds"
+    raise ApiError(
+        f"surprisegate: max_rounds={rounds} x round_deadline_s={deadline:g} s asks for up to "
+        f"{rounds * deadline:g} s of grounding, over this server's budget of {budget:g} s per request; keep "
+        f"max_rounds x round_deadline_s within {budget:g}, e.g. round_deadline_s={fit:g} with max_rounds={rounds}",
+        param=param,
+        code="grounding_budget_exceeded",
+    )
 
 
 def sampling_overrides(body: dict, limits: Limits) -> dict[str, Any]:
@@ -338,9 +580,10 @@ def sampling_overrides(body: dict, limits: Limits) -> dict[str, Any]:
     out: dict[str, Any] = {}
     tokens = {k: body.get(k) for k in ("max_tokens", "max_completion_tokens") if body.get(k) is not None}
     if len(set(map(repr, tokens.values()))) > 1:
-        raise ApiError(f"{tokens}: max_tokens and max_completion_tokens differ; send one", param="max_tokens")
-    for name in tokens:
-        out["max_tokens"] = _int(body, name, 1, limits.max_tokens)
+        given = ", ".join(f"{k}={shown(v)}" for k, v in tokens.items())
+        raise ApiError(f"{given}: max_tokens and max_completion_tokens differ; send one", param="max_tokens")
+    for key in tokens:
+        out["max_tokens"] = _int(body, key, 1, limits.max_tokens)
     temperature = _number(body, "temperature", 0.0, 2.0)
     if temperature is not None:
         out["temperature"] = temperature
@@ -359,9 +602,11 @@ def request_config(
         changes["top_logprobs"] = top_logprobs
     try:
         config = base.replace(**changes)
-    except ConfigError as err:
+    except ConfigError as err:  # every setting was checked above: this is a combination the config refuses
         key = next((k for k in overrides if str(err).startswith(f"{k}=")), None)
-        raise ApiError(f"surprisegate: {err}", param=f"surprisegate.{key}" if key else "surprisegate") from None
+        raise ApiError(
+            f"surprisegate: {clip(str(err))}", param=f"surprisegate.{key}" if key else "surprisegate"
+        ) from None
     notes = []
     if config.mode == "intervene" and detect_only and not {"threshold", "kind_thresholds"} & set(overrides):
         # The model has no calibration: another model's thresholds would trigger at random (runtime.model_config).
@@ -378,10 +623,11 @@ def request_config(
 # the endpoints
 # --------------------------------------------------------------------------------------------
 def chat_turns(value: Any, limits: Limits, system_prompt: str) -> list[dict[str, str]]:
-    """The chat's turns as {"role", "content"}; a "developer" turn is a system turn (newer OpenAI name)."""
+    """The chat's turns as {"role", "content"}; a "developer" turn is a system turn (newer OpenAI name).
+    A client's system turns go by `limits.client_system` (with_client_system)."""
     if not isinstance(value, list) or not value:
         raise ApiError(
-            f'messages={str(value)[:80]!r} must be a non-empty list of {{"role": "user", "content": "..."}} turns',
+            f'messages={shown(value)} must be a non-empty list of {{"role": "user", "content": "..."}} turns',
             param="messages",
         )
     if len(value) > limits.max_messages:
@@ -389,27 +635,65 @@ def chat_turns(value: Any, limits: Limits, system_prompt: str) -> list[dict[str,
             f"messages holds {len(value)} turns, over this server's limit of {limits.max_messages}; send fewer",
             param="messages",
         )
-    turns = []
-    for i, m in enumerate(value):
-        param = f"messages[{i}]"
-        if not isinstance(m, dict) or set(m) - {"role", "content", "name"}:
-            extra = sorted(set(m) - {"role", "content", "name"}) if isinstance(m, dict) else None
-            raise ApiError(
-                f"{param}={str(m)[:80]!r} must be {{'role', 'content'}}" + (f"; drop {extra}" if extra else ""),
-                param=param,
-            )
-        role = "system" if m.get("role") == "developer" else m.get("role")
-        if role not in ("system", "user", "assistant"):
-            raise ApiError(
-                f"{param}.role={m.get('role')!r}: use system, developer, user or assistant (tool turns are not served)",
-                param=f"{param}.role",
-            )
-        turns.append({"role": role, "content": _text(m.get("content"), f"{param}.content")})
+    turns = [_turn(i, m) for i, m in enumerate(value)]
+    last = turns[-1]
+    if last["role"] != "user" or not last["content"].strip():
+        raise ApiError(
+            f"messages[{len(turns) - 1}] has role {last['role']} and {len(last['content'].strip())} characters of "
+            "text: the last turn must be a non-empty user turn (the reply answers it)",
+            param="messages",
+        )
+    turns = with_client_system(turns, limits.client_system, system_prompt)
     try:
-        conversation(turns, system_prompt)  # the loop's own check: the last turn is a non-empty user turn
+        conversation(turns, system_prompt)  # the loop's own check
     except InputError as err:
-        raise ApiError(str(err), param="messages") from None
+        raise ApiError(clip(str(err)), param="messages") from None
     return turns
+
+
+def _turn(i: int, m: Any) -> dict[str, str]:
+    param = f"messages[{i}]"
+    if not isinstance(m, dict) or set(m) - {"role", "content", "name"}:
+        extra = sorted(set(m) - {"role", "content", "name"}) if isinstance(m, dict) else None
+        raise ApiError(
+            f"{param}={shown(m)} must be {{'role', 'content'}}" + (f"; drop {_names(extra)}" if extra else ""),
+            param=param,
+        )
+    role = "system" if m.get("role") == "developer" else m.get("role")
+    if role not in ("system", "user", "assistant"):
+        raise ApiError(
+            f"{param}.role={shown(m.get('role'))}: use system, developer, user or assistant "
+            "(tool turns are not served)",
+            param=f"{param}.role",
+        )
+    return {"role": role, "content": _text(m.get("content"), f"{param}.content")}
+
+
+def with_client_system(turns: list[dict[str, str]], policy: str, system_prompt: str) -> list[dict[str, str]]:
+    """The chat with the client's system (and developer) turns under the operator's rule:
+
+    - "append" (default): one system turn first, the server's prompt, a blank line, then the client's
+      system texts in order (each separated by a blank line); the server's prompt stays first.
+    - "replace": one system turn first holding only the client's texts (the server's prompt is dropped).
+    - "refuse": a client system turn is a 400.
+    A chat without system turns is left as it is (the loop puts the server's prompt first)."""
+    own = [i for i, t in enumerate(turns) if t["role"] == "system"]
+    if not own:
+        return turns
+    if policy == "refuse":
+        raise ApiError(
+            f"messages[{own[0]}] is a system (or developer) turn: this server keeps its own system prompt and "
+            "refuses a client's; put the instruction in the user turn",
+            param=f"messages[{own[0]}].role",
+            code="system_turn_refused",
+        )
+    texts = [turns[i]["content"] for i in own]
+    if policy == "append":
+        texts = [t for t in (system_prompt, *texts) if t.strip()]
+    rest = [t for t in turns if t["role"] != "system"]
+    if not texts:
+        return rest
+    return [{"role": "system", "content": "\n\n".join(texts)}, *rest]
 
 
 def parse_chat(
@@ -436,7 +720,7 @@ def parse_completion(
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt.strip():
-        raise ApiError(f"prompt={str(prompt)[:80]!r} must be one non-empty string", param="prompt")
+        raise ApiError(f"prompt={shown(prompt)} must be one non-empty string", param="prompt")
     if _bool(body, "echo"):
         raise ApiError("echo=true is not served (the prompt is asked as a chat turn); drop echo", param="echo")
     top = _int(body, "logprobs", 0, 5)
@@ -456,6 +740,6 @@ def _gate_request(
 ) -> GateRequest:
     stream, include_usage = stream_flags(body)
     stop = stops(body)
-    overrides = sampling_overrides(body, limits) | gate_overrides(body, limits)
+    overrides = sampling_overrides(body, limits) | gate_overrides(body, limits, base)
     config, notes = request_config(base, overrides, top, logprobs, detect_only)
     return GateRequest(endpoint, messages, config, stream, include_usage, logprobs, top, stop, overrides, notes)
