@@ -14,12 +14,15 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .arms import Arm
 from .config import THRESHOLD_KEYS, Config, ConfigLayers
 from .errors import InputError
 from .paths import home
+
+if TYPE_CHECKING:
+    from .backends import Backend
 
 
 def demo_memory(quiet: bool = True, say: Callable[[str], None] = lambda message: None) -> Path:
@@ -77,6 +80,7 @@ def _tool_arm(config: Config, target: str, say: Callable[[str], None]) -> Arm:
         roots=config.tool_roots,
         allowed_status_targets=config.tool_status_targets,
         python_sandbox=config.tool_python_sandbox,
+        python_require_isolation=config.tool_python_require_isolation,
         default_timezone=config.tool_timezone,
     )
 
@@ -110,7 +114,7 @@ def build_arms(
     return {name: ARMS[name].build(config, target, say) for name, target in targets.items() if target}
 
 
-def load_backend(config: Config) -> Any:
+def load_backend(config: Config) -> Backend:
     """The backend the config names (registry: backends/registry.py)."""
     from .backends.registry import open_backend, parse_backend
 
@@ -132,15 +136,16 @@ def load_backend(config: Config) -> Any:
     return backend
 
 
-def tap_probe_layer(backend: Any, config: Config) -> None:
+def tap_probe_layer(backend: Backend, config: Config) -> None:
     """Give the backend the hidden states the config's trigger probe reads (an in-process llama.cpp model with
     one session); where it cannot, the window rule triggers alone and the receipt's `probe` is null."""
+    from .backends import Tappable
     from .probe import resolve_probe
 
     probe = resolve_probe(config.probe, backend.model_id)
     if probe is None:
         return  # 'off', or 'auto' and no probe ships for this model
-    if hasattr(backend, "tap_layer") and config.sessions == 1:
+    if isinstance(backend, Tappable) and config.sessions == 1:
         backend.tap_layer(probe.layer)
     elif config.probe != "auto":  # asked for by path: say why it is not used ('auto' falls back quietly)
         logging.getLogger(__name__).warning(
@@ -216,7 +221,7 @@ class Runtime:
     """A loaded backend, its arms and the config they were built from: what answers requests."""
 
     config: Config
-    backend: Any
+    backend: Backend
     arms: dict[str, Arm] = field(default_factory=dict)
     calibration: Calibration | None = None  # None: the caller fixed the config (assemble got a Config)
 

@@ -6,7 +6,9 @@ The attacks themselves are in test_sandbox_attacks.py.
 
 from __future__ import annotations
 
+import statistics
 import sys
+import time
 
 import pytest
 
@@ -16,6 +18,7 @@ from surprisegate.arms.sandbox import (
     SandboxResult,
     bwrap_status,
     extract_snippet,
+    isolation_status,
     run_python,
     sandbox_mode,
     snippet_evidence,
@@ -57,6 +60,33 @@ def test_stdlib_is_available(mode):
     assert run("import math, json, itertools\njson.dumps([math.factorial(5)])", mode).value == "'[120]'"
 
 
+@pytest.mark.parametrize("guard", [True, False], ids=["guard", "no-guard"])
+def test_everyday_snippets_work_with_and_without_the_guard(mode, guard):
+    code = (
+        "import datetime, decimal, fractions, statistics, re, collections, random\n"
+        "print(datetime.date(2024, 3, 1) - datetime.date(2024, 1, 1))\n"
+        "(str(decimal.Decimal('1.1') + decimal.Decimal('2.2')), fractions.Fraction(3, 6), statistics.mean([1, 2, 3]),"
+        " re.findall(r'\\d+', 'a1b22'), collections.Counter('aab').most_common(1), random.Random(1).randint(1, 9))"
+    )
+    result = run_python(code, FAST, mode=mode, guard=guard)
+    assert result.status == "ok", result
+    assert result.stdout == "60 days, 0:00:00\n"
+    assert result.value == "('3.3', Fraction(1, 2), 2, ['1', '22'], [('a', 2)], 3)"
+    assert result.violations == ()
+    raised = run_python("import json\njson.loads('{')", FAST, mode=mode, guard=guard)
+    assert (raised.status, raised.exception) == ("error", "JSONDecodeError")
+
+
+def test_per_snippet_overhead_stays_small(mode):
+    # The tool runs inside a 2 s grounding round: starting the sandbox must take a small part of it.
+    timings = []
+    for _ in range(5):
+        started = time.perf_counter()
+        assert run("sorted([3, 1, 2])[0]", mode).value == "1"
+        timings.append(time.perf_counter() - started)
+    assert statistics.median(timings) < 0.75, timings  # about 0.05-0.1 s on an idle machine
+
+
 def test_exceptions_are_results(mode):
     result = run("1 / 0", mode)
     assert result.status == "error"
@@ -89,11 +119,12 @@ def test_third_party_packages_are_not_importable(mode):
     assert result.status in ("error", "blocked")
 
 
-@pytest.mark.skipif("bwrap" not in MODES, reason="bwrap is not usable here")
-def test_bwrap_hides_site_packages_even_from_sys_path_edits():
-    site_packages = sandbox._site_package_dirs()
+def test_site_packages_stay_hidden_even_from_sys_path_edits(mode):
+    site_packages = [*sandbox._site_package_dirs(), *(p for p in sys.path if "-packages" in p)]
     code = f"import sys\nsys.path[:0] = {site_packages!r}\nimport pytest"
-    result = run_python(code, FAST, mode="bwrap", guard=False)
+    result = run_python(code, FAST, mode=mode, guard=False)
+    if not result.isolation.get("full"):
+        pytest.skip("no namespaces here: only the guard keeps third-party packages out")
     assert result.status == "error"
     assert result.exception == "ModuleNotFoundError"
 
@@ -150,8 +181,36 @@ def test_result_reports_the_isolation_used(mode):
     result = run("1", mode)
     assert result.isolation["mode"] == mode
     assert result.isolation["network"] in ("netns", "audit-hook")
+    assert result.isolation["filesystem"] in ("mount-ns", "none")
+    assert result.isolation["pid"] in ("pid-ns", "none")
+    assert result.isolation["guard"] == "audit-hook"
+    assert result.isolation["full"] is (result.isolation["filesystem"] == "mount-ns")
     if sys.platform == "linux" and mode == "bwrap":
         assert result.isolation["network"] == "netns"
+        assert result.isolation["full"] is True
+    assert run_python("1", FAST, mode=mode, guard=False).isolation["guard"] == "off"
+
+
+def test_isolation_status_names_the_sandbox_and_why():
+    for mode in ("auto", "bwrap", "rlimits"):
+        usable, why = isolation_status(mode)
+        assert isinstance(usable, bool) and why
+    if bwrap_status()[0]:
+        assert isolation_status("auto") == isolation_status("bwrap")
+        assert isolation_status("bwrap")[0] is True
+    with pytest.raises(ConfigError, match="unknown"):
+        isolation_status("docker")
+
+
+def test_isolation_status_without_bwrap_or_namespaces(monkeypatch):
+    monkeypatch.setattr(sandbox, "_probe_result", (False, "bwrap is not installed"))
+    assert isolation_status("bwrap") == (False, "bwrap is not installed")
+    monkeypatch.setattr(sandbox, "_NAMESPACES", False)
+    monkeypatch.setattr(sandbox, "_isolation_probes", {})
+    usable, why = isolation_status("auto")  # falls back to rlimits, which cannot isolate now
+    assert usable is False and "namespaces" in why
+    result = run_python("1 + 1", mode="auto", require_isolation=True)
+    assert (result.status, result.sandbox) == ("unavailable", "rlimits")
 
 
 # --------------------------------------------------------------------------------------------------

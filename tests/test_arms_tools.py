@@ -140,6 +140,41 @@ def test_tool_calls_carry_the_parsed_request():
             assert isinstance(call.request, kinds[tool])
 
 
+def test_a_snippet_is_taken_only_from_the_users_turn():
+    # The span and the sentence are the model's own reply, which retrieved text may have steered: code in them
+    # is never a tool call. Files, status, dates, units and the calculator still read every field.
+    code = "What does `sorted([3,1,2])[0]` return?"
+    assert extract_tool_calls(code, "", code) == []  # in the span and the sentence: not a call at all
+    assert [(c.tool, c.field, c.input) for c in extract_tool_calls("", code, "")] == [
+        ("python", "question", "sorted([3,1,2])[0]")
+    ]
+    others = extract_tool_calls("What is in notes.txt?", "", "Is example.com up?")
+    assert [(c.tool, c.field) for c in others] == [("files", "span"), ("status", "sentence")]
+    assert (_first_call("", "", "37 times 48 is 1766").tool, _first_call("", "", "37 times 48 is 1766").field) == (
+        "calculator",
+        "sentence",
+    )
+
+
+def test_tool_arm_never_runs_code_from_the_models_text(tmp_path):
+    marker = tmp_path / "ran"
+    code = f"open({str(marker)!r}, 'w').write('x')"
+    arm = ToolArm(tools=("python",), warm_up=False)
+    for span, sentence in ((f"`{code}`", ""), ("", f"Let me check: `{code}`"), (f"```python\n{code}\n```", "")):
+        assert _ground(arm, "What does the code give?", span=span, sentence=sentence) == []
+    assert not marker.exists()
+    # The same snippet in the user's own question is run (in the sandbox, where the path does not exist or
+    # the guard refuses it): a tool call from the question, not the model's text.
+    with pytest.raises(ArmError, match="python@question"):
+        _ground(arm, f"What does `{code}` return?")
+    [found] = _ground(arm, "What does `sorted([3,1,2])[0]` return?", span="`sorted([9])[0]`", sentence="`len('xy')`")
+    assert (found.detail["field"], found.detail["input"], found.detail["output"]) == (
+        "question",
+        "sorted([3,1,2])[0]",
+        "1",
+    )
+
+
 def test_tool_calls_are_ordered_span_then_sentence_then_question():
     calls = extract_tool_calls("6 x 7", question="What is 1 plus 1?", sentence="2 plus 2 is")
     assert [(c.field, c.input) for c in calls] == [("span", "6 * 7"), ("sentence", "2 + 2"), ("question", "1 + 1")]
@@ -293,9 +328,11 @@ def test_tool_arm_reports_every_refusal(tool_arm):
 
 
 def test_tool_arm_falls_back_to_a_later_call(file_root):
+    # The snippet (from the question) times out; the calculator call in the span is tried after it.
     arm = ToolArm(python_timeout_s=0.3, warm_up=False)
-    [found] = _ground(arm, "What is 6 times 7?", span="`while True: pass`")
+    [found] = _ground(arm, "What does `while True: pass` return?", span="6 times 7")
     assert found.claim == "6 * 7 = 42"
+    assert found.detail["field"] == "span"
 
 
 def test_tool_arm_respects_the_deadline(tool_arm):

@@ -31,7 +31,7 @@ from surprisegate.backends import LocalSession  # noqa: E402
 from surprisegate.config import Config, ConfigLayers  # noqa: E402
 from surprisegate.receipts import read_receipts  # noqa: E402
 from surprisegate.serve.app import ServeSettings, create_app  # noqa: E402
-from surprisegate.serve.gate import RotatingReceipts  # noqa: E402
+from surprisegate.serve.gate import CLIENT_CONFIG_KEYS, RotatingReceipts  # noqa: E402
 from surprisegate.serve.http import ServerThread  # noqa: E402
 from surprisegate.serve.main import ServeOptions, build_app, slots_for  # noqa: E402
 from surprisegate.serve.replies import LN2, StopCutter  # noqa: E402
@@ -196,7 +196,14 @@ def test_a_chat_completion_carries_its_receipt_in_the_body_the_header_and_the_fi
     assert receipt["reply"] == r.choices[0].message.content and receipt["mode"] == "detect"
     assert r.usage.completion_tokens == receipt["n_tokens"] == len(r.choices[0].message.content)
     assert r.usage.prompt_tokens == receipt["extra"]["prompt_tokens"] > 0
-    assert [x for x in read_receipts(receipts_file) if x["reply_id"] == receipt["reply_id"]] == [receipt]
+    (kept,) = [x for x in read_receipts(receipts_file) if x["reply_id"] == receipt["reply_id"]]
+    # The file keeps the whole receipt; the client's leaves out the server's config and system prompt.
+    assert {k: v for k, v in kept.items() if k not in ("config", "messages")} == {
+        k: v for k, v in receipt.items() if k not in ("config", "messages")
+    }
+    assert receipt["config"] == {k: v for k, v in kept["config"].items() if k in CLIENT_CONFIG_KEYS}
+    assert "system_prompt" in kept["config"] and "system_prompt" not in receipt["config"]
+    assert kept["messages"][0]["role"] == "system" and receipt["messages"] == kept["messages"][1:]
 
 
 def test_logprobs_are_the_receipts_surprises_in_nats(server):

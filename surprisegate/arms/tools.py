@@ -1,15 +1,17 @@
 """The tool arm (Act): `ToolArm` puts every Act tool behind one arm.
 
 `extract_tool_calls` finds which tool the span and its context ask for, with what input, from which field
-("37 times 48" -> calculator "37 * 48"; "days between 1 March and 14 April 2024" -> dates); `ToolArm` runs
-them: the calculator (arms/calculator.py), dates (arms/dates.py), units (arms/units.py), a sandboxed Python
-snippet (arms/sandbox.py), file contents under allowed roots (arms/files.py) and live status of allow-listed
-targets (arms/status.py).
+("37 times 48" -> calculator "37 * 48"; "days between 1 March and 14 April 2024" -> dates); a Python snippet
+only ever from the user's own turn (the question), never from the model's text (span, sentence), which
+retrieved text may have talked it into writing. `ToolArm` runs them: the calculator (arms/calculator.py),
+dates (arms/dates.py), units (arms/units.py), a sandboxed Python snippet (arms/sandbox.py), file contents
+under allowed roots (arms/files.py) and live status of allow-listed targets (arms/status.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import threading
 import time
@@ -29,6 +31,9 @@ from surprisegate.errors import ArmError, ConfigError, InputError, SurpriseGateE
 # Tried in this order within each field: specific requests first, so that `notes.txt` is read as a file
 # rather than run as Python, and "100 days after 2024-01-15" is date math rather than subtraction.
 TOOL_NAMES = ("files", "python", "status", "dates", "units", "calculator")
+# The fields each tool may take its input from. Code runs only when the user wrote it: the span and the
+# sentence are the model's own reply, which retrieved text can steer.
+TOOL_FIELDS = {name: ("span", "sentence", "question") for name in TOOL_NAMES} | {"python": ("question",)}
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,9 @@ def extract_tool_calls(
     """Every tool call the span and its context state, best first: fields in the order span, sentence,
     question (the span is the doubtful text itself; the question usually states the computation), and
     tools in TOOL_NAMES order within a field. The tool arm runs the first one that succeeds.
+
+    A Python snippet is taken from the question (the user's turn) only: code in the span or the sentence is
+    the model's and is never run (TOOL_FIELDS).
     """
     unknown = [name for name in tools if name not in _EXTRACTORS]
     if unknown or isinstance(tools, str):
@@ -95,7 +103,7 @@ def extract_tool_calls(
         if not text.strip():
             continue
         for name in TOOL_NAMES:
-            if name not in tools:
+            if name not in tools or field_name not in TOOL_FIELDS[name]:
                 continue
             found = _EXTRACTORS[name](text)
             if found is None or (name, found[1]) in seen:
@@ -133,6 +141,7 @@ class ToolArm:
         python_timeout_s: float = 2.0,
         python_memory_mb: int = 256,
         python_sandbox: str = "auto",
+        python_require_isolation: bool = False,
         tools: Sequence[str] = TOOL_NAMES,
         file_max_bytes: int = 64 * 1024,
         default_timezone: str = "UTC",
@@ -159,6 +168,8 @@ class ToolArm:
         self.allowed_status_targets = tuple(status.parse_target(target) for target in allowed_status_targets)
         self.python_limits = sandbox.SandboxLimits(timeout_s=python_timeout_s, memory_bytes=python_memory_mb * 2**20)
         self.python_sandbox = python_sandbox
+        # True: a snippet runs only with full isolation (namespaces), never in the weaker no-namespace fallback.
+        self.python_require_isolation = python_require_isolation
         self.file_max_bytes = file_max_bytes
         self.default_timezone = zone
         self.clock = clock
@@ -166,8 +177,9 @@ class ToolArm:
             # pint's registry (about a second) and the bwrap probe: done now, not inside a round's deadline.
             if "units" in self.tools:
                 units.warm_up()
-            if "python" in self.tools and python_sandbox == "auto":
-                threading.Thread(target=sandbox.bwrap_status, daemon=True, name="surprisegate-bwrap-probe").start()
+            if "python" in self.tools and (python_sandbox == "auto" or python_require_isolation):
+                probe = functools.partial(sandbox.isolation_status, python_sandbox)
+                threading.Thread(target=probe, daemon=True, name="surprisegate-sandbox-probe").start()
 
     def ground(self, query: Query, deadline: float) -> list[Evidence]:
         """Return one verified result, [] when no tool applies, or raise ArmError when every tool that
@@ -212,7 +224,9 @@ class ToolArm:
                 f"only {max(remaining, 0):.2f} s left before the round's deadline; not enough to run a snippet",
             )
         limits = dataclasses.replace(self.python_limits, timeout_s=min(self.python_limits.timeout_s, remaining))
-        result = sandbox.run_python(call.request.code, limits, mode=self.python_sandbox)
+        result = sandbox.run_python(
+            call.request.code, limits, mode=self.python_sandbox, require_isolation=self.python_require_isolation
+        )
         if result.status not in ("ok", "error"):  # contained, not an answer: say what happened
             raise ToolRefused(result.status, f"snippet {call.request.code[:80]!r} in {result.sandbox}: {result.reason}")
         return sandbox.snippet_evidence(call.request.code, result, call.field)

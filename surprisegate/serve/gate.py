@@ -86,14 +86,16 @@ class RotatingReceipts:
         path: str | os.PathLike[str],
         max_bytes: int = 64 << 20,
         keep: int = 3,
-        max_receipt_bytes: int = DEFAULT_MAX_RECEIPT_BYTES,
+        max_receipt_bytes: int | None = None,  # None: DEFAULT_MAX_RECEIPT_BYTES, at most the file's size
     ) -> None:
         if max_bytes < 1024 or keep < 1:
             raise InputError(
                 f"receipts max_bytes={max_bytes}, keep={keep}: keep at least 1 KiB and 1 rotated file "
                 "(or pass --no-receipts)"
             )
-        if not MIN_RECEIPT_BYTES <= max_receipt_bytes <= max_bytes:
+        if max_receipt_bytes is None:
+            max_receipt_bytes = max(MIN_RECEIPT_BYTES, min(DEFAULT_MAX_RECEIPT_BYTES, max_bytes))
+        if not MIN_RECEIPT_BYTES <= max_receipt_bytes <= max(max_bytes, MIN_RECEIPT_BYTES):
             raise InputError(
                 f"max_receipt_bytes={max_receipt_bytes}: cap one receipt at {MIN_RECEIPT_BYTES} bytes to the "
                 f"file's {max_bytes} bytes, e.g. {DEFAULT_MAX_RECEIPT_BYTES}"
@@ -121,8 +123,11 @@ class RotatingReceipts:
 
 def check_context(backend: Any, request: GateRequest) -> None:
     """A chat that cannot fit the model's context with its max_tokens is the client's to fix (400), not
-    a failure halfway through the reply. Only in-process models say their context size (`n_ctx`)."""
-    n_ctx = getattr(backend, "n_ctx", None)
+    a failure halfway through the reply. Checked where the backend says its context size (a
+    `capabilities.ContextSize`: llama.cpp in process, a server that reports one)."""
+    from ..backends import ContextSize
+
+    n_ctx = backend.n_ctx if isinstance(backend, ContextSize) else None
     if not isinstance(n_ctx, int):
         return
     chat = conversation(request.messages, request.config.system_prompt)

@@ -82,7 +82,8 @@ def build_settings(options: ServeOptions, slots: int, model_id: str) -> ServeSet
 def served_layers(layers: ConfigLayers, options: ServeOptions) -> ConfigLayers:
     """What serve decides whatever the config says: Python only when the operator allows it, and no web
     cache shared between clients."""
-    forced = {"tool_python": options.tools and options.allow_python, "web_cache_s": 0.0}
+    python = options.tools and options.allow_python
+    forced = {"tool_python": python, "tool_python_require_isolation": True, "web_cache_s": 0.0}
     return ConfigLayers(layers.config_file, {**layers.overrides, **forced}, layers.env)
 
 
@@ -112,9 +113,20 @@ def build_app(layers: ConfigLayers, options: ServeOptions, say: Callable[[str], 
     say(
         f"serving {settings.model_name} ({runtime.backend.name}, mode {runtime.config.mode} by default) on "
         f"http://{options.host}:{options.port}/v1 — {slots} at once, {settings.queue} queued; receipts: {receipts}; "
-        f"auth: {'bearer key' if settings.api_key else 'none (set SURPRISEGATE_API_KEY)'}"
+        f"auth: {'bearer key' if settings.api_key else 'none (set SURPRISEGATE_API_KEY)'}; "
+        f"python snippets: {python_line(runtime.config, options)}"
     )
     return app, runtime
+
+
+def python_line(config: Config, options: ServeOptions) -> str:
+    if not options.tools:
+        return "off (--no-tools)"
+    if not config.tool_python:
+        return "off (--allow-python runs them, sandboxed)"
+    from ..arms.sandbox import sandbox_mode
+
+    return f"on, in the {sandbox_mode(config.tool_python_sandbox)} sandbox"
 
 
 def serve_forever(layers: ConfigLayers, options: ServeOptions, say: Callable[[str], None]) -> None:
