@@ -20,6 +20,7 @@ from importlib.resources import as_file, files
 from pathlib import Path
 from typing import Any
 
+from .backends.capabilities import TopKSignals
 from .backends.llamacpp import EMBEDDED_FILE  # a constant: llama_cpp itself is imported on load only
 from .config import CALIBRATED_KEYS, Config, to_toml
 
@@ -27,15 +28,14 @@ PACKAGE_DATA = files("surprisegate") / "data"
 CALIBRATION_SET = "calibration_set.jsonl"  # 400 graded dev items (data/CALIBRATION_SET.md)
 
 
-def backend_top_k(backend: Any) -> int | None:
+def backend_top_k(backend: object) -> int | None:
     """How many logprobs per token the backend's signals come from; None: the full distribution.
 
-    Server backends say so with SIGNAL_TOP_K (their `signal_top_k` is a method there), in-process backends
-    with the attribute `signal_top_k`; a backend that says neither computes from the full distribution.
+    A backend (or backend class) whose signals come from a top k says so as a `capabilities.TopKSignals`
+    (`SIGNAL_TOP_K`: the servers' 20, a chat API's top k); one that is not (in process) computes both
+    signals from the full distribution.
     """
-    k = getattr(backend, "SIGNAL_TOP_K", None)
-    if k is None:
-        k = getattr(backend, "signal_top_k", None)
+    k = backend.SIGNAL_TOP_K if isinstance(backend, TopKSignals) else None
     return k if isinstance(k, int) and not isinstance(k, bool) else None
 
 

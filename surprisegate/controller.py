@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .arms import Arm, Evidence, Query
-from .backends import BlackBoxBackend, Sampling, SteerableBackend, Step, Steps
+from .backends import BlackBoxBackend, HiddenStates, RequestLog, Sampling, SteerableBackend, Step, Steps
 from .config import Config, evidence_text
 from .errors import BackendFault, InputError
 from .events import Done, Event, Grounding, Rewind, Token, Trigger
@@ -469,7 +469,7 @@ class _ReplyLoop:
             raise
         trimmed, method = self.session.last_continue
         # A server session reports how its resume request went (in-process sessions have no such record).
-        request = getattr(self.session, "last_request", None) or {}
+        request = (self.session.last_request if isinstance(self.session, RequestLog) else None) or {}
         record.prompt_path, record.cached_tokens = request.get("path"), request.get("cached")
         context.tokens[:] = new_context
         context.turn_start = context.turn_start if turn_start is None else turn_start
@@ -625,7 +625,7 @@ class _ReplyLoop:
 
 def _probe_for(backend: SteerableBackend, config: Config) -> TriggerProbe | None:
     """The trigger probe the config names, if the backend reads the layer it was fitted on (runtime taps it)."""
-    tapped = getattr(backend, "tapped_layer", None)
+    tapped = backend.tapped_layer if isinstance(backend, HiddenStates) else None
     if tapped is None:  # servers, cloud APIs, several sessions: nothing to look up per reply
         return None
     probe = resolve_probe(config.probe, backend.model_id)

@@ -133,7 +133,7 @@ class _Revision:
         finally:
             if stream is not None:
                 stream.close()
-        draft.no_logprobs = getattr(stream, "no_logprobs", None) if self.scored and stream is not None else None
+        draft.no_logprobs = stream.no_logprobs if self.scored and stream is not None else None  # ChatStream's
         if draft.fault is not None:
             draft.fault["at_token"] = len(draft.pieces)
 

@@ -27,9 +27,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from surprisegate.backends import BlackBoxBackend, ChatStream, Sampling
+from surprisegate.backends import (
+    BlackBoxBackend,
+    ChatStream,
+    ContextSize,
+    HiddenStates,
+    Sampling,
+    Tappable,
+    TopKSignals,
+    VocabSize,
+)
 from surprisegate.backends.cloud import END, CloudFault, CloudStream, Opened, Plan, refusal_of, retry_after_of
 from surprisegate.backends.registry import open_backend
+from surprisegate.calibrations import backend_top_k
 from surprisegate.errors import BackendError, BackendFault, ConfigError, MissingDependency
 from surprisegate.surprise import surprise_bits, topk_entropy
 from test_backend_dialects import mutate
@@ -732,6 +742,9 @@ def test_the_registry_opens_every_cloud_backend_ignoring_local_model_options(fak
     url = f"http://127.0.0.1:{fake.port}{path}"
     backend = open_backend(name, "some-model", base_url=url, n_ctx=4096, seed=0, threads=0, sessions=2)
     assert isinstance(backend, cls) and isinstance(backend, BlackBoxBackend)
+    # Signals from the provider's top k (0 for anthropic: none); no context size, vocabulary or layer known.
+    assert isinstance(backend, TopKSignals) and backend_top_k(backend) == backend.top_k
+    assert not any(isinstance(backend, c) for c in (ContextSize, VocabSize, Tappable, HiddenStates))
     assert backend.name == name and backend.model_id == "some-model" and backend.base_url == url
     assert backend.info["base_url"] == url and backend.info["model_id"] == "some-model"
     with pytest.raises(ConfigError, match=f"backend='{name}' needs a model name: pass --model"):

@@ -67,7 +67,7 @@ def control_ids(backend) -> set[int]:
     if backend.name == "llamacpp":
         import llama_cpp
 
-        vocab = llama_cpp.llama_model_get_vocab(backend._llama.model)
+        vocab = llama_cpp.llama_model_get_vocab(backend.model.llama.model)  # the LlamaCppModel both hold
         return {t for t in range(backend.n_vocab) if llama_cpp.llama_vocab_is_control(vocab, t)}
     return set(backend._tokenizer.all_special_ids)
 

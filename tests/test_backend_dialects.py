@@ -23,13 +23,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from surprisegate.backends import Sampling, Session, SteerableBackend
+from surprisegate.backends import (
+    ContextSize,
+    HiddenStates,
+    RequestLog,
+    Sampling,
+    Session,
+    SteerableBackend,
+    Tappable,
+    TopKSignals,
+    VocabSize,
+)
 from surprisegate.backends.http_stream import EventStream, ServerError
 from surprisegate.backends.http_tokens import ZWSP, SpecialText
 from surprisegate.backends.ollama import END_OF_TURN, OllamaBackend, from_ollama
 from surprisegate.backends.registry import open_backend
 from surprisegate.backends.sglang import SglangBackend, from_sglang
 from surprisegate.backends.vllm import VllmBackend, from_vllm
+from surprisegate.calibrations import backend_top_k
 from surprisegate.errors import BackendError, InputError, SurpriseGateError
 from surprisegate.prompting import PromptLayout, chat_messages
 from surprisegate.surprise import surprise_bits, topk_entropy
@@ -263,6 +274,12 @@ def test_the_registry_opens_vllm_sglang_and_ollama_from_their_uris(vllm_fake, sg
     assert isinstance(v, VllmBackend) and isinstance(s, SglangBackend) and isinstance(o, OllamaBackend)
     for backend in (v, s, o):
         assert isinstance(backend, SteerableBackend) and isinstance(backend.session(), Session)
+        # What a server can do beyond the seam (capabilities.py): a top-20 signal source, its context size
+        # and vocabulary (None where it does not say), a record of each request; no layer to tap.
+        assert isinstance(backend, TopKSignals) and backend_top_k(backend) == 20
+        assert isinstance(backend, ContextSize) and isinstance(backend, VocabSize)
+        assert isinstance(backend.session(), RequestLog) and backend.session().last_request is None
+        assert not isinstance(backend, Tappable) and not isinstance(backend, HiddenStates)
     assert v.model_id == MODEL and v.n_ctx == 131072 and s.model_id == MODEL and o.n_vocab == len(OLLAMA_VOCAB)
 
 

@@ -93,3 +93,40 @@ def test_a_cloud_backend_without_a_model_says_which_flag_to_pass():
 def test_every_entry_is_listed_with_its_address_form():
     assert "llama-server://HOST:PORT" in names() and "openai" in names()
     assert {e.kind for e in BACKENDS.values()} == {"in-process", "server", "cloud"}
+
+
+def test_capabilities_are_protocols_a_backend_has_by_its_members():
+    from surprisegate.backends import (
+        ContextSize,
+        HiddenStates,
+        SteerableBackend,
+        Tappable,
+        TopKSignals,
+        VocabSize,
+    )
+    from surprisegate.calibrations import backend_top_k
+
+    plain = ScriptedBackend(lambda context: plan("Hi."))
+    assert isinstance(plain, SteerableBackend)
+    assert not any(isinstance(plain, c) for c in (Tappable, HiddenStates, ContextSize, VocabSize, TopKSignals))
+    assert backend_top_k(plain) is None  # the full distribution
+
+    class Stateful(ScriptedBackend):  # a model that reads a hidden state: its steps carry a copy when asked
+        tapped_layer = 0
+
+        def hidden_state(self):
+            return self.state
+
+    stateful = Stateful(lambda context: plan("Hi."))
+    stateful.state = np.array([1.0, 2.0], np.float32)
+    assert isinstance(stateful, HiddenStates) and not isinstance(stateful, Tappable)
+    prompt = stateful.tokenize("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", special=True)
+    step = next(stateful.session().steps(prompt, Sampling(hidden=True)))
+    assert step.hidden is not None and step.hidden.tolist() == [1.0, 2.0] and step.hidden is not stateful.state
+    assert next(stateful.session().steps(prompt, Sampling())).hidden is None  # not asked for
+    assert next(plain.session().steps(prompt, Sampling(hidden=True))).hidden is None  # nothing to read
+
+    class TopK:
+        SIGNAL_TOP_K = 8
+
+    assert isinstance(TopK(), TopKSignals) and backend_top_k(TopK()) == 8 and backend_top_k(TopK) == 8

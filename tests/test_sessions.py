@@ -500,8 +500,51 @@ def test_closing_a_session_frees_its_sequence_and_a_fifth_is_a_clear_error(sessi
         for s in sessions:
             s.close()
     assert b.free_sessions == N_SESSIONS
-    with pytest.raises(BackendError, match="use backend.session"):
-        b.append([1])
+
+
+ONE_CONTEXT = ("append", "logits", "trim", "reset", "can_trim", "n_tokens", "tap_layer", "hidden_state")
+
+
+def test_sessions_hold_the_loaded_model_and_none_of_the_one_context_primitives():
+    from surprisegate.backends.llamacpp import LlamaCppBackend, LlamaCppModel, LlamaCppSessions
+
+    # Composition: what both share (tokens, bytes, EOS ids, the chat template) is a LlamaCppModel each holds;
+    # the sessions backend neither inherits the one-context backend nor stubs its primitives to raise.
+    assert not issubclass(LlamaCppSessions, LlamaCppBackend)
+    assert [name for name in ONE_CONTEXT if hasattr(LlamaCppSessions, name)] == []
+    assert all(callable(getattr(LlamaCppModel, name)) for name in ("tokenize", "token_bytes", "chat_prompt"))
+
+
+@pytest.mark.slow
+def test_sessions_declare_what_they_can_do(sessions_backend, llama_backend):
+    from surprisegate.backends import (
+        ContextSize,
+        HiddenStates,
+        RequestLog,
+        SteerableBackend,
+        Tappable,
+        TopKSignals,
+        VocabSize,
+    )
+    from surprisegate.calibrations import backend_top_k
+
+    b = sessions_backend
+    assert isinstance(b, SteerableBackend) and isinstance(b, ContextSize) and isinstance(b, VocabSize)
+    assert not isinstance(b, Tappable) and not isinstance(b, HiddenStates)  # a trigger probe needs sessions=1
+    assert not isinstance(b, TopKSignals) and backend_top_k(b) is None  # the full distribution, as in process
+    assert b.n_ctx == 4096 and b.n_vocab == llama_backend.n_vocab and b.eos_token_ids == llama_backend.eos_token_ids
+    assert isinstance(llama_backend, Tappable) and isinstance(llama_backend, HiddenStates)
+    text = "Paris.<|im_end|> and <|im_start|>"
+    assert b.tokenize(text) == llama_backend.tokenize(text) and b.tokenize(text, special=True) == (
+        llama_backend.tokenize(text, special=True)
+    )
+    ids = llama_backend.tokenize(text, special=True)
+    assert [b.token_bytes(t) for t in ids] == [llama_backend.token_bytes(t) for t in ids]
+    chat = [{"role": "user", "content": "Hi?"}]
+    assert b.chat_prompt(chat) == llama_backend.chat_prompt(chat)
+    assert b.chat_prompt(chat, False) == llama_backend.chat_prompt(chat, False)
+    with b.session() as session:
+        assert not isinstance(session, RequestLog)  # in process: no HTTP requests to record
 
 
 def greedy(session, tokens, n, **kw):

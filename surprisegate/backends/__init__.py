@@ -10,7 +10,9 @@ alike (DESIGN.md §4, in the spirit of mlx-lm's `generate_step`). Two kinds, as 
   (append / trim / logits) and get their sessions from `LocalSession`.
 - black-box (`BlackBoxBackend`): a chat stream with logprobs only (cloud APIs, issue 12).
 
-The controller talks to these protocols only; `open_backend` (registry.py) picks one by name or URI.
+What some backends can do beyond the seam (tap a layer, say their context size, signals from a top k, ...)
+is declared in capabilities.py (one protocol each) and checked with isinstance where it matters. The loop talks to
+these protocols only; `open_backend` (registry.py) picks one (a `Backend`) by name or URI.
 """
 
 from __future__ import annotations
@@ -22,8 +24,37 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ..errors import BackendError
-from ..surprise import surprise_and_entropy, top_logprobs
+from ..errors import BackendError, InputError
+from ..surprise import surprise_and_entropy, surprise_bits, top_logprobs, topk_entropy
+from .capabilities import ContextSize, HiddenStates, RequestLog, Tappable, TopKSignals, VocabSize
+
+__all__ = [
+    "LOGPROB_FLOOR",
+    "Backend",
+    "BlackBoxBackend",
+    "ChatStream",
+    "ContextSize",
+    "HiddenStates",
+    "LocalBackend",
+    "LocalModel",
+    "LocalSession",
+    "RequestLog",
+    "Sampling",
+    "Session",
+    "Step",
+    "SteerableBackend",
+    "Steps",
+    "Tappable",
+    "TopKSignals",
+    "VocabSize",
+    "common_prefix",
+    "hidden_state_of",
+]
+
+# Servers and providers compute probabilities in float32 and report p = 0 as float's lowest (-3.4e38) or clamp
+# it (vLLM: -9999): floor at the log of the smallest float32 denormal (surprise <= 149 bits), a finite lower
+# bound on such a token's surprise.
+LOGPROB_FLOOR = math.log(1.401298464324817e-45)
 
 
 @dataclass(frozen=True)
@@ -76,6 +107,30 @@ class Sampling:
         surprise, entropy = surprise_and_entropy(logits, token)
         top = tuple(top_logprobs(logits, self.top_logprobs)) if self.top_logprobs else ()
         return Step(token, piece, surprise, entropy, top)
+
+    def streamed_step(
+        self,
+        token: int | None,
+        piece: bytes,
+        logprob: float | None,
+        top: Sequence[tuple[int | None, float]],
+        vocab_size: int | None = None,
+    ) -> Step:
+        """The step for a token a server or a chat API streamed with its logprob and top k (natural logs; an
+        id of the top k is None where the stream names none). Surprise is exact, from the chosen token's
+        logprob; entropy is estimated from the top k (`topk_entropy`, the missing mass bounded by
+        `vocab_size` where known). Logprobs are floored at LOGPROB_FLOOR (a stream may report p = 0 as a
+        huge negative number). Unscored (nan, nan, no top k) where no logprob came or `scored` is off."""
+        if logprob is None or not self.scored:
+            return Step(token, piece, math.nan, math.nan)
+        tops = sorted(((t, max(lp, LOGPROB_FLOOR)) for t, lp in top), key=lambda e: -e[1])
+        try:
+            entropy = topk_entropy([lp for _, lp in tops], vocab_size=vocab_size) if tops else math.nan
+        except InputError:  # a rounded top k that sums above 1: no estimate rather than a wrong one
+            entropy = math.nan
+        known = tuple((t, lp) for t, lp in tops if t is not None)  # the ids the stream named, most likely first
+        kept = known[: self.top_logprobs] if self.top_logprobs > 0 else ()
+        return Step(token, piece, surprise_bits(max(logprob, LOGPROB_FLOOR)), entropy, kept)
 
 
 class Steps(Iterator[Step], Protocol):
@@ -198,11 +253,14 @@ class LocalModel(Protocol):
     def token_bytes(self, token_id: int) -> bytes: ...
 
 
-def hidden_state_of(model: object) -> np.ndarray | None:
-    """A copy of the model's last hidden state at the position its logits describe, or None where the model
-    cannot read it (an optional primitive: `hidden_state()`, loaded with hidden states on)."""
-    read = getattr(model, "hidden_state", None)
-    state = read() if read is not None else None
+# What `open_backend` (registry.py) and `runtime.load_backend` give, and `Runtime.backend` holds.
+Backend = SteerableBackend | BlackBoxBackend
+
+
+def hidden_state_of(model: HiddenStates | None) -> np.ndarray | None:
+    """A copy of the model's hidden state at the position its logits describe; None where there is none (a
+    model that reads none, passed as None, or one with no tap yet or a stale state)."""
+    state = model.hidden_state() if model is not None else None
     return None if state is None else np.array(state, dtype=np.float32)
 
 
@@ -224,6 +282,8 @@ class LocalSession:
         self._held: list[int] = []
         self._fresh = False  # the model's logits describe `_held` (no trim since the last append)
         self._last: tuple[int, str] = (0, "trim")
+        # Whether steps can carry a hidden state, asked once (an isinstance on a protocol costs ~10 us).
+        self._hidden: HiddenStates | None = model if isinstance(model, HiddenStates) else None
         model.reset()  # the cache is this session's now; an older session of this model is superseded
         # A mark on the caller's model object, which the LocalModel protocol does not declare.
         setattr(model, "_surprisegate_session", self)  # noqa: B010
@@ -266,7 +326,7 @@ class LocalSession:
             banned = frozenset()
             step = sampling.step(logits, token, self._model.token_bytes(token))
             if sampling.hidden and sampling.scored:  # the state behind these logits, for a trigger probe
-                step = replace(step, hidden=hidden_state_of(self._model))
+                step = replace(step, hidden=hidden_state_of(self._hidden))
             yield step
             # Reached only when the next step is asked for: a closed iterator never feeds its last token.
             self._check_current()

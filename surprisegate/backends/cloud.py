@@ -6,8 +6,8 @@ and each token becomes a `Step` scored from the logprobs the provider streams wi
 - `Token`, `Parsed`, `align`: what a provider's parser makes of one stream event. Parsers are pure classes over
   the event's JSON as the provider sent it (the client's parsed objects are dumped back to dicts first), so
   they can be fuzzed offline without a client (tests/test_backend_cloud.py).
-- `step_of`: surprise = -log2 p of the chosen token (logprobs floored like the server backends'), entropy
-  estimated from the top k (`surprise.topk_entropy`, vocabulary size unknown), nan where no logprob came.
+- steps: `Sampling.streamed_step`, as for the server backends: surprise = -log2 p of the chosen token
+  (logprobs floored), entropy estimated from the top k (vocabulary size unknown), nan where no logprob came.
 - `CloudStream`: the seam's `ChatStream`. A stream cut off raises a `CloudFault` (kind "truncated") after the
   steps that arrived; a mid-stream error event raises one (kind "stream_error") after them too.
 - `CloudBackend.chat`: sends the request at once (an HTTP error is known on return) and reads the first
@@ -31,9 +31,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from ..errors import BackendError, BackendFault, ConfigError, InputError, MissingDependency
-from ..surprise import surprise_bits, topk_entropy
 from . import Sampling, Step
-from .http_session import LOGPROB_FLOOR, as_logprob
+from .http_session import as_logprob
 from .http_stream import Timeouts
 
 RETRY_DEADLINE_S = 2.0  # the round deadline: retries of a 429 / 5xx stop when it is spent
@@ -188,21 +187,6 @@ def token_id(value: Any, what: str) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
         raise TypeError(f"{what} is {value!r}, not a token id")
     return value
-
-
-def step_of(tok: Token, sampling: Sampling) -> Step:
-    """The seam's step for one token: surprise from its logprob (floored: a provider may report p = 0 as a
-    huge negative number), entropy estimated from its top k, nan for both where none came."""
-    if tok.logprob is None or not sampling.scored:
-        return Step(tok.token, tok.piece, math.nan, math.nan)
-    tops = sorted(((t, max(lp, LOGPROB_FLOOR)) for t, lp in tok.top), key=lambda e: -e[1])
-    try:
-        entropy = topk_entropy([lp for _, lp in tops], None) if tops else math.nan
-    except InputError:  # a rounded top k that sums above 1: no estimate rather than a wrong one
-        entropy = math.nan
-    known = [(t, lp) for t, lp in tops if t is not None]
-    top = tuple(known[: sampling.top_logprobs]) if sampling.top_logprobs > 0 else ()
-    return Step(tok.token, tok.piece, surprise_bits(max(tok.logprob, LOGPROB_FLOOR)), entropy, top)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -438,7 +422,7 @@ class CloudStream:
             for event in self._events(first):
                 parsed = self._feed(event)
                 for tok in parsed.tokens:
-                    step = step_of(tok, self._sampling)
+                    step = self._sampling.streamed_step(tok.token, tok.piece, tok.logprob, tok.top)
                     received += 1
                     scored += not math.isnan(step.surprise)
                     yield step
@@ -522,7 +506,7 @@ class CloudBackend:
         self._client = client  # holds the key: never shown (repr, info)
         self.model_id = require_model(self.name, model)
         self.top_k = int(top_k)
-        self.SIGNAL_TOP_K = self.top_k  # which calibration applies (calibrations.backend_top_k)
+        self.SIGNAL_TOP_K = self.top_k  # capabilities.TopKSignals: signals from this top k (which calibration applies)
         self.base_url = base_url
         if isinstance(retry_deadline_s, bool) or not isinstance(retry_deadline_s, (int, float)) or retry_deadline_s < 0:
             raise ConfigError(f"retry_deadline_s={retry_deadline_s!r} must be seconds >= 0 (0: no retries)")

@@ -40,15 +40,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import BackendError, InputError
-from ..surprise import surprise_bits, topk_entropy
-from . import LocalSession, Sampling, Step, common_prefix
+from . import Sampling, Step, common_prefix
 from .http_stream import Endpoint, EventStream, ServerError, endpoint_from
 from .http_tokens import LRU, ServerTokenizer, load_chat_template, render_chat_template
 
-# Servers compute probabilities in float32 and report p = 0 as float's lowest (-3.4e38) or clamp it (vLLM:
-# -9999): floor at the log of the smallest float32 denormal (surprise <= 149 bits), a finite lower bound on
-# such a token's surprise.
-LOGPROB_FLOOR = math.log(1.401298464324817e-45)
 SIGNAL_TOP_K = 20  # top-k logprobs asked for on every scored step: the entropy estimate needs them
 DEFAULT_N_PREDICT = 256  # tokens per request; a reply that goes on past them continues in a new request
 # Sampling from the whole distribution, as `Sampling.choose` does in process: no top-k / top-p / min-p cut and
@@ -210,9 +205,15 @@ class ServerSession:
         self._closed = False
         self.requests: list[dict[str, Any]] = []  # one record per HTTP request
 
-    # The seam's own properties, on the same fields: the ids held, and how the latest steps() continued.
-    tokens = LocalSession.tokens
-    last_continue = LocalSession.last_continue
+    @property
+    def tokens(self) -> Sequence[int]:
+        """The ids held (the seam's `Session.tokens`)."""
+        return tuple(self._held)
+
+    @property
+    def last_continue(self) -> tuple[int, str]:
+        """How the latest steps() continued (the seam's `Session.last_continue`)."""
+        return self._last
 
     @property
     def last_cached(self) -> int | None:
@@ -359,7 +360,11 @@ class ServerSteps:
                     record["received"] += 1
                     session._slot_held.append(tok.token)
                     is_eos = eos is not None and i == len(chunk.tokens) - 1 and tok.token == eos
-                    yield self._eos_step(tok.token) if is_eos else self._step(tok)
+                    if is_eos:
+                        yield self._eos_step(tok.token)
+                    else:
+                        piece = tok.piece if tok.piece is not None else backend.token_bytes(tok.token)
+                        yield self._sampling.streamed_step(tok.token, piece, tok.logprob, tok.top, backend.n_vocab)
                     # Reached only when the next step is asked for: now the token is part of the context.
                     self._check_current()
                     session._held.append(tok.token)
@@ -398,21 +403,6 @@ class ServerSteps:
             token = min(known) if known else (token if token is not None else -1)
         return Step(token, b"", math.nan, math.nan)
 
-    def _step(self, tok: StreamedToken) -> Step:
-        backend, sampling = self._session._backend, self._sampling
-        piece = tok.piece if tok.piece is not None else backend.token_bytes(tok.token)
-        if tok.logprob is None or not sampling.scored:
-            return Step(tok.token, piece, math.nan, math.nan)
-        tops = sorted(((t, max(lp, LOGPROB_FLOOR)) for t, lp in tok.top), key=lambda e: -e[1])
-        logprob = max(tok.logprob, LOGPROB_FLOOR)
-        try:
-            entropy = topk_entropy([lp for _, lp in tops], vocab_size=backend.n_vocab) if tops else math.nan
-        except InputError:
-            entropy = math.nan
-        known = [(t, lp) for t, lp in tops if t is not None]
-        top = tuple(known[: sampling.top_logprobs]) if sampling.top_logprobs else ()
-        return Step(tok.token, piece, surprise_bits(logprob), entropy, top)
-
 
 # --------------------------------------------------------------------------------------------------
 # helpers of the dialect parsers and backends
@@ -443,7 +433,7 @@ class ServerBackend:
     `stream_parser` (the hooks of `ServerSession`)."""
 
     name = "server"
-    SIGNAL_TOP_K = SIGNAL_TOP_K  # signals from the top 20 logprobs: which calibration applies (calibrations.py)
+    SIGNAL_TOP_K = SIGNAL_TOP_K  # capabilities.TopKSignals: signals from the top 20 (which calibration applies)
     drain_after_end = False  # read past the final chunk (vLLM's usage chunk follows it)
     context_fix = "start the server with a larger context"  # how to give a request more room
     model_id = ""
@@ -513,7 +503,7 @@ class ServerBackend:
         return n_predict
 
     @staticmethod
-    def signal_top_k(sampling: Sampling, cap: int | None = None) -> int:
+    def request_top_k(sampling: Sampling, cap: int | None = None) -> int:
         """Top logprobs to ask for per token: the entropy estimate's 20 (or the k a caller keeps, if more) when
         scored, none otherwise; at most `cap` where the server has a maximum."""
         k = max(sampling.top_logprobs, SIGNAL_TOP_K) if sampling.scored else 0

@@ -64,10 +64,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BackendError, InputError, MissingDependency
-from . import Sampling
+from . import LOGPROB_FLOOR, Sampling
 from .http_session import (
     DEFAULT_N_PREDICT,
-    LOGPROB_FLOOR,
     SIGNAL_TOP_K,
     Chunk,
     ServerBackend,

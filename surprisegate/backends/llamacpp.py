@@ -11,7 +11,8 @@ waiting session into one `llama_batch` (its sequence id and position, logits for
 `llama_decode` and hands each session a copy of its logits row; a prompt or injected segment goes alone
 and whole. Each sequence has its own KV stream: a session's logits are bit for bit those it gets alone
 on the one-context backend (tests/test_sessions.py, results/sessions/). The default (N = 1) is the
-one-context `LlamaCppBackend` above, unchanged.
+one-context `LlamaCppBackend` above, unchanged. Both hold the loaded model's shared parts (tokens, their
+bytes, end-of-generation ids, the chat template) in a `LlamaCppModel`.
 """
 
 from __future__ import annotations
@@ -78,45 +79,43 @@ def check_gguf(path: str | os.PathLike) -> Path:
     return p
 
 
-class LlamaCppBackend(LocalBackend):
-    name = "llamacpp"
-    signal_top_k: int | None = None  # signals from the full distribution (calibrations.backend_top_k)
+class LlamaCppModel:
+    """One loaded GGUF and what every context on it shares: the weights and vocabulary (`llama`, a
+    `llama_cpp.Llama`), tokens and their bytes, the end-of-generation ids and the compiled chat template.
+    `LlamaCppBackend` (one context: the Llama object's own) and `LlamaCppSessions` (a context of several
+    sequences) each hold one."""
 
-    def __init__(self, llama, model_id: str):
+    def __init__(self, llama, model_id: str) -> None:
         import llama_cpp
 
-        self._llama = llama
-        self._llama_cpp = llama_cpp
-        self._token_bytes_cache: dict[int, bytes] = {}
+        self.llama = llama
+        self.lib = llama_cpp
         self.model_id = model_id
         self.n_vocab = llama.n_vocab()
-        self.n_ctx = llama.n_ctx()
         # Chat models end a turn with an end-of-generation token (<|im_end|> for ChatML), not only EOS:
         # ask llama.cpp which tokens are end-of-generation, once.
         vocab = llama_cpp.llama_model_get_vocab(llama.model)
         eos = {t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)}
         eos.add(llama.token_eos())
         self.eos_token_ids = frozenset(t for t in eos if t >= 0)
-        self._stale = True  # logits do not describe the current context (after reset or trim)
+        self._token_bytes_cache: dict[int, bytes] = {}
         self._chat_template = llama.metadata.get("tokenizer.chat_template")
         self._formatters: dict[bool, Any] = {}  # add_generation_prompt -> compiled Jinja2ChatFormatter
-        self._tap: Any = None  # layer_tap.LayerTap once tap_layer() is called: hidden states for a probe
 
-    # --- tokens -----------------------------------------------------------------------------
     def tokenize(self, text: str, special: bool = False) -> list[int]:
         # special=False: "<|im_start|>" in a passage is the letters "<|im_start|>", never the control token.
-        return self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=special)
+        return self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=special)
 
     def token_bytes(self, token_id: int) -> bytes:
         cached = self._token_bytes_cache.get(token_id)
         if cached is None:
             # Control tokens (end of turn) have no visible text; special=True for the rest, because
             # special=False also blanks some ordinary tokens (long whitespace runs, dash lines).
-            vocab = self._llama_cpp.llama_model_get_vocab(self._llama.model)
-            if self._llama_cpp.llama_vocab_is_control(vocab, token_id):
+            vocab = self.lib.llama_model_get_vocab(self.llama.model)
+            if self.lib.llama_vocab_is_control(vocab, token_id):
                 cached = b""
             else:
-                cached = self._llama.detokenize([token_id], special=True)
+                cached = self.llama.detokenize([token_id], special=True)
             self._token_bytes_cache[token_id] = cached
         return cached
 
@@ -136,12 +135,41 @@ class LlamaCppBackend(LocalBackend):
 
             formatter = Jinja2ChatFormatter(
                 template=self._chat_template,
-                eos_token=self._llama.detokenize([self._llama.token_eos()], special=True).decode("utf-8", "replace"),
-                bos_token=self._llama.detokenize([self._llama.token_bos()], special=True).decode("utf-8", "replace"),
+                eos_token=self.llama.detokenize([self.llama.token_eos()], special=True).decode("utf-8", "replace"),
+                bos_token=self.llama.detokenize([self.llama.token_bos()], special=True).decode("utf-8", "replace"),
                 add_generation_prompt=add_generation_prompt,
             )
             self._formatters[add_generation_prompt] = formatter  # a compiled template renders from any thread
         return formatter
+
+
+class LlamaCppBackend(LocalBackend):
+    """The one-context backend: the model's own llama.cpp context is one session's KV cache (the
+    `LocalModel` primitives), and it can tap a layer for a trigger probe (`Tappable`, `HiddenStates`).
+    Its signals come from the full distribution (not a `TopKSignals`)."""
+
+    name = "llamacpp"
+
+    def __init__(self, llama, model_id: str):
+        self.model = LlamaCppModel(llama, model_id)
+        self._llama = llama
+        self._llama_cpp = self.model.lib
+        self.model_id = model_id
+        self.n_vocab = self.model.n_vocab
+        self.n_ctx = llama.n_ctx()
+        self.eos_token_ids = self.model.eos_token_ids
+        self._stale = True  # logits do not describe the current context (after reset or trim)
+        self._tap: Any = None  # layer_tap.LayerTap once tap_layer() is called: hidden states for a probe
+
+    # --- tokens (the loaded model's) --------------------------------------------------------
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        return self.model.tokenize(text, special)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.model.token_bytes(token_id)
+
+    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.model.chat_prompt(messages, add_generation_prompt)
 
     # --- context ----------------------------------------------------------------------------
     @property
@@ -562,19 +590,26 @@ class LlamaCppSession(LocalSession):
         self.close()
 
 
-class LlamaCppSessions(LlamaCppBackend):
+class LlamaCppSessions:
     """One loaded model, `sessions` llama.cpp sequences (ids 0..N-1) in one context of N x `n_ctx` cells.
 
     `session()` hands out a `LlamaCppSession` on a free sequence id. The KV cache is not unified
     (`kv_unified = False`): each sequence has its own stream of `n_ctx` cells, so a session sees exactly
     the context limit and attention of the one-context backend (measured: identical logits, whether it
-    decodes alone or batched with others; tests/test_sessions.py). The one-context primitives of
-    `LlamaCppBackend` (append, trim, logits, reset) do not apply here: use sessions.
+    decodes alone or batched with others; tests/test_sessions.py). It shares the loaded model (tokens,
+    bytes, end-of-generation ids, chat template: a `LlamaCppModel`) with `LlamaCppBackend`, not its one
+    context: it has no single-context primitives (append, trim, logits, reset) and taps no layer (not
+    `Tappable`: a trigger probe needs sessions=1). Its signals come from the full distribution.
     """
 
+    name = "llamacpp"
+
     def __init__(self, llama, model_id: str, *, sessions: int, n_ctx: int, gather_ms: float = DEFAULT_GATHER_MS):
-        super().__init__(llama, model_id)
-        lc = self._llama_cpp
+        self.model = LlamaCppModel(llama, model_id)
+        self.model_id = model_id
+        self.n_vocab = self.model.n_vocab
+        self.eos_token_ids = self.model.eos_token_ids
+        lc = self.model.lib
         from llama_cpp import _internals
 
         params = lc.llama_context_params.from_buffer_copy(llama.context_params)  # same settings as one context
@@ -598,6 +633,16 @@ class LlamaCppSessions(LlamaCppBackend):
         self._batcher = _Batcher(lc, ctx, self.n_vocab, SESSION_BATCH, max(0.0, gather_ms) / 1000.0)
         self._pool_lock = threading.Lock()
         self._free = list(range(sessions))
+
+    # --- tokens (the loaded model's) ------------------------------------------------------------
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        return self.model.tokenize(text, special)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.model.token_bytes(token_id)
+
+    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.model.chat_prompt(messages, add_generation_prompt)
 
     # --- sessions -------------------------------------------------------------------------------
     def session(self) -> LlamaCppSession:
@@ -661,25 +706,6 @@ class LlamaCppSessions(LlamaCppBackend):
             with self._pool_lock:
                 self._free = list(range(self.n_sessions))
 
-    # --- the one-context primitives do not apply --------------------------------------------------
-    def tap_layer(self, layer: int) -> None:
-        raise BackendError("a model holding several sessions reads no hidden states (no trigger probe); use sessions=1")
-
-    def _no_single_context(self, *_, **__):
-        raise BackendError(
-            "this backend holds several sessions (sessions > 1): it has no single context; "
-            "use backend.session() and the session's steps()"
-        )
-
-    append = logits = trim = reset = _no_single_context
-
-    def can_trim(self) -> bool:
-        return False
-
-    @property
-    def n_tokens(self) -> int:
-        raise BackendError("this backend holds several sessions (sessions > 1): ask a session for its tokens")
-
 
 def from_llamacpp(
     model: str | None = None,
@@ -689,7 +715,7 @@ def from_llamacpp(
     sessions: int = 1,
     gather_ms: float = DEFAULT_GATHER_MS,
     **_,
-) -> LlamaCppBackend:
+) -> LlamaCppBackend | LlamaCppSessions:
     """Load a GGUF model (default: the embedded SmolLM2-135M-Instruct) with llama-cpp-python.
 
     `sessions`: how many sessions the one loaded model holds at once. 1 (the default) is the one-context

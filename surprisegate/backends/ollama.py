@@ -207,7 +207,7 @@ class OllamaBackend(ServerBackend):
             "truncate": False,
             "shift": False,
         }
-        top_k = self.signal_top_k(sampling, MAX_TOP_LOGPROBS)
+        top_k = self.request_top_k(sampling, MAX_TOP_LOGPROBS)
         if sampling.scored:
             body.update(logprobs=True, top_logprobs=top_k)
         record: dict[str, Any] = {

@@ -8,11 +8,13 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
+from . import Backend
 
 
 @dataclass(frozen=True)
@@ -116,8 +118,9 @@ def names() -> list[str]:
     return [n + ("://HOST:PORT" if e.addressed_by_uri else "") for n, e in BACKENDS.items()]
 
 
-def open_backend(spec: str, model: str | None = None, **options: Any) -> Any:
-    """Load the backend `spec` names (a name or a URI) with `model` and backend options."""
+def open_backend(spec: str, model: str | None = None, **options: Any) -> Backend:
+    """Load the backend `spec` names (a name or a URI) with `model` and backend options: a `SteerableBackend`
+    where the entry says steerable, else a `BlackBoxBackend` (what it can do beyond: capabilities.py)."""
     entry, address = parse_backend(spec)
     if not entry.factory:
         raise ConfigError(
@@ -125,5 +128,5 @@ def open_backend(spec: str, model: str | None = None, **options: Any) -> Any:
             "use --backend llamacpp or --backend transformers"
         )
     module_name, _, function = entry.factory.partition(":")
-    factory = getattr(importlib.import_module(module_name), function)
+    factory: Callable[..., Backend] = getattr(importlib.import_module(module_name), function)
     return factory(model, **address, **options)

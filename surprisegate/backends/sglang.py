@@ -96,7 +96,7 @@ class SglangBackend(TokenIdServer):
         params: dict[str, Any] = {"max_new_tokens": n_predict, **self.sampling_params(sampling, banned)}
         if params["temperature"] > 0:
             params["sampling_seed"] = seed
-        top_k = self.signal_top_k(sampling)
+        top_k = self.request_top_k(sampling)
         body: dict[str, Any] = {"input_ids": prompt, "sampling_params": params, "stream": True}
         if top_k:
             body.update(return_logprob=True, top_logprobs_num=top_k, logprob_start_len=-1, return_text_in_logprobs=True)

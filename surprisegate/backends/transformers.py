@@ -41,10 +41,10 @@ _BYTE_FALLBACK_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
 class TransformersBackend(LocalBackend):
-    """A `SteerableBackend` over a transformers causal LM and one `DynamicCache` (batch size 1)."""
+    """A `SteerableBackend` over a transformers causal LM and one `DynamicCache` (batch size 1). Its signals
+    come from the full distribution (not a `TopKSignals`)."""
 
     name = "transformers"
-    signal_top_k: int | None = None  # signals from the full distribution (calibrations.backend_top_k)
 
     def __init__(self, model: Any, tokenizer: Any, model_id: str) -> None:
         import torch

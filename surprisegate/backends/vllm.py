@@ -125,7 +125,7 @@ class VllmBackend(TokenIdServer):
     # --- one streamed request (the hooks of http_session.ServerSession) ------------------------------
     def stream_request(self, prompt: list[int], sampling: Sampling, banned: frozenset[int], seed: int) -> ServerRequest:
         n_predict = self.budget(prompt, banned)
-        top_k = self.signal_top_k(sampling)
+        top_k = self.request_top_k(sampling)
         body: dict[str, Any] = {
             "model": self.model_id,
             "prompt": prompt,

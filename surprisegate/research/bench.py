@@ -41,9 +41,10 @@ def _detect_run(backend, config: Config) -> tuple[list[int], float]:
 
 
 def bench_decode(n_tokens: int = 256, repeats: int = 5, progress: Callable[[str], None] = _noop) -> dict:
-    from ..backends.llamacpp import from_llamacpp
+    from ..backends.llamacpp import LlamaCppBackend, from_llamacpp
 
     backend = from_llamacpp(None, n_ctx=2048)
+    assert isinstance(backend, LlamaCppBackend)  # sessions=1: the one-context backend
     llama = backend._llama
     config = Config(mode="detect", max_tokens=n_tokens, max_rounds=0, system_prompt="")
     layout = PromptLayout.from_template(backend.chat_prompt, chat_messages(DECODE_PROMPT))
@@ -112,10 +113,11 @@ def bench_decode(n_tokens: int = 256, repeats: int = 5, progress: Callable[[str]
 def _tapped_copy(config: Config) -> tuple[Any, Config]:
     """A second copy of the embedded model with the shipped probe's layer tapped, and the config that
     makes the loop read its hidden states."""
-    from ..backends.llamacpp import from_llamacpp
+    from ..backends.llamacpp import LlamaCppBackend, from_llamacpp
     from ..probe import resolve_probe
 
     tapped = from_llamacpp(None, n_ctx=2048)
+    assert isinstance(tapped, LlamaCppBackend)  # sessions=1: the one-context backend, which taps a layer
     probe = resolve_probe("auto", tapped.model_id)
     if probe is None:
         raise RuntimeError(f"no probe ships for {tapped.model_id}; the tapped run needs one")
@@ -220,16 +222,22 @@ def bench_http(
         n_probs (20), no scoring; the server's own cost of n_probs 20 (plain n_probs 0 vs 20) beside it.
     """
     from ..backends import Sampling
-    from ..backends.http_session import SIGNAL_TOP_K
-    from ..backends.llama_server import LlamaServerProcess
+    from ..backends.http_session import SIGNAL_TOP_K, ServerBackend
+    from ..backends.llama_server import LlamaServerBackend, LlamaServerProcess
     from ..backends.registry import open_backend
+    from ..errors import ConfigError
 
     server: LlamaServerProcess | None = None
     if backend_uri is None:
         server = LlamaServerProcess(n_ctx=max(4096, context_tokens + segment_tokens + n_tokens + 64)).start()
         backend_uri = server.uri
         progress(f"started {' '.join(server.argv())}")
-    backend = open_backend(backend_uri)
+    opened = open_backend(backend_uri)
+    if not isinstance(opened, LlamaServerBackend):  # the plain runs below post to llama-server's /completion
+        if isinstance(opened, ServerBackend):
+            opened.close()
+        raise ConfigError(f"bench http needs a llama-server://HOST:PORT backend, not {backend_uri!r}")
+    backend = opened
     try:
         # --- resume_ratio -----------------------------------------------------------------------------
         tokens = backend.tokenize(_filler_text(400))
@@ -365,7 +373,7 @@ def bench_http(
             "backend": backend_uri,
             "server_started_here": server is not None,
             "model": backend.model_id,
-            "build_info": getattr(backend, "build_info", None),
+            "build_info": backend.build_info,
         }
     finally:
         backend.close()

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..arms import Arm, Evidence, Query
-from ..backends import Sampling
+from ..backends import Sampling, SteerableBackend
 from ..config import Config, evidence_text
 from ..controller import generate
 from ..errors import InputError
@@ -210,13 +210,13 @@ def check_modes(modes: Sequence[str], flare_theta: float = FLARE_THETA, oracle_c
 def check_backend_modes(modes: Sequence[str], backend) -> None:
     """always, flare and oracle decode token by token with their own injections: a steerable backend's work.
     A chat API (no sessions) runs off, detect and intervene (its revise pass)."""
-    if hasattr(backend, "session"):
+    if isinstance(backend, SteerableBackend):
         return
     steerable_only = [m for m in modes if m in ("always", "flare", "oracle")]
     if steerable_only:
         raise InputError(
             f"--modes {','.join(steerable_only)} need a steerable backend (in process or an inference server), "
-            f"not the chat API {getattr(backend, 'name', backend)!r}; use --modes off,detect,intervene"
+            f"not the chat API {backend.name!r}; use --modes off,detect,intervene"
         )
 
 
@@ -404,7 +404,7 @@ def evaluate(
     if oracle is not None:
         summary["oracle"] = oracle
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    write_report(summary, rows, out, data, config, model=f"{getattr(backend, 'name', 'backend')} · {backend.model_id}")
+    write_report(summary, rows, out, data, config, model=f"{backend.name} · {backend.model_id}")
     return summary
 
 

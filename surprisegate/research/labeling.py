@@ -60,7 +60,7 @@ def prompt_for(item: dict, can_continue: bool = True) -> tuple[str, str]:
 
 
 def label_item(backend, item: dict, config: Config) -> dict:
-    from ..backends import SteerableBackend
+    from ..backends import SteerableBackend, VocabSize
     from ..controller import generate
 
     steerable = isinstance(backend, SteerableBackend)
@@ -86,7 +86,8 @@ def label_item(backend, item: dict, config: Config) -> dict:
         "surprises": extra.get("token_surprises", []),
         "entropies": extra.get("token_entropies", []),
         "top_logprobs": extra.get("token_top_logprobs", []),
-        "vocab_size": getattr(backend, "n_vocab", None),  # bounds the entropy estimated from top-k
+        # bounds the entropy estimated from top-k
+        "vocab_size": backend.n_vocab if isinstance(backend, VocabSize) else None,
         "finish_reason": result.finish_reason,
         "seconds": round(time.monotonic() - started, 3),
     }

@@ -73,8 +73,8 @@ class Server:
         self.model = settings.model_name or served_name(str(runtime.backend.model_id))
         self.started = int(time.time())
         self.live: set[Generation] = set()
-        self.token_bytes = getattr(runtime.backend, "token_bytes", None)
-        calibration = getattr(runtime, "calibration", None)
+        self.token_bytes = runtime.backend.token_bytes if isinstance(runtime.backend, SteerableBackend) else None
+        calibration = runtime.calibration
         self.detect_only = bool(calibration is not None and calibration.detect_only)
 
     # --- routes -----------------------------------------------------------------------------------

@@ -1,0 +1,82 @@
+"""What a backend can do beyond the seam, declared in one place (DESIGN.md §4).
+
+Every backend gives the seam (`SteerableBackend` or `BlackBoxBackend`, and a steerable one's `Session`s).
+Some give more. Each extra is one small protocol here, and the code that needs it checks it with
+`isinstance` where it matters, instead of `getattr(backend, "...", None)` scattered through the loop
+(as transformers checks a model's `_supports_*` flags, and mlx-lm a cache's `is_trimmable()`):
+
+| protocol | member | who has it | checked by |
+|---|---|---|---|
+| `Tappable` | `tap_layer(layer)` | llama.cpp in process, one context | runtime.tap_probe_layer |
+| `HiddenStates` | `tapped_layer`, `hidden_state()` | the same | controller (the trigger probe), LocalSession |
+| `ContextSize` | `n_ctx` | llama.cpp in process, the servers | serve's check_context |
+| `VocabSize` | `n_vocab` | llama.cpp in process, the servers | labeling (bounds a top-k entropy) |
+| `TopKSignals` | `SIGNAL_TOP_K` | the servers (20), the chat APIs (their top k) | calibrations.backend_top_k |
+| `RequestLog` | `last_request` (a session's) | server sessions | controller (the receipt of a rewind) |
+
+Rewinding needs no protocol: `LocalModel.can_trim()` says it, and a `Session` re-prefills where it cannot
+(`last_continue`). The protocols are structural: a backend has a capability by having its members, with
+nothing to register (a test's scripted backend too).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Tappable(Protocol):
+    """A backend that can keep one layer's hidden state at the last fed position, for a trigger probe."""
+
+    def tap_layer(self, layer: int) -> None:
+        """From now on keep layer `layer`'s state (`hidden_state()`); resets the context."""
+        ...
+
+
+@runtime_checkable
+class HiddenStates(Protocol):
+    """A model whose steps can carry its tapped layer's hidden state (`Sampling.hidden`)."""
+
+    @property
+    def tapped_layer(self) -> int | None:
+        """The layer tapped (None: none yet): a probe fitted on another layer is not used."""
+        ...
+
+    def hidden_state(self) -> np.ndarray | None:
+        """The tapped layer's state at the position the logits describe; None without a tap or when stale."""
+        ...
+
+
+@runtime_checkable
+class ContextSize(Protocol):
+    """A backend that knows how many tokens one context (one session) holds."""
+
+    n_ctx: int | None  # None: the server did not say
+
+
+@runtime_checkable
+class VocabSize(Protocol):
+    """A backend that knows its vocabulary size (the bound on the mass missing from a top k)."""
+
+    n_vocab: int | None  # None: the server did not say
+
+
+@runtime_checkable
+class TopKSignals(Protocol):
+    """A backend whose signals come from the top `SIGNAL_TOP_K` logprobs of each token, not from the whole
+    distribution: entropy is estimated, and calibrations are per k (calibrations.backend_top_k). A backend
+    that is not one (in process) computes both signals from the full distribution."""
+
+    SIGNAL_TOP_K: int
+
+
+@runtime_checkable
+class RequestLog(Protocol):
+    """A session that records its requests (a server's): how the latest one travelled, what was cached."""
+
+    @property
+    def last_request(self) -> dict[str, Any] | None:
+        """The latest request's record (`path`, `cached`, ...); None before the first."""
+        ...
