@@ -31,6 +31,15 @@ def factkb_memory(tmp_path_factory, shared_data):
     return home, store
 
 
+# The evidence templates before issue 22 (results/evidence_template_before_issue22.toml).
+EARLIER_TEMPLATES = {
+    "SURPRISEGATE_EVIDENCE_TEMPLATE": (
+        "{evidence}\nAnswer the user's question in one short sentence, using the text above."
+    ),
+    "SURPRISEGATE_TOOL_EVIDENCE_TEMPLATE": "Fact: {evidence}",
+}
+
+
 def ask_json(home, *args, env_extra=None):
     out = sg("ask", "--json", *args, home=home, env_extra=env_extra)
     assert out.returncode == 0, out.stderr
@@ -77,7 +86,12 @@ def test_a_rewrite_that_ignores_the_evidence_gets_one_more_try_then_gives_back_t
     assert "Richmond" in off["reply"]
     probed = ask_json(home, "--mode", "intervene", "--memory", str(store), question)
     assert probed["rounds"] == [] and probed["reply"] == off["reply"]
+    # With the data-marked evidence template (issue 22) the first rewrite already answers from the evidence;
+    # the template before it gives the rewrite that ignores the evidence, which is the path tested here.
     window_rule = {"SURPRISEGATE_PROBE": "off"}
+    marked = ask_json(home, "--mode", "intervene", "--memory", str(store), question, env_extra=window_rule)
+    assert "Richmond" in marked["reply"] and not marked["rounds"][0].get("retries")
+    window_rule |= EARLIER_TEMPLATES
     on = ask_json(home, "--mode", "intervene", "--memory", str(store), question, env_extra=window_rule)
     from surprisegate.grading import first_sentence
 
@@ -153,7 +167,14 @@ def test_multi_hop_question_via_the_local_web_server(factkb_memory, web_server):
     question = "Who directed a 2016 musical filmed in Howth?"  # the musical, then its director
     off = ask_json(home, "--mode", "off", "--memory", "none", question)
     assert "john carney" not in off["reply"].split(".")[0].lower()
-    on = ask_json(home, "--mode", "intervene", "--memory", "none", "--web", web_server.url, question)
+    # With the data-marked template the web evidence is used but the rewrite names the musical, not its
+    # director (README Results); the template before it answers the second hop.
+    marked = ask_json(home, "--mode", "intervene", "--memory", "none", "--web", web_server.url, question)
+    assert "Sing Street" in marked["reply"]
+    assert any(r["action"] == "rewound" and r["chosen"]["source"].startswith("web:") for r in marked["rounds"])
+    on = ask_json(
+        home, "--mode", "intervene", "--memory", "none", "--web", web_server.url, question, env_extra=EARLIER_TEMPLATES
+    )
     assert "John Carney" in on["reply"].split(".")[0]
     rewound = [r for r in on["rounds"] if r["action"] == "rewound"]
     assert rewound and rewound[0]["chosen"]["source"].startswith("web:searxng:")
