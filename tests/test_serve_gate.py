@@ -185,3 +185,15 @@ def test_the_tool_arm_serve_builds_has_no_python_tool():
     on = served_layers(ConfigLayers(None, {}, {}), ServeOptions(allow_python=True)).load()
     assert "python" not in build_arms(off, memory=None, tools=True)["tool"].tools
     assert "python" in build_arms(on, memory=None, tools=True)["tool"].tools
+
+
+def test_receipts_show_config_reaches_the_clients_view(tmp_path):
+    from surprisegate.serve.app import create_app
+
+    runtime = SimpleNamespace(
+        backend=SimpleNamespace(model_id="/srv/m.gguf", name="scripted"), config=Config(), calibration=None, arms={}
+    )
+    for shown in (False, True):
+        settings = serve_main.build_settings(ServeOptions(show_config=shown, keep_receipts=False), 1, "/srv/m.gguf")
+        view = create_app(runtime, settings).state.server.view
+        assert settings.show_config is shown and view.show_config is shown and view.served_model == "m"

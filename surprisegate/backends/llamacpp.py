@@ -143,7 +143,22 @@ class LlamaCppModel:
         return formatter
 
 
-class LlamaCppBackend(LocalBackend):
+class _ModelTokens:
+    """Tokens and the chat template of the loaded model, for the backends that hold one (`self.model`)."""
+
+    model: LlamaCppModel
+
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        return self.model.tokenize(text, special)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.model.token_bytes(token_id)
+
+    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.model.chat_prompt(messages, add_generation_prompt)
+
+
+class LlamaCppBackend(_ModelTokens, LocalBackend):
     """The one-context backend: the model's own llama.cpp context is one session's KV cache (the
     `LocalModel` primitives), and it can tap a layer for a trigger probe (`Tappable`, `HiddenStates`).
     Its signals come from the full distribution (not a `TopKSignals`)."""
@@ -160,16 +175,6 @@ class LlamaCppBackend(LocalBackend):
         self.eos_token_ids = self.model.eos_token_ids
         self._stale = True  # logits do not describe the current context (after reset or trim)
         self._tap: Any = None  # layer_tap.LayerTap once tap_layer() is called: hidden states for a probe
-
-    # --- tokens (the loaded model's) --------------------------------------------------------
-    def tokenize(self, text: str, special: bool = False) -> list[int]:
-        return self.model.tokenize(text, special)
-
-    def token_bytes(self, token_id: int) -> bytes:
-        return self.model.token_bytes(token_id)
-
-    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        return self.model.chat_prompt(messages, add_generation_prompt)
 
     # --- context ----------------------------------------------------------------------------
     @property
@@ -590,7 +595,7 @@ class LlamaCppSession(LocalSession):
         self.close()
 
 
-class LlamaCppSessions:
+class LlamaCppSessions(_ModelTokens):
     """One loaded model, `sessions` llama.cpp sequences (ids 0..N-1) in one context of N x `n_ctx` cells.
 
     `session()` hands out a `LlamaCppSession` on a free sequence id. The KV cache is not unified
@@ -633,16 +638,6 @@ class LlamaCppSessions:
         self._batcher = _Batcher(lc, ctx, self.n_vocab, SESSION_BATCH, max(0.0, gather_ms) / 1000.0)
         self._pool_lock = threading.Lock()
         self._free = list(range(sessions))
-
-    # --- tokens (the loaded model's) ------------------------------------------------------------
-    def tokenize(self, text: str, special: bool = False) -> list[int]:
-        return self.model.tokenize(text, special)
-
-    def token_bytes(self, token_id: int) -> bytes:
-        return self.model.token_bytes(token_id)
-
-    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        return self.model.chat_prompt(messages, add_generation_prompt)
 
     # --- sessions -------------------------------------------------------------------------------
     def session(self) -> LlamaCppSession:

@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..backends import SteerableBackend
 from ..events import Token
 from ..text import first_stop
-from .gate import Admission, Finished, Generation, RotatingReceipts, check_context
+from .gate import Admission, ClientView, Finished, Generation, RotatingReceipts, check_context
 from .metrics import CONTENT_TYPE, Metrics
 from .replies import ReplyShape, StopCutter, finish_reason, token_info, token_infos
 from .wire import ApiError, GateRequest, Limits, parse_chat, parse_completion, parse_json, shown
@@ -53,6 +53,7 @@ class ServeSettings:
     receipts: RotatingReceipts | None = None  # None: keep no receipts (they hold users' prompts)
     api_key: str | None = None  # from SURPRISEGATE_API_KEY; never in a config or a receipt
     model_name: str | None = None  # the id clients send; default: the model file's stem
+    show_config: bool = False  # clients' receipts carry the server's config too (--receipts-show-config)
 
 
 def served_name(model_id: str) -> str:
@@ -71,6 +72,8 @@ class Server:
         self.metrics.queue_depth.set_function(lambda: self.admission.waiting)
         self.metrics.active.set_function(lambda: self.admission.active)
         self.model = settings.model_name or served_name(str(runtime.backend.model_id))
+        # What a client sees of the server: the same for every request (they cannot change what it hides).
+        self.view = ClientView.of(runtime, runtime.config, self.model, settings.show_config)
         self.started = int(time.time())
         self.live: set[Generation] = set()
         self.token_bytes = runtime.backend.token_bytes if isinstance(runtime.backend, SteerableBackend) else None
@@ -121,7 +124,7 @@ class Server:
         if not await _first_or_disconnect(request, waiting):
             self.metrics.disconnects.inc()
             return None
-        gen = Generation(self.runtime, parsed, self.settings.receipts, self._ended)
+        gen = Generation(self.runtime, parsed, self.settings.receipts, self._ended, self.view)
         self.live.add(gen)
         gen.start()
         return gen

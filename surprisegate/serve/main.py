@@ -76,6 +76,7 @@ def build_settings(options: ServeOptions, slots: int, model_id: str) -> ServeSet
         receipts=receipts,
         api_key=os.environ.get("SURPRISEGATE_API_KEY") or None,  # never in the config, so never in a receipt
         model_name=options.model_name or served_name(model_id),
+        show_config=options.show_config,
     )
 
 
