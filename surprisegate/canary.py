@@ -51,11 +51,7 @@ def groundedness_canary(
     `uncertainty` is None when the verdict is `not_scored`; `statistic` names the aggregate it used.
     `unresolved_rounds` counts rounds that resumed unmodified (a doubtful span left as written).
     """
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
-        raise ConfigError(
-            f"threshold={threshold!r} is not a finite number of bits; set it to e.g. 3.5 or calibrate one"
-        )
-
+    _check_threshold(threshold)
     records = [r.to_dict() if hasattr(r, "to_dict") else r for r in rounds or []]
     records = [r for r in records if isinstance(r, dict)]
     anchoring, source = _anchoring(records)
@@ -80,20 +76,28 @@ def groundedness_canary(
 
     compared = "exceeded" if uncertain else "stayed at or below"
     surprise_part = f"Surprise {statistic} {value:.2f} bits {compared} the threshold {threshold:.2f}"
-    if grounded:
-        evidence_part = f"evidence from {source} anchors the reply (anchoring {anchoring:.2f})"
+    reason = f"{surprise_part}; {_evidence_part(anchoring, source, unresolved)}."
+    return result | {"uncertainty": uncertainty, "statistic": statistic, "verdict": verdict, "reason": reason}
+
+
+def _check_threshold(threshold: Any) -> None:
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+        raise ConfigError(
+            f"threshold={threshold!r} is not a finite number of bits; set it to e.g. 3.5 or calibrate one"
+        )
+
+
+def _evidence_part(anchoring: float, source: str | None, unresolved: int) -> str:
+    """The reason's second half: what anchors the reply, and the doubtful spans left as written."""
+    if anchoring >= ANCHORING_FLOOR:
+        part = f"evidence from {source} anchors the reply (anchoring {anchoring:.2f})"
     elif anchoring > 0:
-        evidence_part = f"the best evidence (from {source}) is weak (anchoring {anchoring:.2f} < {ANCHORING_FLOOR})"
+        part = f"the best evidence (from {source}) is weak (anchoring {anchoring:.2f} < {ANCHORING_FLOOR})"
     else:
-        evidence_part = "no evidence was injected"
+        part = "no evidence was injected"
     if unresolved:
-        evidence_part += f"; {unresolved} doubtful span{'s' if unresolved != 1 else ''} left as written"
-    return result | {
-        "uncertainty": uncertainty,
-        "statistic": statistic,
-        "verdict": verdict,
-        "reason": f"{surprise_part}; {evidence_part}.",
-    }
+        part += f"; {unresolved} doubtful span{'s' if unresolved != 1 else ''} left as written"
+    return part
 
 
 def _uncertainty_statistic(aggregates: dict[str, Any] | None) -> tuple[str | None, float]:

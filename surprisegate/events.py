@@ -6,8 +6,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .result import ReplyResult
 
 
 @dataclass(frozen=True)
@@ -55,11 +58,26 @@ class Rewind:
 
 @dataclass(frozen=True)
 class Done:
-    text: str
-    finish_reason: str  # "stop" | "length"
-    n_tokens: int
-    rounds: list[dict[str, Any]] = field(default_factory=list)
-    receipt: dict[str, Any] | None = None
+    """The reply is finished: its typed result, from which the caller builds the receipt."""
+
+    result: ReplyResult
+
+    @property
+    def text(self) -> str:
+        return self.result.reply
+
+    @property
+    def finish_reason(self) -> str:  # "stop" | "length" | "error"
+        return self.result.finish_reason
+
+    @property
+    def n_tokens(self) -> int:
+        return self.result.n_tokens
+
+    @property
+    def rounds(self) -> list[dict[str, Any]]:
+        """The rounds as the receipt writes them."""
+        return self.result.round_dicts()
 
 
 Event = Token | Trigger | Grounding | Rewind | Done

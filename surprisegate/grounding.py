@@ -14,7 +14,7 @@ from typing import Any
 
 from .arms import Arm, Evidence, Query
 from .config import Config
-from .receipts import ConvergenceRecord
+from .receipts import ArmAttempt, ConvergenceRecord
 from .router import closed_question
 
 
@@ -73,7 +73,7 @@ def ground_round(
     cache: dict | None = None,
     margin: float = 0.0,
     pool: ArmPool | None = None,
-) -> tuple[Evidence | None, list[dict]]:
+) -> tuple[Evidence | None, list[ArmAttempt]]:
     """Try arms in order until one returns evidence that covers the question by at least `margin`; keep
     the best evidence of those asked. All of it under one hard deadline.
 
@@ -82,75 +82,59 @@ def ground_round(
     `cache` (per reply) remembers each arm's answer to a question: a later round of the same reply asks
     the same question, and paying for the same lookup twice buys nothing.
     """
-    reports: list[dict] = []
+    attempts: list[ArmAttempt] = []
     best: Evidence | None = None
     for name in order:
-        results, report = _ask_arm(arms, name, query, deadline, cache, pool)
-        reports.append(report)
+        results, attempt = _ask_arm(arms, name, query, deadline, cache, pool)
+        attempts.append(attempt)
         if results and (best is None or results[0].confidence > best.confidence):
             if best is not None:
-                report["arbitration"] = f"kept over the weaker {best.source} ({best.confidence:.3f} < margin {margin})"
+                attempt.arbitration = f"kept over the weaker {best.source} ({best.confidence:.3f} < margin {margin})"
             best = results[0]
         if best is not None and best.confidence >= margin:
             break
-        if best is not None:
-            report.setdefault(
-                "arbitration",
-                f"{best.source} covers the question by {best.confidence:.3f} < "
-                f"margin {margin}: asking the next arm too",
+        if best is not None and attempt.arbitration is None:
+            attempt.arbitration = (
+                f"{best.source} covers the question by {best.confidence:.3f} < margin {margin}: asking the next arm too"
             )
-    return best, reports
+    return best, attempts
 
 
 def _ask_arm(
     arms: Mapping[str, Arm], name: str, query: Query, deadline: float, cache: dict | None, pool: ArmPool | None
-) -> tuple[list[Evidence], dict]:
-    """One arm's evidence for the query, and its report for the receipt."""
+) -> tuple[list[Evidence], ArmAttempt]:
+    """One arm's evidence for the query, and the attempt the receipt records."""
     key = (name, query.question, query.span_class)
     if cache is not None and key in cache:
         cached: list[Evidence] = cache[key]
-        return cached, {
-            "arm": name,
-            "status": "ok" if cached else "empty",
-            "cached": True,
-            "latency_ms": 0.0,
-            "results": [e.to_dict() for e in cached],
-        }
+        return cached, ArmAttempt(name, "ok" if cached else "empty", cached=True, results=_dicts(cached))
     arm = arms.get(name)
     if arm is None:
-        return [], {"arm": name, "status": "skipped", "reason": "arm not configured", "latency_ms": 0.0, "results": []}
+        return [], ArmAttempt(name, "skipped", reason="arm not configured")
     if time.monotonic() >= deadline:
-        return [], {
-            "arm": name,
-            "status": "timeout",
-            "reason": "round deadline passed before this arm",
-            "latency_ms": 0.0,
-            "results": [],
-        }
+        return [], ArmAttempt(name, "timeout", reason="round deadline passed before this arm")
     started = time.monotonic()
     status, value = call_with_deadline(lambda: arm.ground(query, deadline), deadline, pool)
-    report = {
-        "arm": name,
-        "query": {"span": query.span, "question": query.question, "sentence": query.sentence},
-        "status": status,
-        "latency_ms": round((time.monotonic() - started) * 1000, 2),
-        "results": [],
-    }
-    results: list[Evidence] = []
+    asked = {"span": query.span, "question": query.question, "sentence": query.sentence}
+    attempt = ArmAttempt(name, status, asked, latency_ms=round((time.monotonic() - started) * 1000, 2))
     if status == "full":
         size = (pool or DEFAULT_POOL).size
-        report.update(status="skipped", reason=f"arm executor full ({size} calls in flight): resumed unmodified")
+        attempt.status, attempt.reason = "skipped", f"arm executor full ({size} calls in flight): resumed unmodified"
     elif status == "error":
-        report["error"] = f"{type(value).__name__}: {value}"
+        attempt.error = f"{type(value).__name__}: {value}"
         if isinstance(value, TimeoutError):  # the arm gave up at the deadline itself
-            report["status"] = "timeout"
+            attempt.status = "timeout"
     elif status == "ok":
         results = list(value or [])
         if cache is not None:
             cache[key] = results
-        report["results"] = [e.to_dict() for e in results]
-        report["status"] = "ok" if results else "empty"
-    return results, report
+        attempt.status, attempt.results = ("ok" if results else "empty"), _dicts(results)
+        return results, attempt
+    return [], attempt
+
+
+def _dicts(results: Sequence[Evidence]) -> list[dict[str, Any]]:
+    return [e.to_dict() for e in results]
 
 
 def ground_span(
@@ -165,7 +149,7 @@ def ground_span(
     """Route a doubtful span and ask the arms within the round's deadline: the evidence chosen (or None) and
     the round's record, its action not yet decided. Shared by the loop (rewind) and the revise pass."""
     started = time.monotonic()
-    route = router(query.span, query.question, query.sentence, available=tuple(arms))
+    route = router(query.span, query.question, query.sentence)
     # A question that names its answers ("X or Y?", "Were X and Y ...?") is left as the model answered
     # it: one snippet rarely compares the two, and grounding broke more such answers than it fixed.
     computable = route.span_class == "computable"
@@ -173,7 +157,7 @@ def ground_span(
     order = () if closed else arm_order(config, route.span_class, arms)
     query = Query(query.span, query.question, query.sentence, span_class=route.span_class)
     deadline = started + config.round_deadline_s
-    chosen, reports = ground_round(arms, order, query, deadline, cache, config.arbitration_margin)
+    chosen, attempts = ground_round(arms, order, query, deadline, cache, config.arbitration_margin)
     record = ConvergenceRecord(
         round=round_no,
         trigger=trigger,
@@ -181,7 +165,7 @@ def ground_span(
         route_rule=route.rule,
         closed_question=closed,
         arm_order=list(order),
-        arms=list(reports),
+        arms=attempts,
         chosen=chosen.to_dict() if chosen else None,
     )
     return chosen, record
@@ -197,14 +181,9 @@ def why_not_grounded(
                 f"closed question ({record.closed_question}): its answer is one of the options it names; "
                 "set ground_closed_questions = true to ground it anyway"
             )
-        statuses = (
-            ", ".join(f"{r['arm']}: {r['status']}" for r in record.arms if isinstance(r, dict)) or "no arms configured"
-        )
+        statuses = ", ".join(f"{a.arm}: {a.status}" for a in record.attempts()) or "no arms configured"
         return f"no grounding found ({statuses})"
     # The same evidence is already in the context: injecting it again only invites the model to echo it.
     used = ("rewound", "revised")
     repeat = next((r.round for r in earlier if r.action in used and r.evidence == chosen.evidence), None)
-    if repeat is not None:
-        record.already_grounded = True
-        return f"evidence already injected in round {repeat}"
-    return None
+    return None if repeat is None else record.repeats(repeat)

@@ -153,3 +153,42 @@ class PromptLayout:
             + self.system_turn_suffix
             + self.open_assistant
         )
+
+
+@dataclass(frozen=True)
+class ReplyPrompt:
+    """One reply's prompt as tokens: the chat's body, the open assistant turn and a cloze prefix (the user's
+    text: plain tokens, like every message), and how an evidence segment goes in after it."""
+
+    layout: PromptLayout
+    body: list[int]
+    open: list[int]
+    prefix: list[int]
+
+    @classmethod
+    def build(cls, backend, messages: list[dict[str, str]], assistant_prefix: str) -> ReplyPrompt:
+        """`backend` renders (`chat_prompt`) and tokenizes: a server may fail here, and the receipt says so."""
+        layout = PromptLayout.from_template(backend.chat_prompt, messages)
+        prefix = backend.tokenize(assistant_prefix) if assistant_prefix else []
+        return cls(layout, layout.body_tokens(backend.tokenize), layout.open_tokens(backend.tokenize), prefix)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.body + self.open + self.prefix
+
+    @property
+    def turn_start(self) -> int:
+        """Where the assistant turn's header begins."""
+        return len(self.body)
+
+    def segment(
+        self, tokenize: Tokenize, injected: str, injection: str, keep: int, kept_reply: list[int]
+    ) -> tuple[list[int], list[int], int | None]:
+        """(evidence segment, tokens re-fed after it, where the new assistant turn starts or None) for a rewind
+        that keeps `keep` context tokens and `kept_reply` of the reply."""
+        if injection == "system_turn":
+            turn = self.layout.segment_tokens(tokenize, injected, "system_turn")
+            return turn + self.open, self.prefix + kept_reply, keep + len(turn)
+        if injection == "close_reopen":
+            return self.layout.segment_tokens(tokenize, injected, "close_reopen"), self.prefix + kept_reply, None
+        return self.layout.segment_tokens(tokenize, injected, "inline"), [], None

@@ -2,7 +2,7 @@
 
 A receipt records what the model was asked, what it wrote, how surprised it was, what the groundedness
 canary concluded and, per intervention round, a convergence record (trigger, arms tried, evidence
-chosen, rewind or not and why). Layout of a receipt: see `build_receipt`; of a round: `ConvergenceRecord`.
+chosen, rewind or not and why). Layout of a receipt: see `receipt_record`; of a round: `ConvergenceRecord`.
 
 Durability: `ReceiptWriter.append` serialises the whole record before opening the file, writes it as one
 line and fsyncs, so a crash loses at most the record being written. Reading skips a torn or undecodable
@@ -20,6 +20,7 @@ import json
 import math
 import os
 import re
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -288,27 +289,34 @@ def read_receipts(path: str | os.PathLike[str]) -> ReadResult:
 
 @dataclass
 class ArmAttempt:
-    """One arm tried in one round."""
+    """One arm asked (or skipped) in one round; `to_dict()` is its entry in the round's `arms`. Built by
+    grounding._ask_arm; optional fields are written only when set, so a plain attempt stays short."""
 
     arm: str  # "memory" | "web" | "tool"
-    query: Any  # what the arm was asked (an arms.Query or its dict)
     status: str  # one of ARM_STATUSES
+    query: Any = None  # what the arm was asked (an arms.Query or its dict); None when it was never called
     latency_ms: float = 0.0
     results: list[Any] = field(default_factory=list)  # Evidence objects or their dicts, best first
+    cached: bool = False  # the reply's cache answered: the arm was not called again
+    reason: str | None = None  # why it was skipped or timed out before it was called
     error: str | None = None  # the error message when status is "error" or "timeout"
+    arbitration: str | None = None  # why its evidence was kept over, or asked alongside, another arm's
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ArmAttempt:
+        return cls(**d)
 
     def to_dict(self) -> dict[str, Any]:
         if self.status not in ARM_STATUSES:
             raise ValueError(f"status={self.status!r} for arm {self.arm!r}; use one of {', '.join(ARM_STATUSES)}")
+        optional = {"reason": self.reason, "error": self.error, "arbitration": self.arbitration}
         return to_jsonable(
-            {
-                "arm": self.arm,
-                "query": self.query,
-                "status": self.status,
-                "latency_ms": self.latency_ms,
-                "results": self.results,
-                "error": self.error,
-            }
+            {"arm": self.arm}
+            | ({"query": self.query} if self.query is not None else {})
+            | {"status": self.status}
+            | ({"cached": True} if self.cached else {})
+            | {"latency_ms": self.latency_ms, "results": self.results}
+            | {k: v for k, v in optional.items() if v is not None}
         )
 
 
@@ -324,13 +332,24 @@ def rounded_trigger(trigger: Any) -> dict[str, Any]:
     return trigger_to_dict(trigger) | {"value": round(trigger.value, 4)}
 
 
+@dataclass(frozen=True)
+class RewindReport:
+    """How a rewind reached the backend: tokens trimmed from its cache (or None: re-prefilled) and the method;
+    a server session also says whether the resume went as token ids or text, and the prompt tokens it cached."""
+
+    trimmed: int | None
+    method: str  # "trim" | "reprefill"
+    prompt_path: str | None = None  # "token-ids" | "text"
+    cached_tokens: int | None = None
+
+
 @dataclass
 class ConvergenceRecord:
     """What happened in one intervention round; `to_dict()` is the entry in a receipt's `rounds`.
 
-    Mutable on purpose: the controller creates it when the trigger fires, appends each arm as it is
-    tried, then sets `chosen`, `action` and the token counts. `to_dict()` validates the finished record.
-    The defaults describe a round that changed nothing, the safe outcome.
+    Built once per round by `grounding.ground_span` (route, arms asked, evidence chosen); how the round
+    ended is then set through its outcome methods below (`rewind`, `revert`, ...), never field by field.
+    `to_dict()` validates the finished record. The defaults describe a round that changed nothing.
     """
 
     round: int  # 1-based round number within the reply
@@ -370,6 +389,55 @@ class ConvergenceRecord:
             )
         return cls(**d)
 
+    # --- how a round ends: every outcome is set here, by the loop or the revise pass ---------------
+    def resume(self, reason: str) -> None:
+        """Nothing goes in: the reply resumes as it was written."""
+        self.action, self.reason = "resumed_unmodified", reason
+
+    def repeats(self, round_no: int, what: str = "injected") -> str:
+        """Its evidence is already in (round `round_no`): the reason it resumes."""
+        self.already_grounded = True
+        return f"evidence already {what} in round {round_no}"
+
+    def rewind(self, source: str, dropped: tuple[int, str], injected: tuple[int, str], how: RewindReport) -> None:
+        """The span (count, text) left the context and the evidence segment (count, text) went in."""
+        self.action, self.reason = "rewound", f"grounded by {source}"
+        self.tokens_dropped, self.dropped_text = dropped
+        self.tokens_injected, self.injected_text = injected
+        self.tokens_trimmed, self.rewind_method = how.trimmed, how.method
+        self.prompt_path, self.cached_tokens = how.prompt_path, how.cached_tokens
+
+    def resume_failed(self, source: str, kind: str) -> None:
+        self.reason = f"grounded by {source}, but the resume failed ({kind}): reply kept as written"
+
+    def retry(self, problem: str, rewrite: str, how: str) -> None:
+        """The rewrite failed its check and is tried once more (`how`)."""
+        self.retries.append({"problem": problem, "rewrite": rewrite, "how": how})
+
+    def revert(self, rewritten: str, problem: str) -> None:
+        """The rewrite failed its check and was dropped for the reply written without it."""
+        self.action, self.rewritten_text = "reverted", rewritten
+        self.reason = (
+            f"{self.reason}, but the rewrite {rewritten.strip()[:80]!r} {problem}: kept the reply written without it"
+        )
+
+    def revised(self, source: str) -> None:
+        """The revise pass: the revision that used this round's evidence stands."""
+        self.action, self.reason = "revised", f"grounded by {source}: revised"
+
+    def draft_stands(self, source: str, why: str, revision: str | None) -> None:
+        """The revise pass: the revision failed (`why`) and the draft stands."""
+        self.action, self.rewritten_text = "reverted", revision
+        self.reason = f"grounded by {source}, but {why}"
+
+    def finish(self, started: float) -> None:
+        """The round's wall time, from routing to resume (`started`: time.monotonic() at the trigger)."""
+        self.latency_ms = round((time.monotonic() - started) * 1000, 2)
+
+    def attempts(self) -> list[ArmAttempt]:
+        """The arms asked, as ArmAttempts (a record read back from a receipt holds their dicts)."""
+        return [a if isinstance(a, ArmAttempt) else ArmAttempt.from_dict(a) for a in self.arms]
+
     @property
     def evidence(self) -> str | None:
         """The injected snippet's text (None when nothing was chosen)."""
@@ -377,7 +445,8 @@ class ConvergenceRecord:
             return None
         return self.chosen["evidence"] if isinstance(self.chosen, dict) else self.chosen.evidence
 
-    def to_dict(self) -> dict[str, Any]:
+    def check(self) -> None:
+        """Raise ValueError when the record contradicts itself (an unknown action, a rewind without evidence)."""
         if self.action not in ACTIONS:
             raise ValueError(f"action={self.action!r} in round {self.round}; use one of {', '.join(ACTIONS)}")
         if self.action == "rewound" and self.chosen is None:
@@ -387,6 +456,9 @@ class ConvergenceRecord:
                 f"tokens_dropped={self.tokens_dropped}, tokens_injected={self.tokens_injected} in round "
                 f"{self.round}; token counts cannot be negative"
             )
+
+    def to_dict(self) -> dict[str, Any]:
+        self.check()
         return {
             "round": self.round,
             "trigger": to_jsonable(trigger_to_dict(self.trigger)),
@@ -420,7 +492,7 @@ class ConvergenceRecord:
         }
 
 
-def build_receipt(
+def receipt_record(
     *,
     reply_id: str | None,
     created: float | dt.datetime,
@@ -440,18 +512,32 @@ def build_receipt(
     messages: list[dict[str, str]] | None = None,
     fault: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Assemble one receipt (schema `surprisegate.receipt/1`) as plain JSON data.
-
-    `created` is a Unix time or a datetime (naive means UTC); it is stored both as ISO 8601 UTC
-    (`created`) and as seconds (`created_unix`). `reply_id=None` draws a fresh id. The prompt is
-    always hashed (`prompt_sha256`); `store_prompt=False` leaves its text out of the receipt. `prompt` is the
-    question the reply answers; `messages`, the whole conversation, is hashed too (`conversation_sha256`,
-    over its canonical JSON) and kept under the same rule.
-    `extra` is kept under its own key so it can never overwrite a schema field. `fault` (only when the
-    backend failed mid-reply, finish_reason "error"): its kind, HTTP status, message and the reply tokens kept.
-    """
+    """One receipt (schema `surprisegate.receipt/1`) as plain JSON data; `reply_id=None` draws a fresh id.
+    `extra` stays under its own key, so it never overwrites a schema field; `fault` (finish_reason "error"):
+    what the backend did, and the reply tokens kept. The question and conversation: see `_question`."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}; use one of {', '.join(MODES)}")
+    return (
+        _header(reply_id, created, model, backend, mode, config)
+        | _question(prompt, messages, store_prompt)
+        | {
+            "reply": reply,
+            "n_tokens": n_tokens,
+            "finish_reason": finish_reason,
+            "surprise": to_jsonable(surprise),
+            "canary": to_jsonable(canary),
+            "rounds": [r.to_dict() if isinstance(r, ConvergenceRecord) else to_jsonable(r) for r in rounds],
+            "extra": to_jsonable(extra) if extra else {},
+        }
+        | ({"fault": to_jsonable(fault)} if fault else {})
+    )
+
+
+def _header(
+    reply_id: str | None, created: float | dt.datetime, model: str, backend: str, mode: str, config: dict[str, Any]
+) -> dict[str, Any]:
+    """Which reply, when (`created` a Unix time or a datetime, naive meaning UTC: stored as ISO 8601 UTC and
+    as seconds), by which model and backend, under which config."""
     created_at = _as_utc_datetime(created)
     return {
         "schema": SCHEMA,
@@ -463,24 +549,21 @@ def build_receipt(
         "backend": backend,
         "mode": mode,
         "config": to_jsonable(config),
+    }
+
+
+def _question(prompt: str, messages: list[dict[str, str]] | None, store_prompt: bool) -> dict[str, Any]:
+    """The question the reply answers, always hashed (`prompt_sha256`); `messages`, the whole conversation,
+    hashed too over its canonical JSON. `store_prompt=False` leaves both texts out."""
+    asked = {
         "prompt_sha256": hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).hexdigest(),
         "prompt": prompt if store_prompt else None,
-        **(
-            {
-                "conversation_sha256": conversation_sha256(messages),
-                "messages": to_jsonable(messages) if store_prompt else None,
-            }
-            if messages is not None
-            else {}
-        ),
-        "reply": reply,
-        "n_tokens": n_tokens,
-        "finish_reason": finish_reason,
-        "surprise": to_jsonable(surprise),
-        "canary": to_jsonable(canary),
-        "rounds": [r.to_dict() if isinstance(r, ConvergenceRecord) else to_jsonable(r) for r in rounds],
-        "extra": to_jsonable(extra) if extra else {},
-        **({"fault": to_jsonable(fault)} if fault else {}),
+    }
+    if messages is None:
+        return asked
+    return asked | {
+        "conversation_sha256": conversation_sha256(messages),
+        "messages": to_jsonable(messages) if store_prompt else None,
     }
 
 
@@ -529,15 +612,23 @@ _STATUS_STYLE = {"ok": "green", "timeout": "red", "error": "red", "skipped": "di
 _CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
+class _Painter:
+    """ANSI styles when `color`, plain text otherwise; labels padded so the values line up."""
+
+    def __init__(self, color: bool) -> None:
+        self.color = color
+
+    def __call__(self, text: str, style: str | None) -> str:
+        return f"{_STYLE[style]}{text}{_RESET}" if self.color and style else text
+
+    def label(self, name: str) -> str:
+        return self(f"{name:<8}", "bold") + " "
+
+
 def format_receipt(record: dict[str, Any], color: bool = False) -> str:
     """Render one receipt as readable text. Missing fields show as "?"; it never raises on partial records."""
-
-    def paint(text: str, style: str | None) -> str:
-        return f"{_STYLE[style]}{text}{_RESET}" if color and style else text
-
-    def label(name: str) -> str:
-        return paint(f"{name:<8}", "bold") + " "
-
+    paint = _Painter(color)
+    label = paint.label
     lines: list[str] = []
     reply_id = str(record.get("reply_id", "?"))
     lines.append(paint(f"receipt {reply_id}", "bold") + f"  {record.get('created', '?')}")
@@ -551,33 +642,13 @@ def format_receipt(record: dict[str, Any], color: bool = False) -> str:
     question = _clean(_truncate(prompt, _QUESTION_CHARS)) if isinstance(prompt, str) else "(not stored)"
     lines.append(label("question") + _indent_continuation(question))
     lines.append(label("reply") + _indent_continuation(_clean(str(record.get("reply", "")))))
-
-    surprise = record.get("surprise")
-    if isinstance(surprise, dict) and surprise:
-        parts = [f"{k} {_num(v)}" for k, v in surprise.items() if not isinstance(v, (dict, list))]
-        lines.append(label("surprise") + " · ".join(parts))
-    else:
-        lines.append(label("surprise") + "not measured")
-
-    canary = record.get("canary")
-    if isinstance(canary, dict) and canary:
-        verdict = str(canary.get("verdict", "?"))
-        lines.append(
-            label("canary")
-            + paint(verdict, _VERDICT_STYLE.get(verdict))
-            + f" (uncertainty {_num(canary.get('uncertainty'))}, anchoring {_num(canary.get('anchoring'))})"
-        )
-        if canary.get("reason"):
-            lines.append(_INDENT + _clean(str(canary["reason"])))
-    else:
-        lines.append(label("canary") + "none")
-
+    lines.extend(_signal_lines(record, paint))
     rounds = record.get("rounds") or []
     if not rounds:
         lines.append(label("rounds") + "none")
     for rnd in rounds:
         if isinstance(rnd, dict):
-            lines.extend(_format_round(rnd, paint, label))
+            lines.extend(_format_round(rnd, paint))
     fault = record.get("fault")
     if isinstance(fault, dict):
         kept = f" · {fault.get('at_token', '?')} reply tokens kept"
@@ -586,11 +657,34 @@ def format_receipt(record: dict[str, Any], color: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _format_round(rnd: dict[str, Any], paint: Any, label: Any) -> list[str]:
+def _signal_lines(record: dict[str, Any], paint: _Painter) -> list[str]:
+    """The surprise aggregates and the canary's verdict."""
+    label = paint.label
+    surprise = record.get("surprise")
+    if isinstance(surprise, dict) and surprise:
+        parts = [f"{k} {_num(v)}" for k, v in surprise.items() if not isinstance(v, (dict, list))]
+        lines = [label("surprise") + " · ".join(parts)]
+    else:
+        lines = [label("surprise") + "not measured"]
+    canary = record.get("canary")
+    if not (isinstance(canary, dict) and canary):
+        return [*lines, label("canary") + "none"]
+    verdict = str(canary.get("verdict", "?"))
+    lines.append(
+        label("canary")
+        + paint(verdict, _VERDICT_STYLE.get(verdict))
+        + f" (uncertainty {_num(canary.get('uncertainty'))}, anchoring {_num(canary.get('anchoring'))})"
+    )
+    if canary.get("reason"):
+        lines.append(_INDENT + _clean(str(canary["reason"])))
+    return lines
+
+
+def _format_round(rnd: dict[str, Any], paint: _Painter) -> list[str]:
     trigger = rnd.get("trigger") or {}
     comparison = f"{trigger.get('statistic', '?')}={_num(trigger.get('value'))} > {_num(trigger.get('threshold'))}"
     lines = [
-        label(f"round {rnd.get('round', '?')}")
+        paint.label(f"round {rnd.get('round', '?')}")
         + f"trigger at token {trigger.get('token_index', '?')}: "
         + paint(comparison, "cyan")
         + f" · span {_quote(trigger.get('span_text'), _SPAN_CHARS)}"
@@ -599,28 +693,7 @@ def _format_round(rnd: dict[str, Any], paint: Any, label: Any) -> list[str]:
     rule = f" (rule: {rnd['route_rule']})" if rnd.get("route_rule") else ""
     arms_text = " → ".join(map(str, arm_order)) or "none"
     lines.append(_INDENT + f"class {rnd.get('span_class', '?')}{rule} · arms {arms_text}")
-
-    for arm in rnd.get("arms") or []:
-        if not isinstance(arm, dict):
-            continue
-        name, status = f"{str(arm.get('arm', '?')):<7}", str(arm.get("status", "?"))
-        why = arm.get("error") or arm.get("reason")  # the controller may say why an arm was skipped or failed
-        why_text = f" · {_clean(_truncate(str(why), _EVIDENCE_CHARS))}" if why else ""
-        if status == "skipped":  # never run: latency and results would only be noise
-            lines.append(_INDENT + f"{name} " + paint(status, _STATUS_STYLE.get(status)) + why_text)
-            continue
-        n_results = len(arm.get("results") or [])
-        query = arm.get("query")
-        query_text = query.get("span") if isinstance(query, dict) else query
-        lines.append(
-            _INDENT
-            + f"{name} "
-            + paint(f"{status:<11}", _STATUS_STYLE.get(status))
-            + f" {_num(arm.get('latency_ms'), digits=0):>6} ms · {n_results} result{'s' if n_results != 1 else ''}"
-            + why_text
-            + (f" · query {_quote(query_text, _SPAN_CHARS)}" if query_text else "")
-        )
-
+    lines.extend(_arm_line(arm, paint) for arm in rnd.get("arms") or [] if isinstance(arm, dict))
     chosen = rnd.get("chosen")
     if isinstance(chosen, dict):
         lines.append(
@@ -632,12 +705,34 @@ def _format_round(rnd: dict[str, Any], paint: Any, label: Any) -> list[str]:
         )
     else:
         lines.append(_INDENT + "chosen  nothing")
+    return [*lines, _action_line(rnd, paint)]
 
+
+def _arm_line(arm: dict[str, Any], paint: _Painter) -> str:
+    name, status = f"{str(arm.get('arm', '?')):<7}", str(arm.get("status", "?"))
+    why = arm.get("error") or arm.get("reason")  # the controller may say why an arm was skipped or failed
+    why_text = f" · {_clean(_truncate(str(why), _EVIDENCE_CHARS))}" if why else ""
+    if status == "skipped":  # never run: latency and results would only be noise
+        return _INDENT + f"{name} " + paint(status, _STATUS_STYLE.get(status)) + why_text
+    n_results = len(arm.get("results") or [])
+    query = arm.get("query")
+    query_text = query.get("span") if isinstance(query, dict) else query
+    return (
+        _INDENT
+        + f"{name} "
+        + paint(f"{status:<11}", _STATUS_STYLE.get(status))
+        + f" {_num(arm.get('latency_ms'), digits=0):>6} ms · {n_results} result{'s' if n_results != 1 else ''}"
+        + why_text
+        + (f" · query {_quote(query_text, _SPAN_CHARS)}" if query_text else "")
+    )
+
+
+def _action_line(rnd: dict[str, Any], paint: _Painter) -> str:
     action = str(rnd.get("action", "?"))
     reason = f": {_clean(str(rnd['reason']))}" if rnd.get("reason") else ""
     dropped = rnd.get("tokens_dropped", 0)
     dropped_text = f" ({_quote(rnd.get('dropped_text'), _SPAN_CHARS)})" if rnd.get("dropped_text") else ""
-    lines.append(
+    return (
         _INDENT
         + "action  "
         + paint(action, "green" if action == "rewound" else "yellow")
@@ -645,7 +740,6 @@ def _format_round(rnd: dict[str, Any], paint: Any, label: Any) -> list[str]:
         + f" · dropped {dropped} tokens{dropped_text}, injected {rnd.get('tokens_injected', 0)}"
         + f" · {_num(rnd.get('latency_ms'), digits=0)} ms"
     )
-    return lines
 
 
 def _num(value: Any, digits: int = 2) -> str:

@@ -6,7 +6,7 @@ provider's logprobs. In `intervene`, once the draft is finished, each window ove
 evidence was found, ONE revise request: the conversation, the draft as the assistant's turn, the evidence
 in a system turn (the backend maps it to what the provider takes) and an instruction to correct only what
 the evidence contradicts. The revision stands only if it uses its evidence and answers the question
-(`support.rewrite_problem`, the loop's check); otherwise the draft does. A reply without logprobs
+(`rewrite_checks.rewrite_problem`, the loop's check); otherwise the draft does. A reply without logprobs
 (Anthropic, a model that refuses them) passes through unchanged and the receipt says why.
 
 Streaming: `off` / `detect` stream the draft as it arrives. In `intervene` the reply is held until the
@@ -30,8 +30,8 @@ from .events import Done, Event, Grounding, Rewind, Token, Trigger
 from .grounding import ground_span, why_not_grounded
 from .prompting import last_user_turn
 from .receipts import ConvergenceRecord, rounded_trigger
-from .support import rewrite_problem
-from .surprise import aggregates
+from .result import ReplyResult, rounded, surprise_summary
+from .rewrite_checks import rewrite_problem
 from .text import current_sentence, first_sentence
 from .trigger import TriggerPolicy
 
@@ -71,7 +71,7 @@ def revise_stream(
     arms: Mapping[str, Arm],
     router: Callable[..., Any],
 ) -> Iterator[Event]:
-    """One reply on a black-box backend, as events; the last is Done with the receipt's fields."""
+    """One reply on a black-box backend, as events; the last is Done with the reply's result."""
     yield from _Revision(backend, messages, config, dict(arms), router).run()
 
 
@@ -182,33 +182,30 @@ class _Revision:
         for trigger in self.triggers:
             yield trigger
             started = time.monotonic()
-            sentence = current_sentence(draft.text(trigger.token_index + 1))
-            query = Query(span=trigger.span_text.strip(), question=self.question, sentence=sentence)
-            chosen, record = ground_span(
-                self.config, self.arms, self.router, query, rounded_trigger(trigger), trigger.round, self.arm_cache
-            )
+            chosen, record = self._round(draft, trigger)
             reason = why_not_grounded(record, chosen, self.rounds)
             repeat = next((r.round for r in self.rounds if chosen and r.evidence == chosen.evidence), None)
             if reason is None and repeat is not None:  # one revision takes each snippet once
-                record.already_grounded, reason = True, f"evidence already found in round {repeat}"
-            record.reason = reason or f"grounded by {chosen.source if chosen else '?'}: a revision was asked for"
+                reason = record.repeats(repeat, "found")
+            record.resume(reason or f"grounded by {chosen.source if chosen else '?'}: a revision was asked for")
             if reason is None and chosen is not None:
                 self.grounded.append((record, chosen.source))
-            record.latency_ms = round((time.monotonic() - started) * 1000, 2)
+                chosen_all.append(chosen)
+            record.finish(started)
             self.rounds.append(record)
             source, found = (chosen.source, chosen.evidence) if chosen else (None, None)
+            order = tuple(record.arm_order)
             yield Grounding(
-                trigger.round,
-                record.span_class,
-                tuple(record.arm_order),
-                reason is None,
-                source,
-                found,
-                reason or "evidence accepted",
+                trigger.round, record.span_class, order, reason is None, source, found, reason or "evidence accepted"
             )
-            if reason is None and chosen is not None:
-                chosen_all.append(chosen)
         return chosen_all
+
+    def _round(self, draft: Draft, trigger: Trigger) -> tuple[Evidence | None, ConvergenceRecord]:
+        """Route the flagged span and ask the arms (grounding.ground_span, as the loop does)."""
+        sentence = current_sentence(draft.text(trigger.token_index + 1))
+        query = Query(span=trigger.span_text.strip(), question=self.question, sentence=sentence)
+        cache = self.arm_cache
+        return ground_span(self.config, self.arms, self.router, query, rounded_trigger(trigger), trigger.round, cache)
 
     def _request_revision(self, draft_text: str, evidence: Sequence[Evidence]) -> Draft | None:
         """The one revise request; None (the draft stands, the rounds say why) when it fails."""
@@ -240,7 +237,7 @@ class _Revision:
             return draft
         self.revise.update(outcome="revised", revision=text)
         for record, source in self.grounded:
-            record.action, record.reason = "revised", f"grounded by {source}: revised"
+            record.revised(source)
         if self.shown:  # the draft was streamed (emit): retract it before the revision
             yield Rewind(self.rounds[-1].round, self.shown, draft.text(), 0)
         return revised
@@ -248,8 +245,7 @@ class _Revision:
     def _draft_stands(self, why: str, revision_text: str) -> None:
         self.revise.update(outcome="draft_stands", revision=revision_text or None, reason=why)
         for record, source in self.grounded:
-            record.action, record.rewritten_text = "reverted", revision_text or None
-            record.reason = f"grounded by {source}, but {why}"
+            record.draft_stands(source, why, revision_text or None)
 
     # --- the result -------------------------------------------------------------------------------
     def _tokens(self, reply: Draft, start: int) -> Iterator[Token]:
@@ -258,41 +254,35 @@ class _Revision:
             yield Token(i, reply.token_ids[i], piece, reply.surprises[i], reply.window_stats[i])
 
     def _done(self, draft: Draft, reply: Draft) -> Done:
-        c = self.config
-        text = reply.text()
-        surprise: dict[str, Any] | None = None
+        c, revised = self.config, reply is not draft
+        surprise = None
         if self.scored and draft.scored:
-            surprise = dict(aggregates([s for s in draft.surprises if not math.isnan(s)], c.tail_cut))
-            surprise |= {"window_max": self.policy.window_max, "statistic": c.statistic}
-        would = [] if self.intervening else [rounded_trigger(t) for t in self.triggers]
-        finish = reply.finish_reason if reply is not draft else draft.finish_reason
-        result = {
-            "reply": text,
-            "finish_reason": finish,
-            "n_tokens": len(reply.pieces),
-            "tokens_decoded": len(draft.pieces) + (len(reply.pieces) if reply is not draft else 0),
-            "tokens_injected": 0,
-            "prompt_tokens": 0,
-            "surprise": surprise,
-            "token_surprises": [round(x, 4) for x in draft.surprises] if surprise else [],
-            "token_entropies": [round(x, 4) for x in draft.entropies] if surprise else [],
-            "token_ids": list(draft.token_ids),
-            "token_top_logprobs": [],
-            # Labelling a chat API (`calibrate --backend`) needs each token's text: no ids to look it up by.
-            "token_pieces": [p.decode("utf-8", "replace") for p in draft.pieces] if c.top_logprobs else None,
-            "rounds": [r.to_dict() for r in self.rounds],
-            "would_trigger": would,
-            "latency_ms": round((time.monotonic() - self.started) * 1000, 2),
-            "messages": self.messages,
-            "question": self.question,
-            "question_kind": self.policy.kind,
-            "threshold": self.policy.threshold,
-            "fault": draft.fault,
-            "no_logprobs": draft.no_logprobs,
-            "revise": self.revise or None,
-        }
-        rounds = result["rounds"]
-        return Done(text=text, finish_reason=finish, n_tokens=len(reply.pieces), rounds=rounds, receipt=result)
+            bits = [s for s in draft.surprises if not math.isnan(s)]
+            surprise = surprise_summary(bits, c.tail_cut, self.policy.window_max, c.statistic)
+        return Done(
+            ReplyResult(
+                reply=reply.text(),
+                finish_reason=reply.finish_reason if revised else draft.finish_reason,
+                messages=self.messages,
+                question=self.question,
+                question_kind=self.policy.kind,
+                threshold=self.policy.threshold,
+                n_tokens=len(reply.pieces),
+                tokens_decoded=len(draft.pieces) + (len(reply.pieces) if revised else 0),
+                latency_ms=round((time.monotonic() - self.started) * 1000, 2),
+                surprise=surprise,
+                token_surprises=rounded(draft.surprises) if surprise else [],
+                token_entropies=rounded(draft.entropies) if surprise else [],
+                token_ids=list(draft.token_ids),
+                # Labelling a chat API (`calibrate --backend`) needs each token's text: no ids to look it up by.
+                token_pieces=[p.decode("utf-8", "replace") for p in draft.pieces] if c.top_logprobs else None,
+                rounds=self.rounds,
+                would_trigger=[] if self.intervening else [rounded_trigger(t) for t in self.triggers],
+                fault=draft.fault,
+                no_logprobs=draft.no_logprobs,
+                revise=self.revise or None,
+            )
+        )
 
 
 def revise_messages(

@@ -1,4 +1,4 @@
-"""Router: classify a doubtful span and choose the order in which grounding arms are tried.
+"""Router: classify a doubtful span (which arms ask, in what order, is the config's: grounding.arm_order).
 
 Pure and deterministic: the same span and context always give the same `Route`, and `Route.rule` names
 the rule that fired (with the field it fired on, e.g. "arithmetic@question") so a receipt can say why.
@@ -16,33 +16,23 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from surprisegate.arms import files, status, units
 from surprisegate.arms.calculator import extract_computation
-from surprisegate.errors import InputError
 from surprisegate.signals import YES_NO_START
 from surprisegate.text import NOT_NAMES
 
 logger = logging.getLogger(__name__)
 
 SPAN_CLASSES = ("computable", "entity", "other")
-DEFAULT_ARMS = ("memory", "web", "tool")
-
-# A tool result is the strongest grounding, so computable spans try it before the web (DESIGN.md §2c).
-_ARM_ORDERS = {
-    "computable": ("memory", "tool", "web"),
-    "entity": ("memory", "web", "tool"),
-    "other": ("memory", "web", "tool"),
-}
 
 
 @dataclass(frozen=True)
 class Route:
     span_class: str  # "computable" | "entity" | "other"
     rule: str  # the rule that fired and the field it fired on, e.g. "date_math@question"
-    arm_order: tuple[str, ...]  # arm names to try, first to last, already filtered to the available arms
 
 
 # --------------------------------------------------------------------------------------------------
@@ -268,19 +258,6 @@ def classify_span(span: str, question: str = "", sentence: str = "") -> tuple[st
     return "other", "no_rule_matched"
 
 
-def arm_order(span_class: str, available: Sequence[str] = DEFAULT_ARMS) -> tuple[str, ...]:
-    """The arms to try for a span class, first to last, keeping only those in `available`.
-
-    computable -> memory, tool, web; entity and other -> memory, web, tool.
-    """
-    if span_class not in _ARM_ORDERS:
-        raise InputError(f"span_class {span_class!r} is unknown; use one of {', '.join(SPAN_CLASSES)}")
-    if isinstance(available, str):  # a bare "tool" would otherwise be read as the letters t, o, o, l
-        raise InputError(f"available={available!r} must be a sequence of arm names, e.g. ('memory', 'tool')")
-    offered = set(available)
-    return tuple(name for name in _ARM_ORDERS[span_class] if name in offered)
-
-
 # Closed questions name their possible answers: "Were X and Y founded in the same state?" (yes or no),
 # "Who is older, X or Y?" (one of the two), "Between X and Y, who is older?" (one of the two, without "or").
 _WH_WORD = re.compile(r"\b(?:how|what|which|who|whom|whose|when|where|why)\b", re.IGNORECASE)
@@ -331,9 +308,9 @@ def closed_question(question: str) -> str | None:
     return None
 
 
-def route(span: str, question: str = "", sentence: str = "", available: Sequence[str] = DEFAULT_ARMS) -> Route:
-    """Classify the span and pick the arm order; the decision is logged at DEBUG level."""
+def route(span: str, question: str = "", sentence: str = "") -> Route:
+    """Classify the span; the decision is logged at DEBUG level. The arms it is asked of, and in what order,
+    are the config's (`arm_order_computable`, `arm_order_other`; grounding.arm_order)."""
     span_class, rule = classify_span(span, question, sentence)
-    decision = Route(span_class=span_class, rule=rule, arm_order=arm_order(span_class, available))
-    logger.debug("route span=%r class=%s rule=%s arms=%s", span, span_class, rule, ",".join(decision.arm_order))
-    return decision
+    logger.debug("route span=%r class=%s rule=%s", span, span_class, rule)
+    return Route(span_class=span_class, rule=rule)

@@ -179,34 +179,7 @@ TOPK_SUM_TOLERANCE = 1e-3
 
 def _topk_parts(top_logprobs: Sequence, vocab_size: int | None) -> tuple[float, float, float, float, int | None]:
     """Validate; return (entropy of the top k in nats, missing mass m, p_k, log p_k, tokens left or None)."""
-    if isinstance(top_logprobs, np.ndarray):
-        top_logprobs = top_logprobs.tolist()
-    if not isinstance(top_logprobs, Sequence) or isinstance(top_logprobs, (str, bytes)) or len(top_logprobs) == 0:
-        raise InputError(
-            f"top_logprobs={_short(top_logprobs)} holds no logprobs; pass the k >= 1 most likely "
-            "tokens' natural-log probabilities, most likely first (surprise.top_logprobs(logits, k))"
-        )
-    values = []
-    for entry in top_logprobs:
-        value = entry[-1] if isinstance(entry, (list, tuple)) and entry else entry  # (token id, logprob) pairs
-        try:
-            value = float(value)
-        except (TypeError, ValueError):
-            raise InputError(
-                f"top_logprobs={_short(top_logprobs)} holds {entry!r}, not a logprob; pass natural-log "
-                "probabilities (or [token id, logprob] pairs), most likely first"
-            ) from None
-        if math.isnan(value) or value > TOPK_SUM_TOLERANCE:
-            raise InputError(
-                f"top_logprobs={_short(top_logprobs)} holds {value!r}, which is not a natural-log "
-                "probability (must be <= 0, -inf allowed); pass log p, not p or a logit"
-            )
-        values.append(min(value, 0.0))
-    if any(b > a for a, b in itertools.pairwise(values)):
-        raise InputError(
-            f"top_logprobs={_short(top_logprobs)} is not most likely first; sort it in descending "
-            "order (surprise.top_logprobs returns it so)"
-        )
+    values = _topk_values(top_logprobs)
     k = len(values)
     if vocab_size is not None and (
         isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or vocab_size < k
@@ -222,9 +195,51 @@ def _topk_parts(top_logprobs: Sequence, vocab_size: int | None) -> tuple[float, 
             f"top_logprobs={_short(top_logprobs)} sum to probability {total:.4f} > 1; pass the "
             "logprobs of one normalised distribution (log-softmax), not logits"
         )
-    missing = max(0.0, 1.0 - total)
     p_k, lp_k = probs[-1], values[-1]
     rest = None if vocab_size is None else int(vocab_size) - k
+    missing = _missing_mass(top_logprobs, total, p_k, rest, vocab_size)
+    head = -math.fsum(p * v for p, v in zip(probs, values, strict=True) if p > 0.0)
+    return head, missing, p_k, lp_k, rest
+
+
+def _topk_values(top_logprobs: Sequence) -> list[float]:
+    """The logprobs of a top-k list (or of [token id, logprob] pairs), checked: each <= 0, most likely first."""
+    if isinstance(top_logprobs, np.ndarray):
+        top_logprobs = top_logprobs.tolist()
+    if not isinstance(top_logprobs, Sequence) or isinstance(top_logprobs, (str, bytes)) or len(top_logprobs) == 0:
+        raise InputError(
+            f"top_logprobs={_short(top_logprobs)} holds no logprobs; pass the k >= 1 most likely "
+            "tokens' natural-log probabilities, most likely first (surprise.top_logprobs(logits, k))"
+        )
+    values = [_topk_value(top_logprobs, entry) for entry in top_logprobs]
+    if any(b > a for a, b in itertools.pairwise(values)):
+        raise InputError(
+            f"top_logprobs={_short(top_logprobs)} is not most likely first; sort it in descending "
+            "order (surprise.top_logprobs returns it so)"
+        )
+    return values
+
+
+def _topk_value(top_logprobs: Sequence, entry) -> float:
+    value = entry[-1] if isinstance(entry, (list, tuple)) and entry else entry  # (token id, logprob) pairs
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise InputError(
+            f"top_logprobs={_short(top_logprobs)} holds {entry!r}, not a logprob; pass natural-log "
+            "probabilities (or [token id, logprob] pairs), most likely first"
+        ) from None
+    if math.isnan(value) or value > TOPK_SUM_TOLERANCE:
+        raise InputError(
+            f"top_logprobs={_short(top_logprobs)} holds {value!r}, which is not a natural-log "
+            "probability (must be <= 0, -inf allowed); pass log p, not p or a logit"
+        )
+    return min(value, 0.0)
+
+
+def _missing_mass(top_logprobs: Sequence, total: float, p_k: float, rest: int | None, vocab_size) -> float:
+    """The probability the top k leave to the other tokens (0 within rounding of a complete distribution)."""
+    missing = max(0.0, 1.0 - total)
     if missing > TOPK_SUM_TOLERANCE and (p_k == 0.0 or rest == 0):
         why = (
             "its k-th most likely token has probability 0"
@@ -235,10 +250,7 @@ def _topk_parts(top_logprobs: Sequence, vocab_size: int | None) -> tuple[float, 
             f"top_logprobs={_short(top_logprobs)} leave probability {missing:.4f} unaccounted, but {why}; "
             "pass more of the distribution or the right vocab_size"
         )
-    if p_k == 0.0 or rest == 0:
-        missing = 0.0  # within rounding of a complete distribution
-    head = -math.fsum(p * v for p, v in zip(probs, values, strict=True) if p > 0.0)
-    return head, missing, p_k, lp_k, rest
+    return 0.0 if p_k == 0.0 or rest == 0 else missing
 
 
 def _short(value) -> str:

@@ -14,6 +14,7 @@ import sqlite3
 import threading
 import unicodedata
 from collections.abc import Sequence
+from fractions import Fraction
 
 # --------------------------------------------------------------------------------------------
 # words
@@ -273,3 +274,102 @@ class IndexStemmer:
                     self._word_stems.clear()
                 self._word_stems[word] = cached
         return cached
+
+
+# --------------------------------------------------------------------------------------------
+# normalised words and parsed numbers: what grading and the rewrite checks compare
+# --------------------------------------------------------------------------------------------
+_ARTICLES = ("the ", "a ", "an ")
+_LEADING_ARTICLES = re.compile("^(?:" + "|".join(_ARTICLES) + ")+")
+_NUMBER = re.compile(
+    r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?(?![\w])"
+    r"(?:\s+(hundred|thousand|million|billion)\b)?",
+    re.IGNORECASE,
+)
+
+_UNITS = {
+    w: i
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+        "seventeen eighteen nineteen".split()
+    )
+}
+_TENS = {
+    w: 10 * i for i, w in enumerate("_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()) if w != "_"
+}
+_SCALES = {"hundred": 100, "thousand": 1_000, "million": 1_000_000, "billion": 1_000_000_000}
+_NUMBER_WORDS = set(_UNITS) | set(_TENS) | set(_SCALES)
+
+
+def normalise(text: str) -> str:
+    """Lower-case, strip accents and punctuation, collapse whitespace, drop leading articles.
+
+    All of them ("A: a 0" -> "0"), so that normalising twice changes nothing.
+    """
+    text = fold(text)
+    text = re.sub(r"[^\w\s]|_", " ", text)
+    text = " ".join(text.split())
+    return _LEADING_ARTICLES.sub("", text)
+
+
+def _words_to_numbers(text: str) -> str:
+    """Replace runs of English number words ("twenty-one", "two hundred five") with digits."""
+    pieces = re.findall(r"[A-Za-z]+|[^A-Za-z]+", text)
+    out: list[str] = []
+    i = 0
+    while i < len(pieces):
+        if pieces[i].lower() in _NUMBER_WORDS and not (pieces[i].lower() in _SCALES and not _after_digit(out)):
+            # Extend the run over number words joined by spaces or hyphens.
+            j = i + 1
+            while (
+                j + 1 < len(pieces) and pieces[j].strip() in ("", "-", "and") and pieces[j + 1].lower() in _NUMBER_WORDS
+            ):
+                j += 2
+            words = [pieces[k].lower() for k in range(i, j, 2)]
+            value = _word_run_value(words)
+            out.append(str(value) if value is not None else "".join(pieces[i:j]))
+            i = j
+        else:
+            out.append(pieces[i])
+            i += 1
+    return "".join(out)
+
+
+def _after_digit(out: list[str]) -> bool:
+    # "9.5 million" is handled as a scaled number, not as the word run "million".
+    return not ("".join(out[-2:]).rstrip()[-1:].isdigit() if out else False)
+
+
+def _word_run_value(words: list[str]) -> int | None:
+    total, current = 0, 0
+    seen = False
+    for w in words:
+        if w in _UNITS:
+            current += _UNITS[w]
+        elif w in _TENS:
+            current += _TENS[w]
+        elif w in _SCALES:
+            scale = _SCALES[w]
+            if scale == 100:
+                current = max(current, 1) * 100
+            else:
+                total += max(current, 1) * scale
+                current = 0
+        else:
+            return None
+        seen = True
+    return total + current if seen else None
+
+
+def parse_numbers(text: str) -> list[Fraction]:
+    """Every number in `text`, in order: "1,234", "3.5", "-7", "1/2", "twelve"."""
+    text = _words_to_numbers(text).replace("−", "-")
+    out: list[Fraction] = []
+    for m in _NUMBER.finditer(text):
+        raw = m.group().split()[0].replace(",", "").lstrip("+")
+        try:
+            value = Fraction(raw)
+        except (ValueError, ZeroDivisionError):
+            continue
+        out.append(value * _SCALES[m.group(1).lower()] if m.group(1) else value)
+    return out

@@ -247,7 +247,7 @@ def test_controller_round_ends_on_time_with_a_hung_resolver(monkeypatch):
     finally:
         release.set()
     assert chosen is None
-    assert reports[0]["status"] in ("timeout", "error")
+    assert reports[0].status in ("timeout", "error")
     assert time.monotonic() - deadline < OVERSHOOT_S
 
 
@@ -518,8 +518,8 @@ def test_searxng_rate_limit_query_error_and_not_json(fake_server):
 def test_error_status_lands_in_the_controller_report():
     arm = WebArm(BraveSearch(env={}))
     chosen, reports = ground_round({"web": arm}, ["web"], PARIS, time.monotonic() + 2)
-    assert chosen is None and reports[0]["status"] == "error"
-    assert "set BRAVE_API_KEY" in reports[0]["error"]
+    assert chosen is None and reports[0].status == "error"
+    assert "set BRAVE_API_KEY" in reports[0].error
 
 
 # --------------------------------------------------------------------------------------------

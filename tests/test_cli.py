@@ -72,10 +72,10 @@ def test_env_flag_picks_mode_and_flag_beats_env(runner, monkeypatch):
 
 def test_receipts_show_missing_and_torn(runner, tmp_path):
     assert_clean_error(runner.invoke(main, ["receipts", "show", str(tmp_path / "none.jsonl")]), "does not exist")
-    from surprisegate.receipts import ReceiptWriter, build_receipt
+    from surprisegate.receipts import ReceiptWriter, receipt_record
 
     path = tmp_path / "r.jsonl"
-    rec = build_receipt(
+    rec = receipt_record(
         reply_id="abc",
         created=0.0,
         model="m",

@@ -98,7 +98,7 @@ def test_detect_mode_scores_every_token_with_the_scripted_surprise():
         expected = bits(0.02) if wrong_start <= t.index < wrong_start + 10 else bits(0.95)
         assert t.surprise == pytest.approx(expected, abs=1e-3)
     assert done.rounds == []  # detect never intervenes
-    assert done.receipt["would_trigger"][0]["token_index"] == wrong_start
+    assert done.result.would_trigger[0]["token_index"] == wrong_start
 
 
 @pytest.mark.parametrize(
@@ -162,7 +162,7 @@ def test_rewind_keeps_the_cache_prompt_is_fed_once():
     backend, events, done = run(cfg(), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])})
     (record,) = done.rounds
     prompt_len = backend.append_calls[0]
-    assert prompt_len == done.receipt["prompt_tokens"]
+    assert prompt_len == done.result.prompt_tokens
     # After the prompt: one token per decode step and one batch for the injected segment, never a re-prefill.
     # (The segment's first token, <|im_start|>, is already in the cache: the longest common prefix stays.)
     later = backend.append_calls[1:]
@@ -249,7 +249,7 @@ def test_off_and_detect_give_identical_tokens():
     _, _, off = run(cfg(mode="off"))
     _, _, detect = run(cfg(mode="detect"))
     assert off.text == detect.text
-    assert off.receipt["surprise"] is None and detect.receipt["surprise"]["n"] == len(WRONG)
+    assert off.result.surprise is None and detect.result.surprise["n"] == len(WRONG)
 
 
 def test_window_resets_after_a_round_and_the_receipt_records_it():
@@ -550,14 +550,14 @@ def test_a_fault_mid_reply_keeps_what_arrived_and_the_receipt_says_what_happened
     _, events, done = run(cfg(mode="detect"), backend=backend)
     assert done.text == "The capital" and done.finish_reason == "error"
     assert "".join(e.text for e in events if isinstance(e, Token)) == "The capital"  # every received token shown
-    fault = done.receipt["fault"]
+    fault = done.result.fault
     assert fault["kind"] == "reset" and fault["at_token"] == len("The capital") and "broke off" in fault["message"]
 
 
 def test_a_fault_before_the_first_token_ends_with_an_empty_reply_and_its_fault():
     backend = FailingBackend(script_testland, lambda text: True, kind="refused")
     _, _, done = run(cfg(), backend=backend)
-    assert done.text == "" and done.finish_reason == "error" and done.receipt["fault"]["kind"] == "refused"
+    assert done.text == "" and done.finish_reason == "error" and done.result.fault["kind"] == "refused"
 
 
 def test_a_fault_while_a_rewrite_is_unchecked_goes_back_to_the_reply_written_without_it():
@@ -569,7 +569,7 @@ def test_a_fault_while_a_rewrite_is_unchecked_goes_back_to_the_reply_written_wit
     assert "Ri" not in "".join(e.text for e in events if isinstance(e, Token))  # holdback never showed it
     (record,) = done.rounds
     assert record["action"] == "reverted" and "backend failed (reset)" in record["reason"]
-    assert done.receipt["fault"]["at_token"] == trigger.token_index
+    assert done.result.fault["at_token"] == trigger.token_index
 
 
 def test_a_fault_on_the_resume_request_keeps_the_reply_and_its_round():
@@ -580,7 +580,7 @@ def test_a_fault_on_the_resume_request_keeps_the_reply_and_its_round():
     assert done.text == WRONG[: trigger.token_index + 1]  # what arrived, the triggering token included
     (record,) = done.rounds
     assert record["action"] == "resumed_unmodified" and "the resume failed (http)" in record["reason"]
-    assert done.receipt["fault"]["kind"] == "http"
+    assert done.result.fault["kind"] == "http"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -647,7 +647,7 @@ def test_a_probe_judges_the_first_sentence_at_its_end_and_rewinds_it_whole(tmp_p
     # The mean state over the sentence: the states that chose "rongville." (10 of its 26 tokens) read 1.
     assert trigger.value == pytest.approx(10 / 26, abs=1e-4) and trigger.threshold == pytest.approx(0.2)
     assert done.text == RIGHT and done.rounds[0]["action"] == "rewound"
-    assert done.receipt["probe"]["score"] == pytest.approx(trigger.value, abs=1e-4)
+    assert done.result.probe["score"] == pytest.approx(trigger.value, abs=1e-4)
     # The arms are asked about the sentence's highest window, not the whole restating sentence.
     asked = done.rounds[0]["arms"][0]["query"]["span"]
     assert asked == "is W" and asked in trigger.span_text  # the window where "Wrongville" began
@@ -663,7 +663,7 @@ def test_a_probe_that_finds_the_sentence_sound_leaves_the_reply_alone(tmp_path):
     arm = StaticArm("memory", [RIGHT_EVIDENCE])
     _, events, done = run(cfg(probe=str(path)), {"memory": arm}, backend=_StatefulBackend(script_testland))
     assert done.text == WRONG and done.rounds == [] and arm.calls == []
-    assert done.receipt["probe"]["score"] < 0.9
+    assert done.result.probe["score"] < 0.9
 
 
 def test_a_probe_judges_a_first_sentence_left_open_at_the_end_of_turn(tmp_path):
@@ -680,4 +680,4 @@ def test_a_probe_judges_a_first_sentence_left_open_at_the_end_of_turn(tmp_path):
     assert done.text == RIGHT and done.rounds[0]["action"] == "rewound"
     # detect: the same judgement is recorded, the reply stays as written
     _, _, done = run(cfg(mode="detect", probe=str(path)), {}, backend=_StatefulBackend(script))
-    assert done.text == unfinished and done.receipt["would_trigger"][0]["statistic"] == "probe"
+    assert done.text == unfinished and done.result.would_trigger[0]["statistic"] == "probe"

@@ -22,10 +22,10 @@ from surprisegate.receipts import (
     ArmAttempt,
     ConvergenceRecord,
     ReceiptWriter,
-    build_receipt,
     format_receipt,
     iter_receipts,
     read_receipts,
+    receipt_record,
 )
 
 
@@ -75,7 +75,7 @@ def make_receipt(**overrides) -> dict:
         finish_reason="stop",
     )
     fields.update(overrides)
-    return build_receipt(**fields)
+    return receipt_record(**fields)
 
 
 # --- writing and reading --------------------------------------------------------------------------
@@ -227,7 +227,7 @@ def test_any_list_of_json_dicts_round_trips(tmp_path_factory, records):
 # --- builders ------------------------------------------------------------------------------------
 
 
-def test_build_receipt_adds_schema_hash_ids_and_time():
+def test_receipt_record_adds_schema_hash_ids_and_time():
     receipt = make_receipt()
     assert receipt["schema"] == SCHEMA
     assert receipt["reply_id"] == "r-1"
@@ -239,7 +239,7 @@ def test_build_receipt_adds_schema_hash_ids_and_time():
     json.dumps(receipt, allow_nan=False)  # already plain JSON data
 
 
-def test_build_receipt_draws_an_id_hides_prompt_and_keeps_extra_apart():
+def test_receipt_record_draws_an_id_hides_prompt_and_keeps_extra_apart():
     receipt = make_receipt(reply_id=None, created=0.0, store_prompt=False, extra={"schema": "mine", "trace": 1})
     assert len(receipt["reply_id"]) == 32
     assert receipt["created"] == "1970-01-01T00:00:00Z"
@@ -248,7 +248,7 @@ def test_build_receipt_draws_an_id_hides_prompt_and_keeps_extra_apart():
 
 
 @pytest.mark.parametrize("bad", [{"mode": "loud"}, {"created": "yesterday"}, {"created": math.nan}])
-def test_build_receipt_rejects_bad_values(bad):
+def test_receipt_record_rejects_bad_values(bad):
     with pytest.raises(ValueError):
         make_receipt(**bad)
 
@@ -263,7 +263,7 @@ def test_convergence_record_to_dict_has_the_documented_shape():
         "token_index": 7, "statistic": "mean", "value": 4.25, "threshold": 3.5, "span_start": 5,
         "span_text": "Bobo-Dioulasso",
     }  # fmt: skip
-    assert set(d["arms"][0]) == {"arm", "query", "status", "latency_ms", "results", "error"}
+    assert set(d["arms"][0]) == {"arm", "query", "status", "latency_ms", "results"}  # error: only when set
     assert d["arms"][0]["query"]["question"] == "What is the capital of Burkina Faso?"
     assert {"claim", "evidence", "confidence", "source", "observable"} <= set(d["chosen"])
     assert d["action"] == "rewound" and d["tokens_dropped"] == 5 and d["tokens_injected"] == 23

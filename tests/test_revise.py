@@ -77,7 +77,7 @@ def test_detect_streams_the_draft_as_it_arrives_and_records_the_crossing():
     assert done.text == shown(events) == "The capital is Wrongville." and len(backend.requests) == 1
     assert [t.surprise for t in tokens] == pytest.approx([bits(p) for _, p in DRAFT])
     assert all(t.token_id is None for t in tokens)  # a chat API streams text, no ids
-    (would,) = done.receipt["would_trigger"]
+    (would,) = done.result.would_trigger
     assert would["token_index"] == 3 and would["span_text"] == "The capital is Wrong" and done.rounds == []
 
 
@@ -91,7 +91,7 @@ def test_intervene_grounds_the_flagged_span_and_one_revision_stands_when_it_uses
     (record,) = done.rounds
     assert record["action"] == "revised" and record["chosen"]["source"] == "memory:TL"
     assert arm.calls[0].question == QUESTION and arm.calls[0].span == "The capital is Wrong"
-    revise = done.receipt["revise"]
+    revise = done.result.revise
     assert revise["outcome"] == "revised" and revise["draft"] == "The capital is Wrongville."
     assert revise["flagged"] == ["The capital is Wrong"] and revise["evidence"] == [EVIDENCE.evidence]
     assert revise["revision"] == "The capital is Rightburg."
@@ -104,7 +104,7 @@ def test_intervene_grounds_the_flagged_span_and_one_revision_stands_when_it_uses
         roles[-3:] == ["assistant", "system", "user"] and EVIDENCE.evidence in revise_request["messages"][-2]["content"]
     )
     # The receipt's signals are the draft's: what the gate measured.
-    assert done.receipt["token_surprises"] == [round(bits(p), 4) for _, p in DRAFT]
+    assert done.result.token_surprises == [round(bits(p), 4) for _, p in DRAFT]
 
 
 def test_a_revision_that_ignores_the_evidence_leaves_the_draft_and_says_why():
@@ -113,7 +113,7 @@ def test_a_revision_that_ignores_the_evidence_leaves_the_draft_and_says_why():
     assert done.text == shown(events) == "The capital is Wrongville."
     (record,) = done.rounds
     assert record["action"] == "reverted" and "used none of the evidence" in record["reason"]
-    assert record["rewritten_text"] == "I am not sure." and done.receipt["revise"]["outcome"] == "draft_stands"
+    assert record["rewritten_text"] == "I am not sure." and done.result.revise["outcome"] == "draft_stands"
 
 
 def test_emit_streaming_shows_the_draft_then_retracts_it_for_the_revision():
@@ -128,17 +128,17 @@ def test_emit_streaming_shows_the_draft_then_retracts_it_for_the_revision():
 def test_without_logprobs_the_reply_passes_through_unchanged_with_the_reason(mode):
     backend, events, done = run(cfg(mode=mode), backend=ScriptedChat(script(), logprobs=False))
     assert done.text == shown(events) == "The capital is Wrongville." and len(backend.requests) == 1
-    assert done.rounds == [] and done.receipt["no_logprobs"] == "scripted-chat offers no logprobs"
-    assert done.receipt["surprise"] is None and done.receipt["would_trigger"] == []
+    assert done.rounds == [] and done.result.no_logprobs == "scripted-chat offers no logprobs"
+    assert done.result.surprise is None and done.result.would_trigger == []
 
 
 def test_nothing_flagged_or_no_evidence_means_no_revise_request():
     calm = [(t, 0.9) for t, _ in REVISION]
     backend, _, done = run(cfg(), backend=ScriptedChat(lambda messages: calm))
-    assert len(backend.requests) == 1 and done.receipt["revise"]["outcome"] == "nothing_flagged"
+    assert len(backend.requests) == 1 and done.result.revise["outcome"] == "nothing_flagged"
     backend, _, done = run(cfg(), arms={"memory": StaticArm([])})
     assert len(backend.requests) == 1 and done.text == "The capital is Wrongville."
-    assert done.receipt["revise"]["outcome"] == "no_evidence" and "no grounding found" in done.rounds[0]["reason"]
+    assert done.result.revise["outcome"] == "no_evidence" and "no grounding found" in done.rounds[0]["reason"]
 
 
 def test_several_flagged_spans_are_grounded_but_revised_in_one_request():
@@ -153,7 +153,7 @@ def test_a_draft_cut_off_keeps_what_arrived_and_is_not_revised():
     fault = BackendFault("openai: the stream broke off", kind="truncated")
     backend, events, done = run(cfg(), backend=ScriptedChat(script(), faults={0: (fault, 4)}))
     assert done.text == shown(events) == "The capital is Wrong" and done.finish_reason == "error"
-    assert done.receipt["fault"] == {"kind": "truncated", "status": None, "message": str(fault), "at_token": 4}
+    assert done.result.fault == {"kind": "truncated", "status": None, "message": str(fault), "at_token": 4}
     assert len(backend.requests) == 1 and done.rounds == []
 
 
@@ -162,14 +162,14 @@ def test_a_failed_revise_request_leaves_the_draft(after):
     fault = BackendFault("openai: HTTP 500", kind="http", status=500)
     _, _, done = run(cfg(), backend=ScriptedChat(script(), faults={1: (fault, after)}))
     assert done.text == "The capital is Wrongville." and done.finish_reason == "stop"
-    assert "fault" not in done.receipt or done.receipt.get("fault") is None
+    assert done.result.fault is None
     assert done.rounds[0]["action"] == "reverted" and "the revise request failed (http)" in done.rounds[0]["reason"]
 
 
 def test_off_scores_nothing_and_grounds_nothing():
     backend, events, done = run(cfg(mode="off"))
     assert done.text == shown(events) == "The capital is Wrongville." and done.rounds == []
-    assert backend.requests[0]["scored"] is False and done.receipt["surprise"] is None
+    assert backend.requests[0]["scored"] is False and done.result.surprise is None
     assert all(math.isnan(e.surprise) for e in events if isinstance(e, Token))
 
 
@@ -193,4 +193,4 @@ def test_done_is_last_and_unique():
 def test_a_draft_refused_at_request_time_ends_cleanly_with_its_fault():
     fault = BackendFault("openai: HTTP 401: invalid key; set OPENAI_API_KEY", kind="auth", status=401)
     _, events, done = run(cfg(), backend=ScriptedChat(script(), faults={0: (fault, None)}))
-    assert done.text == "" and done.finish_reason == "error" and done.receipt["fault"]["status"] == 401
+    assert done.text == "" and done.finish_reason == "error" and done.result.fault["status"] == 401

@@ -12,8 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from surprisegate.errors import InputError
-from surprisegate.router import Route, arm_order, classify_span, route
+from surprisegate.router import Route, classify_span, route
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -188,55 +187,12 @@ def test_long_text_is_classified_quickly(unit):
 
 
 # --------------------------------------------------------------------------------------------------
-# arm order
-
-
-def test_arm_order_for_each_class():
-    assert arm_order("computable") == ("memory", "tool", "web")
-    assert arm_order("entity") == ("memory", "web", "tool")
-    assert arm_order("other") == ("memory", "web", "tool")
-
-
-@pytest.mark.parametrize(
-    ("span_class", "available", "expected"),
-    [
-        ("computable", ("tool",), ("tool",)),
-        ("computable", ("web", "tool"), ("tool", "web")),  # the class decides the order, not `available`
-        ("computable", ["tool", "memory"], ("memory", "tool")),
-        ("entity", ("tool", "web", "memory"), ("memory", "web", "tool")),
-        ("entity", ("memory",), ("memory",)),
-        ("other", (), ()),
-        ("other", ("oracle", "web"), ("web",)),  # names the router does not know are dropped
-    ],
-)
-def test_arm_order_keeps_only_available_arms(span_class, available, expected):
-    assert arm_order(span_class, available) == expected
-
-
-def test_arm_order_rejects_an_unknown_class():
-    with pytest.raises(InputError, match="span_class 'number' is unknown; use one of computable, entity, other"):
-        arm_order("number")
-
-
-def test_arm_order_rejects_a_bare_string_for_available():
-    with pytest.raises(InputError, match="sequence of arm names"):
-        arm_order("entity", "tool")
-
-
-# --------------------------------------------------------------------------------------------------
 # route
 
 
-def test_route_combines_class_rule_and_order():
-    decision = route("1776", question="What is 37 times 48?")
-    expected = Route(span_class="computable", rule="arithmetic@question", arm_order=("memory", "tool", "web"))
-    assert decision == expected
-
-
-def test_route_filters_to_the_available_arms():
-    decision = route("Paris", question="What is the capital of France?", available=("tool", "memory"))
-    assert decision.span_class == "entity"
-    assert decision.arm_order == ("memory", "tool")
+def test_route_names_the_class_and_the_rule():
+    assert route("1776", question="What is 37 times 48?") == Route(span_class="computable", rule="arithmetic@question")
+    assert route("Paris", question="What is the capital of France?").span_class == "entity"
 
 
 def test_route_is_frozen():
@@ -248,11 +204,11 @@ def test_route_is_frozen():
 def test_route_logs_its_decision(caplog):
     with caplog.at_level(logging.DEBUG, logger="surprisegate.router"):
         route("1776", question="What is 37 times 48?")
-    assert "class=computable rule=arithmetic@question arms=memory,tool,web" in caplog.text
+    assert "class=computable rule=arithmetic@question" in caplog.text
 
 
-def test_route_accepts_keyword_arguments_as_the_controller_calls_it():
-    decision = route("1776", "What is 37 times 48?", "The answer is 1776", available=("memory", "web", "tool"))
+def test_route_takes_span_question_and_sentence_as_grounding_calls_it():
+    decision = route("1776", "What is 37 times 48?", "The answer is 1776")
     assert decision.span_class == "computable"
 
 

@@ -105,7 +105,7 @@ def _prompt_tokens(backend, layout: PromptLayout, evidence: Evidence | None, con
 
 def run_always(backend, question: str, config: Config, arms: Mapping[str, CountingArm], prefix: str = "") -> Outcome:
     layout = PromptLayout.from_template(backend.chat_prompt, chat_messages(question, config.system_prompt))
-    r = route("", question, prefix, available=tuple(arms))
+    r = route("", question, prefix)
     order = arm_order(config, r.span_class, arms)
     q = Query(span="", question=question, sentence=prefix, span_class=r.span_class)
     evidence, _ = ground_round(
@@ -141,7 +141,7 @@ def run_flare(
             retrievals += 1
             pieces = [backend.token_bytes(t).decode("utf-8", "replace") for t in tokens]
             masked = "".join("" if i in low else piece for i, piece in enumerate(pieces)).strip()
-            r = route(masked, question, accepted, available=tuple(arms))
+            r = route(masked, question, accepted)
             q = Query(span=masked, question=question, sentence=masked, span_class=r.span_class)
             found, _ = ground_round(
                 arms,

@@ -23,12 +23,13 @@ from typing import Any, cast
 
 from ..arms import Arm
 from ..config import Config
-from ..controller import build_receipt_for, stream
+from ..controller import stream
 from ..errors import InputError
 from ..events import Done, Event
 from ..paths import home
 from ..prompting import conversation
 from ..receipts import ReceiptWriter, fit_receipt
+from ..result import build_receipt
 from .wire import REQUEST_KEYS, ApiError, GateRequest
 
 _END = object()  # the worker thread is finished (after its last event or error)
@@ -206,15 +207,16 @@ class Generation:
             self._call_soon(self.on_end, self)
 
     def _finish(self, done: Done) -> Finished:
-        assert done.receipt is not None
-        receipt = build_receipt_for(self.runtime.backend, self.request.config, done.receipt)
-        receipt["reply_id"] = self.reply_id  # known from the start: the stream's header carries it
-        receipt["extra"]["serve"] = {
+        served = {
             "endpoint": self.request.endpoint,
             "request": self.request.overrides,
             "stop": list(self.request.stops),
             "notes": list(self.request.notes),
         }
+        # The id is known from the start: the stream's header carries it.
+        receipt = build_receipt(
+            done.result, self.runtime.backend, self.request.config, reply_id=self.reply_id, extra={"serve": served}
+        )
         if self.receipts is not None:
             self.receipts.append(receipt)
         view = self.view or ClientView.of(self.runtime, self.request.config)

@@ -1,9 +1,9 @@
 """Did a rewritten sentence use the evidence injected for it? Pure functions.
 
-The controller asks once the sentence that holds a rewound span is finished. Evidence is "used" when
-the sentence repeats one of the evidence's own content words or numbers; words the question already
-holds do not count (any answer repeats them). When it uses none, the rewrite did not draw on the
-evidence ("I'm ready to help. What's your question?"), so the controller keeps the reply the model
+The rewrite check (rewrite.py) asks once the sentence that holds a rewound span is finished. Evidence
+is "used" when the sentence repeats one of the evidence's own content words or numbers; words the
+question already holds do not count (any answer repeats them). When it uses none, the rewrite did not
+draw on the evidence ("I'm ready to help. What's your question?"), so the loop keeps the reply the model
 wrote without it: an intervention may fail to help, but it must not make the reply worse.
 """
 
@@ -13,20 +13,10 @@ import re
 from collections.abc import Iterable
 from fractions import Fraction
 
-from surprisegate.grading import normalise, parse_numbers
 from surprisegate.signals import YES_NO_START
-from surprisegate.text import EVIDENCE_STOPWORDS, sentence_end, sentence_start
+from surprisegate.text import EVIDENCE_STOPWORDS, normalise, parse_numbers, sentence_end
 
-__all__ = [
-    "content_words",
-    "cut_short",
-    "expected_answer",
-    "fits_answer",
-    "rewrite_problem",
-    "sentence_end",
-    "sentence_start",
-    "uses_evidence",
-]  # sentence_end/start: text.py's, re-exported for the controller
+__all__ = ["content_words", "cut_short", "expected_answer", "fits_answer", "rewrite_problem", "uses_evidence"]
 
 # Counts this large are written rounded, often coarsely ("about 40 million" for 44,134,693); smaller
 # numbers (years, codes, sums) must match exactly.

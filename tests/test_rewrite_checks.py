@@ -1,4 +1,4 @@
-"""support: did a rewritten sentence draw on its evidence? Pure functions, many cases and properties."""
+"""rewrite_checks: did a rewritten sentence draw on its evidence? Pure functions, many cases and properties."""
 
 from __future__ import annotations
 
@@ -8,16 +8,15 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from surprisegate.support import (
+from surprisegate.rewrite_checks import (
     content_words,
     cut_short,
     expected_answer,
     fits_answer,
     rewrite_problem,
-    sentence_end,
-    sentence_start,
     uses_evidence,
 )
+from surprisegate.text import sentence_end, sentence_start
 
 VIRGINIA = "What is the capital of the U.S. state of Virginia?"
 
