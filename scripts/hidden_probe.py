@@ -26,8 +26,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 import trigger_features as tf
 
-from surprisegate.research.calibrate import auroc, precision_recall
-from surprisegate.trigger import window_peak
+from surprisegate.gate.trigger import window_peak
+from surprisegate.research.threshold_sweep import auroc, precision_recall
 
 LAYERS = (6, 12, 18, 24, 30)
 WINDOW = 4
@@ -39,7 +39,7 @@ def reply_states(rows: list[dict]) -> dict[str, dict[str, np.ndarray]]:
 
     from surprisegate.backends.transformers import from_transformers
     from surprisegate.config import Config
-    from surprisegate.prompting import chat_messages
+    from surprisegate.gate.prompting import chat_messages
 
     backend = from_transformers(None)
     system_prompt = Config().system_prompt

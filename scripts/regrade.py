@@ -2,7 +2,7 @@
 
 Reads one or more `results.jsonl` files written by `surprisegate eval` (fields id, mode, question, reply,
 correct, ...), looks each row's item up by id in --data (for answers, category, numeric_tolerance) and
-grades the reply again with surprisegate.grading.grade. Prints, per file and mode, the rows that moved
+grades the reply again with surprisegate.research.grading.grade. Prints, per file and mode, the rows that moved
 (right->wrong, wrong->right) with the question and the reply's first sentence under the previous and the
 current sentence rule. --write rewrites the `correct` field in place (temp file + rename); summary.json
 and report.md of that folder are not rebuilt.
@@ -20,8 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from surprisegate.grading import first_sentence, grade
-from surprisegate.receipts import dumps_line
+from surprisegate.gate.receipts import dumps_line
+from surprisegate.research.grading import first_sentence, grade
 from surprisegate.research.labeling import read_items
 
 # The sentence stop before "USA." ended a sentence and Inc/Ltd/Co/Corp/No/months were abbreviations;

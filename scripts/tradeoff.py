@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 
 from surprisegate.config import load_config
+from surprisegate.gate.receipts import read_receipts
 from surprisegate.progress import progress_callback
-from surprisegate.receipts import read_receipts
 from surprisegate.research.evaluate import FLARE_THETA, evaluate, summarise, trigger_efficiency
 from surprisegate.runtime import build_arms, load_backend
 

@@ -29,7 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from surprisegate.research.calibrate import (
+from surprisegate.gate.signals import copy_flags, question_kind
+from surprisegate.gate.trigger import window_peak
+from surprisegate.research.threshold_sweep import (
     BETAS,
     CLOZE_INSTRUCTION,
     auroc,
@@ -38,9 +40,7 @@ from surprisegate.research.calibrate import (
     kind_scores,
     precision_recall,
 )
-from surprisegate.signals import copy_flags, question_kind
 from surprisegate.text import STOPWORDS, WORD, fold
-from surprisegate.trigger import window_peak
 
 SHIPPED_RECALL = 0.705  # the shipped rule's recall on factqa half A: candidates are compared at this recall
 SENTENCE_END = re.compile(r"[.!?]\s*$")

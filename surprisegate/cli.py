@@ -18,7 +18,8 @@ from . import __version__
 from .config import Config, ConfigLayers, flag_fields, to_toml
 from .errors import BackendError, InputError, SurpriseGateError
 from .paths import home
-from .runtime import build_arms, check_memory, load_backend, model_config
+from .runtime import assemble, check_memory
+from .terminal import TerminalView
 
 DEMO_QUESTION = "What is the capital of Burkina Faso?"
 
@@ -114,76 +115,6 @@ def resolve_config(kwargs: dict) -> Config:
 # ---------------------------------------------------------------------------------------------
 # ask
 # ---------------------------------------------------------------------------------------------
-class TerminalView:
-    """Streams a reply and shows each intervention: what was dropped, which arm grounded it, with what."""
-
-    def __init__(self, color: bool):
-        self.color = color
-        self.pieces: list[str] = []  # text of each visible token, so emit-mode rewinds can retract them
-
-    @property
-    def shown(self) -> str:
-        return "".join(self.pieces)
-
-    def paint(self, text: str, code: str) -> str:
-        return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
-
-    def __call__(self, event) -> None:
-        from .events import Done, Grounding, Rewind, Token, Trigger
-
-        if isinstance(event, Token):
-            self.pieces.append(event.text)
-            click.echo(event.text, nl=False)
-        elif isinstance(event, Trigger):
-            span = event.span_text.strip()
-            crossed = (
-                f"probe score {event.value:.2f} > cut {event.threshold:.2f} on the first sentence {span!r}"
-                if event.statistic == "probe"  # a logistic score, not bits
-                else f"{event.statistic} {event.value:.2f} > {event.threshold:.2f} bits on {span!r}"
-            )
-            click.echo(self.paint(f"\n  ⚠ round {event.round}: {crossed}", "33"))
-        elif isinstance(event, Grounding):
-            if event.found:
-                click.echo(
-                    self.paint(
-                        f"  ↳ {event.span_class} span, arms {' → '.join(event.arm_order)}: "
-                        f"grounded by {event.source}: {event.evidence!r}",
-                        "36",
-                    )
-                )
-            else:
-                click.echo(
-                    self.paint(
-                        f"  ↳ {event.span_class} span, arms {' → '.join(event.arm_order) or '(none)'}: "
-                        f"{event.reason}; resuming unmodified",
-                        "2",
-                    )
-                )
-                click.echo(self.shown, nl=False)
-        elif isinstance(event, Rewind):
-            if event.n_tokens:  # emit streaming: those tokens were shown; retract them
-                del self.pieces[len(self.pieces) - event.n_tokens :]
-            if event.reverted:
-                click.echo(
-                    self.paint(
-                        f"  ⟲ the rewrite {event.dropped_text.strip()!r} used none of the evidence; "
-                        "keeping the reply written without it",
-                        "35",
-                    )
-                )
-            else:
-                click.echo(
-                    self.paint(
-                        f"  ⟲ dropped {event.dropped_text.strip()!r}, injected {event.injected_tokens} "
-                        "tokens of evidence; rewriting",
-                        "35",
-                    )
-                )
-            click.echo(self.shown, nl=False)
-        elif isinstance(event, Done):
-            click.echo()
-
-
 @main.command()
 @click.argument("question", required=False, default="")
 @config_options
@@ -227,24 +158,20 @@ def ask(
     **kwargs,
 ) -> None:
     """Answer QUESTION (or the last turn of a --chat), streaming the reply and showing any intervention."""
-    from .controller import generate
-    from .prompting import conversation, last_user_turn
-    from .receipts import ReceiptWriter
+    from .gate.prompting import conversation, last_user_turn
+    from .gate.receipts import ReceiptWriter
 
     # Validated before anything slow happens.
     messages = conversation(read_chat(chat_file) if chat_file else question)
     question = last_user_turn(messages)
-    layers = resolve_layers(kwargs)
-    config = layers.load()
-    check_memory(memory)
-    arms = build_arms(config, memory, tools=not no_tools, web=web_url, say=_say) if config.mode == "intervene" else {}
-    backend = load_backend(config)
-    config, _ = model_config(layers, backend, _say)  # the model's calibration; detect only without one
+    # The model's calibration applies (detect only without one); a store is opened only to intervene.
+    runtime = assemble(resolve_layers(kwargs), memory, not no_tools, web_url, _say, arms_if_intervening=True)
+    config = runtime.config
     receipts_file = Path(receipts_path) if receipts_path else home() / "receipts.jsonl"
     view = None if as_json else TerminalView(color=sys.stdout.isatty())
     if view:
         click.echo(view.paint(f"[{config.mode}] ", "2") + question.strip())
-    result = generate(backend, messages, config, arms, on_event=view)
+    result = runtime.generate(messages, on_event=view)
     ReceiptWriter(receipts_file).append(result.receipt)
     if view is None:  # --json
         click.echo(
@@ -303,25 +230,21 @@ def read_chat(path: str) -> list:
 @click.option("--receipts", "receipts_path", type=click.Path(dir_okay=False), default=None)
 def demo(question: str, receipts_path: str | None) -> None:
     """The main job on the embedded default: the same question plain, then surprise-gated with memory."""
-    from .controller import generate
-    from .receipts import ReceiptWriter
+    from .gate.receipts import ReceiptWriter
 
     receipts_file = Path(receipts_path) if receipts_path else home() / "demo-receipts.jsonl"
-    layers = ConfigLayers()
-    base = layers.load()
-    arms = build_arms(base, "demo", say=_say)
-    click.echo("loading the embedded model (SmolLM2-135M-Instruct, llama.cpp) ...", err=True)
-    backend = load_backend(base)
-    base, calibration = model_config(layers, backend, _say, intervene=True)
+    loading = "loading the embedded model (SmolLM2-135M-Instruct, llama.cpp) ..."
+    runtime = assemble(ConfigLayers(), "demo", say=_say, intervene=True, loading=loading)
+    base, detect_only = runtime.config, runtime.thresholds is not None and runtime.thresholds.detect_only
     writer = ReceiptWriter(receipts_file)
     outcomes = {}
     for mode in ("off", "intervene"):
         # A model the environment chose, with no calibration: its second pass only detects (said above).
-        config = base.replace(mode="detect" if mode == "intervene" and calibration.detect_only else mode)
+        config = base.replace(mode="detect" if mode == "intervene" and detect_only else mode)
         view = TerminalView(color=sys.stdout.isatty())
         click.echo(view.paint(f"\n── mode={mode} ──", "1"))
         click.echo(f"Q: {question}\nA: ", nl=False)
-        result = generate(backend, question, config, arms if mode == "intervene" else {}, on_event=view)
+        result = runtime.generate(question, config, on_event=view)
         writer.append(result.receipt)
         outcomes[mode] = result
     rounds = outcomes["intervene"].rounds
@@ -457,7 +380,7 @@ def receipts() -> None:
 @click.option("--last", type=int, default=None, help="Only the last N receipts.")
 def receipts_show(file: str, last: int | None) -> None:
     """Print receipts readably; a torn last line is skipped with a note."""
-    from .receipts import format_receipt, read_receipts
+    from .gate.receipts import format_receipt, read_receipts
 
     result = read_receipts(file)
     records = list(result)
@@ -488,10 +411,9 @@ def label(data: str, out_dir: str, limit: int | None, **kwargs) -> None:
     from .research.labeling import read_items
 
     read_items(data, 1)  # fail fast on a bad file before loading the model
-    config = resolve_config(kwargs)
-    backend = load_backend(config)
+    runtime = assemble(resolve_config(kwargs), tools=False)  # detect mode over the items: no arms
     with progress_callback("label") as progress:
-        summary = run_label(data, out_dir, backend, config, limit=limit, progress=progress)
+        summary = run_label(data, out_dir, runtime.backend, runtime.config, limit=limit, progress=progress)
     click.echo(json.dumps(summary))
 
 
@@ -630,17 +552,18 @@ def calibrate_backend(
     as_json: bool,
 ) -> None:
     """`calibrate --backend`: label the packaged set through the model, calibrate, write its calibration."""
-    from . import calibrations
+    from . import model_calibrations
     from .progress import progress_callback
-    from .research.calibrate import calibrate_model
+    from .research.calibration_report import model_calibration_lines
+    from .research.model_calibration import calibrate_model
 
     given = {"backend": backend_spec, "model": model} | ({"base_url": base_url} if base_url else {})
-    config = ConfigLayers(None, given).load()
-    backend = load_backend(config)
-    with progress_callback("label") as label_progress:
+    runtime = assemble(ConfigLayers(None, given).load(), tools=False)  # labels the set in detect mode: no arms
+    backend = runtime.backend
+    with progress_callback("label") as label_progress, progress_callback("probe") as probe_progress:
         result = calibrate_model(
             backend,
-            config,
+            runtime.config,
             out=out_config,
             limit=limit,
             objective=objective,
@@ -648,37 +571,17 @@ def calibrate_backend(
             bootstrap=bootstrap,
             progress=_say,
             label_progress=label_progress,
+            probe_progress=probe_progress,
         )
     if as_json:
         click.echo(json.dumps({k: v for k, v in result.items() if k != "report"} | {"config": result["calibration"]}))
         return
-    r = result["record"]
-    signals = calibrations.source_label(calibrations.backend_top_k(backend))
-    kinds = f" + per-kind thresholds ({r['kinds_with_own_threshold']} kinds)" if r["per_kind"] else ""
-    click.echo(
-        f"calibrated {r['model_id']} ({signals}) on {r['items']} replies ({r['wrong']} wrong): {r['rule']}{kinds}"
-    )
-    click.echo(
-        f"AUROC {r['auroc']:.3f} [{r['auroc_ci'][0]:.3f}, {r['auroc_ci'][1]:.3f}] ({r['auroc_is']}); "
-        f"{objective} objective: precision {r['precision']:.3f}, recall {r['recall']:.3f}, trigger rate "
-        f"{r['trigger_rate']:.3f}; threshold {result['report']['chosen']['threshold']} bits"
-        + (" for other kinds" if r["per_kind"] else "")
-    )
-    click.echo(f"wrote {result['calibration']}")
-    target = Path(result["calibration"]).resolve()
-    if target == (calibrations.user_dir(home()) / f"{result['slug']}.toml").resolve():
-        click.echo(
-            f"picked up by ask, eval and demo for {r['model_id']} ({signals}), e.g. surprisegate ask --backend "
-            f"{backend_spec}{f' --model {model}' if model else ''}{f' --base-url {base_url}' if base_url else ''} "
-            '--mode intervene "QUESTION"; '
-            "a flag, --config or SURPRISEGATE_* setting still wins"
-        )
-    else:
-        click.echo(
-            f"not where it is looked up: pass --config {out_config}, or copy it to "
-            f"{calibrations.user_dir(home()) / (result['slug'] + '.toml')}"
-        )
-    click.echo(f"report → {r['report']}; labels → {result['labels']['out']}")
+    signals = model_calibrations.source_label(model_calibrations.backend_top_k(backend))
+    user_file = model_calibrations.user_dir(home()) / f"{result['slug']}.toml"
+    flags = f"{f' --model {model}' if model else ''}{f' --base-url {base_url}' if base_url else ''}"
+    ask_hint = f'surprisegate ask --backend {backend_spec}{flags} --mode intervene "QUESTION"'
+    for line in model_calibration_lines(result, objective, signals, user_file, ask_hint, out_config):
+        click.echo(line)
 
 
 def calibrate_labels(
@@ -692,8 +595,9 @@ def calibrate_labels(
     as_json: bool,
 ) -> None:
     """`calibrate --labels`: the report on labels made by `surprisegate label`, its config to --out."""
-    from .research.calibrate import calibrate as run
-    from .research.calibrate import write_topk_comparison
+    from .research.calibration_report import labels_report_lines
+    from .research.threshold_sweep import calibrate as run
+    from .research.threshold_sweep import write_topk_comparison
 
     if compare_top_k is not None:
         try:
@@ -720,23 +624,8 @@ def calibrate_labels(
     if as_json:
         click.echo(json.dumps({k: v for k, v in report.items() if k != "auroc_table"}))
         return
-    click.echo(
-        f"{report['n']} replies, {report['wrong']} wrong"
-        + (f"; signals from the top {top_k} logprobs" if top_k else "")
-    )
-    click.echo("signal         feature            AUROC   95% CI")
-    for row in report["auroc_table"][:12]:
-        click.echo(
-            f"{row['signal']:<14} {row['feature']:<18} {row['auroc']:.3f}   [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
-        )
-    b = report["best_plain_surprise"]
-    click.echo(f"baseline (plain surprise) best: {b['feature']} {b['auroc']:.3f}")
-    c = report["chosen"]
-    click.echo(
-        f"chosen trigger: {c['signal']} {c['statistic']} W={c['window']} min_tokens={c['min_tokens']} "
-        f"threshold={c['threshold']} → precision {c['precision']:.3f}, recall {c['recall']:.3f}"
-    )
-    click.echo(f"config → {report['config']}; plots → {', '.join(report['plots'])}")
+    for line in labels_report_lines(report, top_k):
+        click.echo(line)
 
 
 @main.command("eval")
@@ -793,17 +682,13 @@ def eval_cmd(
     read_items(data, 1)
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
     check_modes(mode_list, flare_theta, oracle_calls)  # before the model loads
-    layers = resolve_layers(kwargs)
-    config = layers.load()
-    check_memory(memory)
-    arms = build_arms(config, memory, tools=not no_tools, web=web_url, say=_say)
-    backend = load_backend(config)
-    config, calibration = model_config(layers, backend, _say, intervene=False)
+    runtime = assemble(resolve_layers(kwargs), memory, not no_tools, web_url, _say, intervene=False)
+    config, thresholds = runtime.config, runtime.thresholds
     gated = [m for m in mode_list if m in ("intervene", "oracle")]
-    if calibration.detect_only and gated:
+    if thresholds is not None and thresholds.detect_only and gated:
         # An A/B of intervene on another model's thresholds measures nothing: refuse rather than run detect.
         raise InputError(
-            f"--modes={modes!r}: {', '.join(gated)} needs thresholds for {calibration.model_id}, which has no "
+            f"--modes={modes!r}: {', '.join(gated)} needs thresholds for {thresholds.model_id}, which has no "
             f"calibration; calibrate with: surprisegate calibrate --backend {config.backend}"
             + (f" --model {config.model}" if config.model else "")
             + ", or pass --threshold / --config with thresholds"
@@ -812,9 +697,9 @@ def eval_cmd(
         summary = evaluate(
             data,
             mode_list,
-            backend,
+            runtime.backend,
             config,
-            arms,
+            runtime.arms,
             out_dir,
             limit=limit,
             sample=sample,
@@ -835,7 +720,7 @@ def eval_cmd(
 @click.option("--quiet", is_flag=True)
 def websearch_serve(corpus: str, host: str, port: int, quiet: bool) -> None:
     """A local SearxNG-compatible search server (BM25 over a JSONL corpus) for tests and evaluation."""
-    from .websearch_server import main as serve_main
+    from .local.search_server import main as serve_main
 
     if not Path(corpus).is_file():
         raise InputError(f"--corpus={corpus!r} does not exist; pass a JSONL file with doc_id and text fields")

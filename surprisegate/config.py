@@ -1,7 +1,7 @@
 """One frozen config: the single source of truth, written into every receipt.
 
 Precedence: explicit argument (CLI flag / keyword) > config file (TOML) > environment > the loaded model's
-calibration (calibrations.py; known only once the backend is loaded) > defaults (calibrated.py).
+calibration (model_calibrations.py; known only once the backend is loaded) > defaults (shipped_thresholds.py).
 Environment flags: SURPRISE_CANARY=1 -> mode "detect", SURPRISE_INTERVENE=1 -> mode "intervene";
 other keys as SURPRISEGATE_<KEY> (e.g. SURPRISEGATE_THRESHOLD=3.5).
 """
@@ -17,11 +17,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from . import calibrated
+from . import shipped_thresholds
 from .backends.registry import parse_backend
 from .errors import ConfigError
-from .signals import SIGNALS
-from .surprise import STATISTICS
+from .gate.signals import SIGNALS
+from .gate.surprise import STATISTICS
 
 MODES = ("off", "detect", "intervene")
 STREAM_POLICIES = ("holdback", "emit")
@@ -46,7 +46,7 @@ class Config:
         },
     )
     signal: str = field(
-        default=calibrated.SIGNAL,
+        default=shipped_thresholds.SIGNAL,
         metadata={
             "flag": True,
             "help": "per-token value in the window: surprise | entropy | novel (surprise of tokens not copied from "
@@ -54,23 +54,25 @@ class Config:
         },
     )
     statistic: str = field(
-        default=calibrated.STATISTIC, metadata={"flag": True, "help": "rolling statistic: mean | p90 | max"}
+        default=shipped_thresholds.STATISTIC, metadata={"flag": True, "help": "rolling statistic: mean | p90 | max"}
     )
-    # The operating point `surprisegate calibrate` measured on the dev labels (see calibrated.py).
-    window: int = field(default=calibrated.WINDOW, metadata={"flag": True, "help": "rolling window size W in tokens"})
+    # The operating point `surprisegate calibrate` measured on the dev labels (see shipped_thresholds.py).
+    window: int = field(
+        default=shipped_thresholds.WINDOW, metadata={"flag": True, "help": "rolling window size W in tokens"}
+    )
     threshold: float = field(
-        default=calibrated.THRESHOLD,
+        default=shipped_thresholds.THRESHOLD,
         metadata={
             "flag": True,
             "help": "trigger when window statistic (bits) exceeds this (kinds without their own threshold)",
         },
     )
     min_tokens: int = field(
-        default=calibrated.MIN_TOKENS,
+        default=shipped_thresholds.MIN_TOKENS,
         metadata={"flag": True, "help": "tokens in the window before it may trigger (capped at window)"},
     )
     kind_thresholds: dict = field(
-        default_factory=lambda: dict(calibrated.KIND_THRESHOLDS),
+        default_factory=lambda: dict(shipped_thresholds.KIND_THRESHOLDS),
         metadata={"help": "per-kind-of-question thresholds (bits) learned by calibrate; other kinds use threshold"},
     )
     probe: str = field(
@@ -453,7 +455,7 @@ def file_values(path: str | Path) -> dict[str, Any]:
     return dict(data)
 
 
-# What a per-model calibration sets (calibrations.py); the rest of its file, if any, is not a calibration.
+# What a per-model calibration sets (model_calibrations.py); the rest of its file, if any, is not a calibration.
 CALIBRATED_KEYS = ("signal", "statistic", "window", "min_tokens", "threshold", "kind_thresholds")
 THRESHOLD_KEYS = ("threshold", "kind_thresholds")
 

@@ -1,17 +1,18 @@
 """Runtime assembly: from a Config and the user's choice of arms to a loaded backend and its arms.
 
-One place used by `ask`, `demo`, `eval` and, next, `serve`. Arms are built from one registry (`ARMS`):
-the config's arm orders name arms from it, and each entry says how to build its arm from what the user
-pointed at (a memory store, a search URL, tool settings). Heavy imports stay inside the builders.
-Once the backend is loaded its model id is known, and `model_config` puts that model's calibration
-(calibrations.py) under the user's flags, file and environment.
+One place, used by every command that answers (`ask`, `demo`, `eval`, `label`, `calibrate --backend`,
+`serve`). Arms are built from one registry (`ARMS`): the config's arm orders name arms from it, and each
+entry says how to build its arm from what the user pointed at (a memory store, a search URL, tool
+settings). Heavy imports stay inside the builders. Once the backend is loaded its model id is known, and
+`model_config` puts that model's calibration (model_calibrations.py) under the user's flags, file and
+environment. `arms_for` is the rule that only intervene uses arms.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 def demo_memory(quiet: bool = True, say: Callable[[str], None] = lambda message: None) -> Path:
     """The demo knowledge base, built once into home()."""
-    from .demo_kb import ensure_demo_memory
+    from .local.demo_kb import ensure_demo_memory
 
     path = home() / "demo-memory.sqlite"
     if not path.exists() and not quiet:
@@ -140,7 +141,7 @@ def tap_probe_layer(backend: Backend, config: Config) -> None:
     """Give the backend the hidden states the config's trigger probe reads (an in-process llama.cpp model with
     one session); where it cannot, the window rule triggers alone and the receipt's `probe` is null."""
     from .backends import Tappable
-    from .probe import resolve_probe
+    from .gate.probe import resolve_probe
 
     probe = resolve_probe(config.probe, backend.model_id)
     if probe is None:
@@ -159,12 +160,12 @@ def tap_probe_layer(backend: Backend, config: Config) -> None:
 # the loaded model's calibration
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Calibration:
+class ThresholdSource:
     """Where the loaded model's detection thresholds come from."""
 
     model_id: str
     top_k: int | None  # signals from the top k logprobs; None: the full distribution
-    # "calibration": its own file (path) | "shipped": calibrated.py, measured on this very model |
+    # "calibration": its own file (path) | "shipped": shipped_thresholds.py, measured on this very model |
     # "given": a threshold set by a flag, the config file or the environment | "none": another model's
     source: str
     path: Path | None = None
@@ -177,32 +178,32 @@ class Calibration:
 
 def model_config(
     layers: ConfigLayers, backend: Any, say: Callable[[str], None], intervene: bool | None = None
-) -> tuple[Config, Calibration]:
+) -> tuple[Config, ThresholdSource]:
     """The config for the loaded model: flag > file > environment > its calibration > shipped defaults.
 
     With no calibration and no threshold given, a config asking for intervene runs detect instead; when
     intervene is asked (`intervene`, default: the config's mode) that is said once, through `say`.
     """
-    from . import calibrations
+    from . import model_calibrations
 
-    top_k = calibrations.backend_top_k(backend)
+    top_k = model_calibrations.backend_top_k(backend)
     model_id = str(backend.model_id)
-    path = calibrations.find(model_id, top_k, home())
+    path = model_calibrations.find(model_id, top_k, home())
     if path is not None:
-        say(f"using the calibration for {model_id} ({calibrations.source_label(top_k)}) from {path}")
-        return layers.load(path), Calibration(model_id, top_k, "calibration", path)
+        say(f"using the calibration for {model_id} ({model_calibrations.source_label(top_k)}) from {path}")
+        return layers.load(path), ThresholdSource(model_id, top_k, "calibration", path)
     config = layers.load()
-    if calibrations.covered_by_defaults(model_id, top_k):
-        return config, Calibration(model_id, top_k, "shipped")
+    if model_calibrations.covered_by_defaults(model_id, top_k):
+        return config, ThresholdSource(model_id, top_k, "shipped")
     if set(THRESHOLD_KEYS) & layers.given():
-        return config, Calibration(model_id, top_k, "given")
-    calibration = Calibration(model_id, top_k, "none")
+        return config, ThresholdSource(model_id, top_k, "given")
+    source = ThresholdSource(model_id, top_k, "none")
     asked = config.mode == "intervene" if intervene is None else intervene
     if asked:
         say(no_calibration_message(config, model_id))
     if config.mode == "intervene":
         config = config.replace(mode="detect")
-    return config, calibration
+    return config, source
 
 
 def no_calibration_message(config: Config, model_id: str) -> str:
@@ -216,6 +217,12 @@ def no_calibration_message(config: Config, model_id: str) -> str:
 # --------------------------------------------------------------------------------------------
 # a runtime
 # --------------------------------------------------------------------------------------------
+def arms_for(config: Config, arms: Mapping[str, Arm]) -> dict[str, Arm]:
+    """The arms a reply in this config's mode may use: all of them in intervene, none otherwise (detect
+    measures and records; off only decodes). The one place this rule lives."""
+    return dict(arms) if config.mode == "intervene" else {}
+
+
 @dataclass
 class Runtime:
     """A loaded backend, its arms and the config they were built from: what answers requests."""
@@ -223,15 +230,14 @@ class Runtime:
     config: Config
     backend: Backend
     arms: dict[str, Arm] = field(default_factory=dict)
-    calibration: Calibration | None = None  # None: the caller fixed the config (assemble got a Config)
+    thresholds: ThresholdSource | None = None  # None: the caller fixed the config (assemble got a Config)
 
     def generate(self, messages: Sequence[dict[str, str]] | str, config: Config | None = None, **kwargs: Any):
-        """One reply (controller.generate) with this runtime's backend; arms only in intervene mode."""
-        from .controller import generate
+        """One reply (gate.loop.generate) with this runtime's backend; arms only in intervene mode."""
+        from .gate.loop import generate
 
         config = config or self.config
-        arms = self.arms if config.mode == "intervene" else {}
-        return generate(self.backend, messages, config, arms, **kwargs)
+        return generate(self.backend, messages, config, arms_for(config, self.arms), **kwargs)
 
 
 def assemble(
@@ -240,17 +246,25 @@ def assemble(
     tools: bool = True,
     web: str | None = None,
     say: Callable[[str], None] = lambda message: None,
+    *,
+    arms_if_intervening: bool = False,
+    intervene: bool | None = None,
+    loading: str | None = None,
 ) -> Runtime:
     """Check the arm targets, build the arms, then load the backend (slowest last, so mistakes fail fast).
 
-    Given the user's ConfigLayers, the config is resolved again for the loaded model (model_config); a
-    Config is used as it is."""
+    Given the user's ConfigLayers, the config is resolved again for the loaded model (model_config, which
+    `intervene` is passed to); a Config is used as it is. `arms_if_intervening`: build the arms only when the
+    config asks for intervene (a plain `ask` opens no store). `loading` is said just before the model loads."""
     base = config.load() if isinstance(config, ConfigLayers) else config
     if memory:
         check_memory(memory)
-    arms = build_arms(base, memory, tools, web, say)
+    wanted = not arms_if_intervening or base.mode == "intervene"
+    arms = build_arms(base, memory, tools, web, say) if wanted else {}
+    if loading:
+        say(loading)
     backend = load_backend(base)
     if not isinstance(config, ConfigLayers):
         return Runtime(base, backend, arms)
-    resolved, calibration = model_config(config, backend, say)
-    return Runtime(resolved, backend, arms, calibration)
+    resolved, thresholds = model_config(config, backend, say, intervene)
+    return Runtime(resolved, backend, arms, thresholds)

@@ -1,4 +1,4 @@
-"""A scripted steerable backend with fixed logits, for controller tests (like simonw/llm's MockModel).
+"""A scripted steerable backend with fixed logits, for the loop's tests (like simonw/llm's MockModel).
 
 Vocabulary: the 256 bytes plus three specials. The "model" writes a target reply chosen from the
 text of its context, one byte per token, giving each byte a scripted probability: so the test knows
@@ -177,7 +177,7 @@ class ScriptedChat:
         self.requests: list[dict] = []
         self.top_k = top_k
         if top_k:
-            self.SIGNAL_TOP_K = top_k  # which calibration applies (calibrations.backend_top_k)
+            self.SIGNAL_TOP_K = top_k  # which calibration applies (model_calibrations.backend_top_k)
 
     def _entropy(self, p: float) -> float:
         if not self.top_k:

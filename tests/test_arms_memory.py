@@ -11,8 +11,8 @@ import pytest
 
 from surprisegate.arms import Arm, Evidence, Query
 from surprisegate.arms.memory import DEFAULT_FLOOR, MemoryArm, best_sentences, relation_word
-from surprisegate.demo_kb import ensure_demo_memory
 from surprisegate.errors import ArmError, ConfigError
+from surprisegate.local.demo_kb import ensure_demo_memory
 from surprisegate.store.sqlite import Hit, SQLiteMemory
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -234,7 +234,7 @@ def test_demo_memory_default_path_and_silence(tmp_path, monkeypatch, capsys):
 
 
 def test_demo_memory_crash_leaves_nothing(tmp_path, monkeypatch):
-    import surprisegate.demo_kb as demo_kb
+    import surprisegate.local.demo_kb as demo_kb
 
     def crashing_passages():
         yield {"text": "one passage", "source": "x"}

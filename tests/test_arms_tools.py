@@ -20,7 +20,7 @@ from surprisegate.arms.status import StatusRequest
 from surprisegate.arms.tools import TOOL_NAMES, ToolArm, ToolCall, extract_tool_calls
 from surprisegate.arms.units import Conversion
 from surprisegate.errors import ArmError, ConfigError, InputError
-from surprisegate.router import classify_span
+from surprisegate.gate.router import classify_span
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 FAR_DEADLINE = float("inf")

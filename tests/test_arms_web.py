@@ -38,7 +38,7 @@ from surprisegate.arms.web import (
     strip_html,
 )
 from surprisegate.errors import ArmError, ConfigError
-from surprisegate.grounding import ground_round
+from surprisegate.gate.grounding import ground_round
 
 WIRE = Path(__file__).resolve().parents[2] / "shared" / "wire"
 needs_wire = pytest.mark.skipif(not WIRE.is_dir(), reason="shared/wire is not present")
@@ -708,7 +708,7 @@ def test_arm_protocol_and_config_errors():
 
 
 def test_against_the_local_search_server(tmp_path):
-    from surprisegate.websearch_server import serve
+    from surprisegate.local.search_server import serve
 
     corpus = [
         {"doc_id": "fr", "text": "Lyon is a city in France. Paris is the capital of France."},
@@ -723,7 +723,7 @@ def test_against_the_local_search_server(tmp_path):
 
 def test_halueval_through_the_arm(shared_data):
     """End to end over HTTP: the arm's evidence comes from the question's evidence document (top 3)."""
-    from surprisegate.websearch_server import doc_id_from_url, load_corpus, serve
+    from surprisegate.local.search_server import doc_id_from_url, load_corpus, serve
 
     rows = [json.loads(line) for line in (shared_data / "halueval_qa_dev.jsonl").open(encoding="utf-8")]
     corpus = shared_data / "web_corpus.jsonl"

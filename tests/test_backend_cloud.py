@@ -39,9 +39,9 @@ from surprisegate.backends import (
 )
 from surprisegate.backends.cloud import END, CloudFault, CloudStream, Opened, Plan, refusal_of, retry_after_of
 from surprisegate.backends.registry import open_backend
-from surprisegate.calibrations import backend_top_k
 from surprisegate.errors import BackendError, BackendFault, ConfigError, MissingDependency
-from surprisegate.surprise import surprise_bits, topk_entropy
+from surprisegate.gate.surprise import surprise_bits, topk_entropy
+from surprisegate.model_calibrations import backend_top_k
 from test_backend_dialects import mutate
 from test_backend_llama_server import FakeServer
 

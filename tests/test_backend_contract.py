@@ -12,7 +12,7 @@ import importlib.util
 import pytest
 
 from surprisegate.backends import Sampling, Session, SteerableBackend, common_prefix
-from surprisegate.prompting import PromptLayout, chat_messages
+from surprisegate.gate.prompting import PromptLayout, chat_messages
 
 from scripted import ScriptedBackend, plan
 
@@ -42,13 +42,15 @@ def _transformers(request):
 CONTRACT_BACKENDS = {
     "scripted": lambda request: scripted_contract_backend(),
     "llamacpp": _llamacpp,
+    # A model of another family (Qwen2.5-Coder-0.5B: ChatML, its own tokenizer): `make second-model`.
+    "llamacpp-second-model": lambda request: request.getfixturevalue("second_backend"),
     "transformers": _transformers,
     # The real llama.cpp server (`make llama-server`) on a free loopback port: tests/test_backend_llama_server.py.
     "llama-server": lambda request: importlib.import_module("test_backend_llama_server").contract_backend(request),
     # One llama.cpp model holding 4 sessions (sequence ids), batched: tests/test_sessions.py.
     "llamacpp-sessions": lambda request: importlib.import_module("test_sessions").contract_backend(request),
 }
-SLOW = {"llamacpp", "transformers", "llama-server", "llamacpp-sessions"}
+SLOW = {"llamacpp", "llamacpp-second-model", "transformers", "llama-server", "llamacpp-sessions"}
 
 
 @pytest.fixture(

@@ -40,10 +40,10 @@ from surprisegate.backends.ollama import END_OF_TURN, OllamaBackend, from_ollama
 from surprisegate.backends.registry import open_backend
 from surprisegate.backends.sglang import SglangBackend, from_sglang
 from surprisegate.backends.vllm import VllmBackend, from_vllm
-from surprisegate.calibrations import backend_top_k
 from surprisegate.errors import BackendError, InputError, SurpriseGateError
-from surprisegate.prompting import PromptLayout, chat_messages
-from surprisegate.surprise import surprise_bits, topk_entropy
+from surprisegate.gate.prompting import PromptLayout, chat_messages
+from surprisegate.gate.surprise import surprise_bits, topk_entropy
+from surprisegate.model_calibrations import backend_top_k
 from test_backend_llama_server import FakeServer, json_route, sse_events
 
 WIRE = Path(__file__).resolve().parents[2] / "shared" / "wire"

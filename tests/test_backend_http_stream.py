@@ -1,4 +1,4 @@
-"""Faults of an inference server, on a real socket, through the whole loop (http_stream.py + controller).
+"""Faults of an inference server, on a real socket, through the whole loop (http_stream.py + gate/loop.py).
 
 A loopback fake llama.cpp server answers the set-up calls from the captures, then its /completion
 misbehaves: the connection refused, reset mid-stream, an HTTP 4xx/5xx with its error body, a silent
@@ -19,7 +19,7 @@ import pytest
 from surprisegate.backends.http_stream import Timeouts
 from surprisegate.backends.llama_server import from_llama_server
 from surprisegate.config import Config
-from surprisegate.controller import generate
+from surprisegate.gate.loop import generate
 from test_backend_llama_server import MODELS, FakeServer, captured, json_route, sse_events, tokenize_route
 
 QUESTION = "What is the capital of France?"
@@ -265,7 +265,7 @@ def test_a_fault_is_shown_in_the_receipt_and_ask_exits_with_its_message(server, 
     from click.testing import CliRunner
 
     from surprisegate.cli import main
-    from surprisegate.receipts import format_receipt
+    from surprisegate.gate.receipts import format_receipt
 
     server.routes[("POST", "/completion")] = lambda body: (200, "text/event-stream", events()[:3])
     monkeypatch.setenv("SURPRISEGATE_HOME", str(tmp_path))

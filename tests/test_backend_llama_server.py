@@ -28,7 +28,7 @@ from surprisegate.backends.llama_server import (
     find_llama_server,
     from_llama_server,
 )
-from surprisegate.surprise import surprise_bits, topk_entropy
+from surprisegate.gate.surprise import surprise_bits, topk_entropy
 
 CAPTURED = Path(__file__).resolve().parents[2] / "shared" / "wire" / "captured"
 
@@ -454,7 +454,7 @@ def real(server) -> LlamaServerBackend:
 
 
 def _prompt(backend, question="What is the capital of France?"):
-    from surprisegate.prompting import PromptLayout, chat_messages
+    from surprisegate.gate.prompting import PromptLayout, chat_messages
 
     layout = PromptLayout.from_template(backend.chat_prompt, chat_messages(question, "Answer in one sentence."))
     return layout.body_tokens(backend.tokenize) + layout.open_tokens(backend.tokenize)
@@ -582,7 +582,7 @@ def test_real_server_abort_stops_generation(real):
 @pytest.mark.slow
 def test_real_server_end_to_end_grounds_the_demo_question(real, llama_backend):
     from surprisegate.config import Config
-    from surprisegate.controller import generate
+    from surprisegate.gate.loop import generate
     from surprisegate.runtime import build_arms
 
     config = Config(mode="intervene")

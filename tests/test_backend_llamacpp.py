@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from surprisegate.prompting import PromptLayout, chat_messages
+from surprisegate.gate.prompting import PromptLayout, chat_messages
 
 pytestmark = pytest.mark.slow
 

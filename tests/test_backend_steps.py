@@ -19,7 +19,7 @@ from surprisegate.backends import LOGPROB_FLOOR, Sampling, Step
 from surprisegate.backends.cloud import Token
 from surprisegate.backends.http_session import StreamedToken
 from surprisegate.errors import InputError
-from surprisegate.surprise import surprise_bits, topk_entropy
+from surprisegate.gate.surprise import surprise_bits, topk_entropy
 
 
 # --------------------------------------------------------------------------------------------------

@@ -104,7 +104,7 @@ def test_capabilities_are_protocols_a_backend_has_by_its_members():
         TopKSignals,
         VocabSize,
     )
-    from surprisegate.calibrations import backend_top_k
+    from surprisegate.model_calibrations import backend_top_k
 
     plain = ScriptedBackend(lambda context: plan("Hi."))
     assert isinstance(plain, SteerableBackend)

@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from surprisegate.arms import Evidence
-from surprisegate.canary import VERDICTS, groundedness_canary
 from surprisegate.errors import ConfigError
-from surprisegate.receipts import ConvergenceRecord
+from surprisegate.gate.canary import VERDICTS, groundedness_canary
+from surprisegate.gate.receipts import ConvergenceRecord
 
 THRESHOLD = 3.5
 CALM = {"n_tokens": 12, "mean": 1.0, "p90": 2.0, "window_max": 2.5}  # below the threshold

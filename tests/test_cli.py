@@ -72,7 +72,7 @@ def test_env_flag_picks_mode_and_flag_beats_env(runner, monkeypatch):
 
 def test_receipts_show_missing_and_torn(runner, tmp_path):
     assert_clean_error(runner.invoke(main, ["receipts", "show", str(tmp_path / "none.jsonl")]), "does not exist")
-    from surprisegate.receipts import ReceiptWriter, receipt_record
+    from surprisegate.gate.receipts import ReceiptWriter, receipt_record
 
     path = tmp_path / "r.jsonl"
     rec = receipt_record(
@@ -199,7 +199,7 @@ def uncalibrated(monkeypatch):
     from scripted import ScriptedBackend, plan
 
     backend = ScriptedBackend(lambda context: plan("The capital is Kumbu.", doubtful="Kumbu", doubtful_prob=0.01))
-    monkeypatch.setattr("surprisegate.cli.load_backend", lambda config: backend)
+    monkeypatch.setattr("surprisegate.runtime.load_backend", lambda config: backend)
     return backend
 
 
@@ -230,10 +230,10 @@ def test_eval_refuses_to_intervene_on_an_uncalibrated_model(runner, uncalibrated
 
 def test_calibrate_backend_writes_a_calibration_that_ask_picks_up(runner, monkeypatch, tmp_path):
     pytest.importorskip("matplotlib")
-    from test_calibrate import packaged_set, scripted_model
+    from test_threshold_sweep import packaged_set, scripted_model
 
     backend = scripted_model(packaged_set()[:30])
-    monkeypatch.setattr("surprisegate.cli.load_backend", lambda config: backend)
+    monkeypatch.setattr("surprisegate.runtime.load_backend", lambda config: backend)
     result = runner.invoke(main, ["calibrate", "--backend", "llamacpp", "--limit", "30", "--bootstrap", "10"])
     assert result.exit_code == 0, result.output
     path = tmp_path / "home" / "calibrations" / "scripted-test-model--full.toml"
@@ -301,17 +301,3 @@ def load_record_threshold(path) -> float:
     import tomllib
 
     return tomllib.loads(path.read_text())["surprisegate"]["threshold"]
-
-
-def test_the_terminal_view_shows_a_window_in_bits_and_a_probe_as_a_score(capsys):
-    from surprisegate.cli import TerminalView
-    from surprisegate.events import Trigger
-
-    view = TerminalView(color=False)
-    view(Trigger(3, "entropy:mean", 1.661, 1.03, 0, "The capital of Burk", 1))
-    view(Trigger(9, "probe", 1.834, 0.77, 0, "The capital is Kouar-Boukoula.", 2))
-    lines = [line for line in capsys.readouterr().out.splitlines() if line]
-    assert lines == [
-        "  ⚠ round 1: entropy:mean 1.66 > 1.03 bits on 'The capital of Burk'",
-        "  ⚠ round 2: probe score 1.83 > cut 0.77 on the first sentence 'The capital is Kouar-Boukoula.'",
-    ]

@@ -93,7 +93,7 @@ def test_a_rewrite_that_ignores_the_evidence_gets_one_more_try_then_gives_back_t
     assert "Richmond" in marked["reply"] and not marked["rounds"][0].get("retries")
     window_rule |= EARLIER_TEMPLATES
     on = ask_json(home, "--mode", "intervene", "--memory", str(store), question, env_extra=window_rule)
-    from surprisegate.grading import first_sentence
+    from surprisegate.research.grading import first_sentence
 
     assert "Richmond" in first_sentence(on["reply"])
     first = on["rounds"][0]
@@ -156,7 +156,7 @@ def test_detect_mode_never_changes_the_reply(factkb_memory):
 
 @pytest.fixture(scope="module")
 def web_server(shared_data):
-    from surprisegate.websearch_server import serve
+    from surprisegate.local.search_server import serve
 
     with serve(str(shared_data / "web_corpus.jsonl"), port=0) as server:
         yield server

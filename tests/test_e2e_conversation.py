@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from surprisegate.config import Config
-from surprisegate.controller import generate
-from surprisegate.receipts import ConvergenceRecord, conversation_sha256
+from surprisegate.gate.loop import generate
+from surprisegate.gate.receipts import ConvergenceRecord, conversation_sha256
 
 pytestmark = pytest.mark.slow
 

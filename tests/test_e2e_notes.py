@@ -11,8 +11,8 @@ import pytest
 
 from surprisegate.arms.memory import MemoryArm
 from surprisegate.config import load_config
-from surprisegate.controller import generate
-from surprisegate.grading import contains_alias, grade
+from surprisegate.gate.loop import generate
+from surprisegate.research.grading import contains_alias, grade
 from surprisegate.store.sqlite import SQLiteMemory
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from surprisegate.grading import contains_alias, first_sentence, grade, normalise, parse_numbers
+from surprisegate.research.grading import contains_alias, first_sentence, grade, normalise, parse_numbers
 
 ENTITY = {"category": "entity"}
 

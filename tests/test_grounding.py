@@ -9,9 +9,9 @@ import pytest
 
 from surprisegate.arms import Evidence, Query
 from surprisegate.config import Config
-from surprisegate.grounding import ArmPool, arm_order, ground_round
-from surprisegate.router import route
-from test_controller import QUESTION, StaticArm
+from surprisegate.gate.grounding import ArmPool, arm_order, ground_round
+from surprisegate.gate.router import route
+from test_loop import QUESTION, StaticArm
 
 
 def _evidence(source, confidence, text="snippet"):

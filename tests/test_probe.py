@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from surprisegate.config import Config
 from surprisegate.errors import ConfigError
-from surprisegate.probe import TriggerProbe, load_probe, resolve_probe, shipped_probe_path
-from surprisegate.trigger import TriggerPolicy, window_peak
+from surprisegate.gate.probe import TriggerProbe, load_probe, resolve_probe, shipped_probe_path
+from surprisegate.gate.trigger import TriggerPolicy, window_peak
 
 WIDTH = 3
 
@@ -221,7 +221,7 @@ def test_the_shipped_probe_judges_fact_questions_only(shared_data):
     """It was fitted on factqa_dev's kinds of question: arithmetic and multi-hop questions keep the window rule."""
     import json
 
-    from surprisegate.signals import question_kind
+    from surprisegate.gate.signals import question_kind
 
     shipped = load_probe(shipped_probe_path("SmolLM2-135M-Instruct.Q4_1.gguf"))
     for name, expect_any in (("factqa_dev", True), ("arith_dev", False), ("halueval_qa_dev", False)):

@@ -229,9 +229,9 @@ def test_a_resumed_eval_starts_its_progress_at_the_rows_on_disk(tmp_path):
 def test_the_cli_label_prints_json_on_stdout_and_progress_on_stderr(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from surprisegate import cli
+    from surprisegate import cli, runtime
 
-    monkeypatch.setattr(cli, "load_backend", lambda config: ScriptedBackend(script))
+    monkeypatch.setattr(runtime, "load_backend", lambda config: ScriptedBackend(script))
     data, out = items(tmp_path / "items.jsonl", 3), tmp_path / "out"
     result = CliRunner().invoke(cli.main, ["label", "--data", str(data), "--out", str(out), "--max-tokens", "40"])
     assert result.exit_code == 0, result.output

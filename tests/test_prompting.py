@@ -7,7 +7,7 @@ import json
 import pytest
 
 from surprisegate.errors import InputError
-from surprisegate.prompting import PromptLayout, chat_messages, conversation, encode, last_user_turn, render_pieces
+from surprisegate.gate.prompting import PromptLayout, chat_messages, conversation, encode, last_user_turn, render_pieces
 
 from scripted import ScriptedBackend, chatml, plan
 

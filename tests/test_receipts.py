@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from surprisegate import receipts
 from surprisegate.arms import Evidence, Query
 from surprisegate.errors import InputError
-from surprisegate.events import Trigger
-from surprisegate.receipts import (
+from surprisegate.gate import receipts
+from surprisegate.gate.events import Trigger
+from surprisegate.gate.receipts import (
     SCHEMA,
     ArmAttempt,
     ConvergenceRecord,
@@ -374,7 +374,7 @@ def test_from_dict_rejects_unknown_round_fields():
     st.integers(1024, 20_000),
 )
 def test_fit_receipt_always_fits_and_keeps_the_ids(payload, cap):
-    from surprisegate.receipts import fit_receipt
+    from surprisegate.gate.receipts import fit_receipt
 
     record = {"schema": SCHEMA, "reply_id": "r", "prompt_sha256": "0" * 64, "mode": "off", "payload": payload}
     fitted = fit_receipt(record, cap)

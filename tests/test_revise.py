@@ -10,10 +10,10 @@ import pytest
 from surprisegate.arms import Evidence
 from surprisegate.backends import BlackBoxBackend, SteerableBackend
 from surprisegate.config import Config
-from surprisegate.controller import generate, stream
 from surprisegate.errors import BackendFault, InputError
-from surprisegate.events import Done, Grounding, Rewind, Token, Trigger
-from surprisegate.revise import revise_messages
+from surprisegate.gate.events import Done, Grounding, Rewind, Token, Trigger
+from surprisegate.gate.loop import generate, stream
+from surprisegate.gate.revise import revise_messages
 
 from scripted import ScriptedChat, bits
 

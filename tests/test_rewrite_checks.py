@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from surprisegate.rewrite_checks import (
+from surprisegate.gate.rewrite_checks import (
     content_words,
     cut_short,
     expected_answer,

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from surprisegate.router import Route, classify_span, route
+from surprisegate.gate.router import Route, classify_span, route
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -202,7 +202,7 @@ def test_route_is_frozen():
 
 
 def test_route_logs_its_decision(caplog):
-    with caplog.at_level(logging.DEBUG, logger="surprisegate.router"):
+    with caplog.at_level(logging.DEBUG, logger="surprisegate.gate.router"):
         route("1776", question="What is 37 times 48?")
     assert "class=computable rule=arithmetic@question" in caplog.text
 
@@ -267,14 +267,14 @@ def test_fact_questions_are_entities():
     ],
 )
 def test_closed_question(question, kind):
-    from surprisegate.router import closed_question
+    from surprisegate.gate.router import closed_question
 
     assert closed_question(question) == kind
 
 
 @given(st.text(max_size=200))
 def test_closed_question_is_total_and_needs_a_question_mark(text):
-    from surprisegate.router import closed_question
+    from surprisegate.gate.router import closed_question
 
     kind = closed_question(text)
     assert kind in (None, "yes_no", "choice", "comparison")
@@ -285,7 +285,7 @@ def test_closed_question_is_total_and_needs_a_question_mark(text):
 def test_closed_question_finds_exactly_the_hand_labelled_dev_comparisons(shared_data):
     """The committed list (results/closed_questions) was read and labelled by hand: the rule must find those
     questions and no other halueval_qa_dev question."""
-    from surprisegate.router import closed_question
+    from surprisegate.gate.router import closed_question
 
     root = Path(__file__).resolve().parents[1]
     labelled = {}

@@ -56,7 +56,7 @@ class TappableBackend:
 
 
 def test_the_default_probe_taps_its_layer_on_one_session_only():
-    from surprisegate.probe import resolve_probe
+    from surprisegate.gate.probe import resolve_probe
 
     shipped = resolve_probe("auto", TappableBackend.model_id)
     backend = TappableBackend()
@@ -73,7 +73,7 @@ def test_the_default_probe_taps_its_layer_on_one_session_only():
 
 
 def test_a_probe_file_the_backend_cannot_use_is_named_in_a_warning(caplog):
-    from surprisegate.probe import shipped_probe_path
+    from surprisegate.gate.probe import shipped_probe_path
 
     path = str(shipped_probe_path(TappableBackend.model_id))
     with caplog.at_level("WARNING", logger="surprisegate.runtime"):
@@ -93,7 +93,7 @@ def test_bad_sessions_are_config_errors(changes, message):
 
 
 # --------------------------------------------------------------------------------------------------
-# the loaded model's calibration (runtime.model_config, calibrations.py)
+# the loaded model's calibration (runtime.model_config, model_calibrations.py)
 # --------------------------------------------------------------------------------------------------
 class FakeBackend:
     def __init__(self, model_id: str, top_k: int | None = None):
@@ -105,21 +105,21 @@ class FakeBackend:
 @pytest.fixture
 def homes(tmp_path, monkeypatch):
     """An empty home and an empty shipped folder, so only what a test writes is found."""
-    from surprisegate import calibrations
+    from surprisegate import model_calibrations
 
     monkeypatch.setenv("SURPRISEGATE_HOME", str(tmp_path / "home"))
     shipped = tmp_path / "shipped"
     shipped.mkdir()
-    monkeypatch.setattr(calibrations, "shipped_dir", lambda: shipped)
-    return calibrations.user_dir(home()), shipped
+    monkeypatch.setattr(model_calibrations, "shipped_dir", lambda: shipped)
+    return model_calibrations.user_dir(home()), shipped
 
 
 def write_calibration(folder, model_id, top_k, threshold):
-    from surprisegate import calibrations
+    from surprisegate import model_calibrations
 
     config = Config(threshold=threshold, kind_thresholds={"capital": threshold - 1})
-    return calibrations.write(
-        folder / f"{calibrations.slug(model_id, top_k)}.toml", config, {"model_id": model_id, "top_k": top_k or 0}
+    return model_calibrations.write(
+        folder / f"{model_calibrations.slug(model_id, top_k)}.toml", config, {"model_id": model_id, "top_k": top_k or 0}
     )
 
 
@@ -135,21 +135,21 @@ def write_calibration(folder, model_id, top_k, threshold):
     ],
 )
 def test_the_key_is_the_lower_cased_basename_of_a_path_like_id(model_id, key):
-    from surprisegate import calibrations
+    from surprisegate import model_calibrations
 
-    assert calibrations.model_key(model_id) == key
-    assert calibrations.slug(model_id, 20) == f"{key}--top20"
-    assert calibrations.slug(model_id, None) == f"{key}--full"
+    assert model_calibrations.model_key(model_id) == key
+    assert model_calibrations.slug(model_id, 20) == f"{key}--top20"
+    assert model_calibrations.slug(model_id, None) == f"{key}--full"
 
 
 def test_backends_say_where_their_signals_come_from():
-    from surprisegate import calibrations
+    from surprisegate import model_calibrations
     from surprisegate.backends.http_session import ServerBackend
     from surprisegate.backends.llamacpp import LlamaCppBackend
 
-    assert calibrations.backend_top_k(ServerBackend) == 20
-    assert calibrations.backend_top_k(LlamaCppBackend) is None
-    assert calibrations.backend_top_k(FakeBackend("m")) is None
+    assert model_calibrations.backend_top_k(ServerBackend) == 20
+    assert model_calibrations.backend_top_k(LlamaCppBackend) is None
+    assert model_calibrations.backend_top_k(FakeBackend("m")) is None
 
 
 def test_the_users_calibration_is_used_and_said_once(homes):
@@ -232,28 +232,51 @@ def test_assemble_resolves_layers_for_the_loaded_model(homes, monkeypatch):
     monkeypatch.setattr(runtime, "load_backend", lambda config: FakeBackend("m.gguf", 20))
     said = []
     rt = runtime.assemble(ConfigLayers(env={}), memory="none", tools=False, say=said.append)
-    assert rt.config.threshold == 3.5 and rt.calibration is not None and len(said) == 1
+    assert rt.config.threshold == 3.5 and rt.thresholds is not None and len(said) == 1
     fixed = runtime.assemble(Config(threshold=1.0), memory="none", tools=False)
-    assert fixed.config.threshold == 1.0 and fixed.calibration is None
+    assert fixed.config.threshold == 1.0 and fixed.thresholds is None
 
 
 def test_the_embedded_models_server_calibration_ships_in_the_package(tmp_path, monkeypatch):
-    from surprisegate import calibrations
+    from surprisegate import model_calibrations
     from surprisegate.config import load_config
 
     monkeypatch.setenv("SURPRISEGATE_HOME", str(tmp_path))  # no calibration of the user's
     served = "/models/SmolLM2-135M-Instruct.Q4_1.gguf"  # llama-server reports the GGUF's path
-    path = calibrations.find(served, 20, home())
-    assert path is not None and path.parent == calibrations.shipped_dir()
-    record = calibrations.read_record(path)
+    path = model_calibrations.find(served, 20, home())
+    assert path is not None and path.parent == model_calibrations.shipped_dir()
+    record = model_calibrations.read_record(path)
     assert (record["items"], record["signal_source"], record["objective"]) == (400, "top20", "recall")
     config = load_config(env={}, calibration_file=path)
     assert config.threshold == record_threshold(path) and config.kind_thresholds
     # In process the same model runs on the shipped defaults, with no file.
-    assert calibrations.find(served, None, home()) is None and calibrations.covered_by_defaults(served, None)
+    assert model_calibrations.find(served, None, home()) is None and model_calibrations.covered_by_defaults(
+        served, None
+    )
 
 
 def record_threshold(path) -> float:
     import tomllib
 
     return tomllib.loads(path.read_text())["surprisegate"]["threshold"]
+
+
+# --- the arms-only-in-intervene rule and assemble's options -------------------------------------------------
+@pytest.mark.parametrize(("mode", "kept"), [("off", False), ("detect", False), ("intervene", True)])
+def test_arms_for_gives_the_arms_to_intervene_only(mode, kept):
+    arms = {"tool": object(), "memory": object()}
+    chosen = runtime.arms_for(Config(mode=mode), arms)
+    assert chosen == (arms if kept else {}) and chosen is not arms  # a copy: the runtime's own stays whole
+
+
+def test_assemble_builds_arms_only_to_intervene_when_asked_and_says_loading_before_the_model(monkeypatch):
+    order = []
+    monkeypatch.setattr(runtime, "load_backend", lambda config: order.append("load") or FakeBackend("m.gguf", 20))
+    monkeypatch.setattr(runtime, "build_arms", lambda *a, **k: order.append("arms") or {"tool": object()})
+    detect = runtime.assemble(Config(mode="detect"), tools=True, arms_if_intervening=True)
+    assert detect.arms == {} and order == ["load"]
+    order.clear()
+    rt = runtime.assemble(
+        Config(mode="intervene"), tools=True, say=order.append, arms_if_intervening=True, loading="loading ..."
+    )
+    assert set(rt.arms) == {"tool"} and order == ["arms", "loading ...", "load"]

@@ -29,7 +29,7 @@ from click.testing import CliRunner  # noqa: E402
 from surprisegate.arms import Evidence  # noqa: E402
 from surprisegate.backends import LocalSession  # noqa: E402
 from surprisegate.config import Config, ConfigLayers  # noqa: E402
-from surprisegate.receipts import read_receipts  # noqa: E402
+from surprisegate.gate.receipts import read_receipts  # noqa: E402
 from surprisegate.serve.app import ServeSettings, create_app  # noqa: E402
 from surprisegate.serve.gate import CLIENT_CONFIG_KEYS, RotatingReceipts  # noqa: E402
 from surprisegate.serve.http import ServerThread  # noqa: E402
@@ -103,7 +103,7 @@ class Sessions:
 
 def scripted_runtime(backend=None, config=None, arms=None):
     config = config or Config(mode="detect", system_prompt="", max_tokens=120)
-    return SimpleNamespace(config=config, backend=backend or Sessions(), arms=arms or {}, calibration=None)
+    return SimpleNamespace(config=config, backend=backend or Sessions(), arms=arms or {}, thresholds=None)
 
 
 def start(runtime, **settings) -> ServerThread:
@@ -880,7 +880,7 @@ def test_proxy_mode_in_front_of_a_real_llama_server(request, real, tmp_path_fact
     process = shared_server(request.config)
     proxy = real_server(tmp_path_factory, {"backend": f"llama-server://{process.host}:{process.port}"})
     try:
-        assert proxy.runtime.backend.name == "llama-server" and proxy.runtime.calibration.top_k == 20
+        assert proxy.runtime.backend.name == "llama-server" and proxy.runtime.thresholds.top_k == 20
         there = receipt_of(real_ask(proxy, BURKINA))
         assert "Ouagadougou" in there["reply"] and grounded_by(there) == ["memory:country:BF"]
         detect = {"surprisegate": {"mode": "detect"}}

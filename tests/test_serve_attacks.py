@@ -23,7 +23,7 @@ pytest.importorskip("starlette")
 from click.testing import CliRunner  # noqa: E402
 
 from surprisegate.errors import InputError  # noqa: E402
-from surprisegate.receipts import read_receipts  # noqa: E402
+from surprisegate.gate.receipts import read_receipts  # noqa: E402
 from surprisegate.serve.wire import (  # noqa: E402
     MAX_DEPTH,
     ApiError,

@@ -15,7 +15,7 @@ pytest.importorskip("starlette")
 
 from surprisegate.config import Config, ConfigLayers
 from surprisegate.errors import InputError
-from surprisegate.receipts import read_receipts
+from surprisegate.gate.receipts import read_receipts
 from surprisegate.serve import main as serve_main
 from surprisegate.serve.gate import ClientView, RotatingReceipts
 from surprisegate.serve.main import ServeOptions, served_layers
@@ -191,7 +191,7 @@ def test_receipts_show_config_reaches_the_clients_view(tmp_path):
     from surprisegate.serve.app import create_app
 
     runtime = SimpleNamespace(
-        backend=SimpleNamespace(model_id="/srv/m.gguf", name="scripted"), config=Config(), calibration=None, arms={}
+        backend=SimpleNamespace(model_id="/srv/m.gguf", name="scripted"), config=Config(), thresholds=None, arms={}
     )
     for shown in (False, True):
         settings = serve_main.build_settings(ServeOptions(show_config=shown, keep_receipts=False), 1, "/srv/m.gguf")

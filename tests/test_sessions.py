@@ -308,7 +308,7 @@ RECORDER = _Recorder()
 
 
 class RecordingSampling(Sampling):
-    """The controller's Sampling, keeping a copy of the logits of every step of the reply."""
+    """The loop's Sampling, keeping a copy of the logits of every step of the reply."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -321,9 +321,9 @@ class RecordingSampling(Sampling):
 
 
 def run_reply(backend, item, config):
-    """One reply through the real loop; (result, logits of every step: None unless the controller's
+    """One reply through the real loop; (result, logits of every step: None unless the loop's
     Sampling is RecordingSampling)."""
-    from surprisegate.controller import generate
+    from surprisegate.gate.loop import generate
 
     RECORDER.sampling = None
     result = generate(backend, item["question"], config, {"memory": StaticMemory(item)})
@@ -398,7 +398,7 @@ def measure(single, multi, items, config, log=print):
         alone = [run_reply(single, item, config) for item in group]
         together = run_together(multi, group, config)
         for item, (ra, la), (rb, lb) in zip(group, alone, together, strict=True):
-            assert la is not None and lb is not None, "patch controller.Sampling with RecordingSampling first"
+            assert la is not None and lb is not None, "patch gate.loop.Sampling with RecordingSampling first"
             max_diff, changed = compare(la, lb)
             row = {
                 "id": item["id"],
@@ -432,9 +432,9 @@ def intervene_config(**kw):
 def test_four_sessions_in_four_threads_give_the_replies_each_gives_alone(
     llama_backend, sessions_backend, shared_data, monkeypatch
 ):
-    import surprisegate.controller as controller
+    import surprisegate.gate.loop as gate_loop
 
-    monkeypatch.setattr(controller, "Sampling", RecordingSampling)
+    monkeypatch.setattr(gate_loop, "Sampling", RecordingSampling)
     # A low threshold makes every reply trigger, so each one rewinds (and its rewrite is checked).
     config = intervene_config(threshold=1.0, kind_thresholds={})
     items = [demo_item()] + factqa_items(3, seed=SEED + 1, data=shared_data)
@@ -455,9 +455,9 @@ def test_four_sessions_in_four_threads_give_the_replies_each_gives_alone(
 def test_batched_logits_match_alone_on_the_demo_and_20_factqa_questions(
     llama_backend, sessions_backend, shared_data, monkeypatch
 ):
-    import surprisegate.controller as controller
+    import surprisegate.gate.loop as gate_loop
 
-    monkeypatch.setattr(controller, "Sampling", RecordingSampling)
+    monkeypatch.setattr(gate_loop, "Sampling", RecordingSampling)
     items = [demo_item()] + factqa_items(20, data=shared_data)
     rows = measure(llama_backend, sessions_backend, items, intervene_config())
     max_diff = max(r["max_abs_logit_diff"] for r in rows)
@@ -526,7 +526,7 @@ def test_sessions_declare_what_they_can_do(sessions_backend, llama_backend):
         TopKSignals,
         VocabSize,
     )
-    from surprisegate.calibrations import backend_top_k
+    from surprisegate.model_calibrations import backend_top_k
 
     b = sessions_backend
     assert isinstance(b, SteerableBackend) and isinstance(b, ContextSize) and isinstance(b, VocabSize)
@@ -709,7 +709,7 @@ def main(argv=None) -> int:
     import llama_cpp
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import surprisegate.controller as controller
+    import surprisegate.gate.loop as gate_loop
     from surprisegate.backends.llamacpp import from_llamacpp
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -718,7 +718,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
 
-    controller.Sampling = RecordingSampling
+    gate_loop.Sampling = RecordingSampling
     single = from_llamacpp(None, n_ctx=4096)
     multi = from_llamacpp(None, n_ctx=4096, sessions=N_SESSIONS)
     items = [demo_item()] + factqa_items(20, data=args.data)
@@ -727,7 +727,7 @@ def main(argv=None) -> int:
     forced = intervene_config(threshold=1.0, kind_thresholds={})
     rewind_items = [demo_item()] + factqa_items(3, seed=SEED + 1, data=args.data)
     rewind_rows = measure(single, multi, rewind_items, forced)
-    controller.Sampling = Sampling  # no copies of the logits while timing
+    gate_loop.Sampling = Sampling  # no copies of the logits while timing
     speed_items = factqa_items(N_SESSIONS, seed=SEED + 2, data=args.data)
     speed = throughput(single, multi, speed_items, config, repeats=args.repeats)
     from test_backend_llamacpp import prompt_tokens
@@ -739,7 +739,7 @@ def main(argv=None) -> int:
     all_rows = rows + rewind_rows
     result = {
         "what": f"{N_SESSIONS} sessions on one loaded llama.cpp model (one sequence id each), each driven from its "
-        "own thread through controller.generate (mode=intervene, greedy, a memory arm returning the gold "
+        "own thread through gate.loop.generate (mode=intervene, greedy, a memory arm returning the gold "
         "passage), vs the same replies alone on the one-context backend",
         "command": ".venv/bin/python tests/test_sessions.py --out results/sessions/sessions.json",
         "model": Path(multi.model_id).name,

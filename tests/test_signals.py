@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from surprisegate.signals import CopyTracker, copy_flags, question_kind, signal_value
+from surprisegate.gate.signals import CopyTracker, copy_flags, question_kind, signal_value
 
 
 def test_copied_words_are_flagged_and_the_answer_is_not():

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from surprisegate.errors import InputError
-from surprisegate.surprise import (
+from surprisegate.gate.surprise import (
     RollingWindow,
     aggregates,
     percentile,

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from surprisegate.config import Config
-from surprisegate.trigger import TriggerPolicy, eligible, window_peak
+from surprisegate.gate.trigger import TriggerPolicy, eligible, window_peak
 
 
 def cfg(**kw):

@@ -25,8 +25,16 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from ..errors import BackendError, InputError
-from ..surprise import surprise_and_entropy, surprise_bits, top_logprobs, topk_entropy
-from .capabilities import ContextSize, HiddenStates, RequestLog, Tappable, TopKSignals, VocabSize
+from ..gate.surprise import surprise_and_entropy, surprise_bits, top_logprobs, topk_entropy
+from .capabilities import (
+    ContextSize,
+    HiddenStates,
+    RequestLog,
+    SequenceStates,
+    Tappable,
+    TopKSignals,
+    VocabSize,
+)
 
 __all__ = [
     "LOGPROB_FLOOR",
@@ -44,6 +52,7 @@ __all__ = [
     "Step",
     "SteerableBackend",
     "Steps",
+    "SequenceStates",
     "Tappable",
     "TopKSignals",
     "VocabSize",

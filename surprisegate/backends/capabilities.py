@@ -8,11 +8,12 @@ Some give more. Each extra is one small protocol here, and the code that needs i
 | protocol | member | who has it | checked by |
 |---|---|---|---|
 | `Tappable` | `tap_layer(layer)` | llama.cpp in process, one context | runtime.tap_probe_layer |
-| `HiddenStates` | `tapped_layer`, `hidden_state()` | the same | controller (the trigger probe), LocalSession |
+| `HiddenStates` | `tapped_layer`, `hidden_state()` | the same | gate.loop (the trigger probe), LocalSession |
+| `SequenceStates` | `n_layer`, `sequence_states(sequences, layers)` | the same | calibrate (its probe_fit) |
 | `ContextSize` | `n_ctx` | llama.cpp in process, the servers | serve's check_context |
 | `VocabSize` | `n_vocab` | llama.cpp in process, the servers | labeling (bounds a top-k entropy) |
-| `TopKSignals` | `SIGNAL_TOP_K` | the servers (20), the chat APIs (their top k) | calibrations.backend_top_k |
-| `RequestLog` | `last_request` (a session's) | server sessions | controller (the receipt of a rewind) |
+| `TopKSignals` | `SIGNAL_TOP_K` | the servers (20), the chat APIs (their top k) | model_calibrations.backend_top_k |
+| `RequestLog` | `last_request` (a session's) | server sessions | gate.loop (the receipt of a rewind) |
 
 Rewinding needs no protocol: `LocalModel.can_trim()` says it, and a `Session` re-prefills where it cannot
 (`last_continue`). The protocols are structural: a backend has a capability by having its members, with
@@ -21,6 +22,7 @@ nothing to register (a test's scripted backend too).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -50,6 +52,22 @@ class HiddenStates(Protocol):
 
 
 @runtime_checkable
+class SequenceStates(Protocol):
+    """A model that can give every position's hidden state of several layers for a whole sequence in one pass:
+    what a calibration reads, after labelling, to fit a trigger probe on the replies it labelled."""
+
+    @property
+    def n_layer(self) -> int:
+        """How many layers the model has (0-based layer indices below this)."""
+        ...
+
+    def sequence_states(self, sequences: Sequence[Sequence[int]], layers: Sequence[int]) -> list[dict[int, np.ndarray]]:
+        """Per sequence, layer -> (len(tokens), width) array: the state after that layer at each position of
+        the sequence fed alone; resets the context."""
+        ...
+
+
+@runtime_checkable
 class ContextSize(Protocol):
     """A backend that knows how many tokens one context (one session) holds."""
 
@@ -66,7 +84,7 @@ class VocabSize(Protocol):
 @runtime_checkable
 class TopKSignals(Protocol):
     """A backend whose signals come from the top `SIGNAL_TOP_K` logprobs of each token, not from the whole
-    distribution: entropy is estimated, and calibrations are per k (calibrations.backend_top_k). A backend
+    distribution: entropy is estimated, and calibrations are per k (model_calibrations.backend_top_k). A backend
     that is not one (in process) computes both signals from the full distribution."""
 
     SIGNAL_TOP_K: int

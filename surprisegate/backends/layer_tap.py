@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sysconfig
 import tempfile
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
@@ -168,21 +169,79 @@ def _compile(compiler: str, include: Path, lib: Path, target: Path) -> str | Non
     return None
 
 
-def install(llama, layer: int) -> LayerTap:
-    """Give `llama` (a llama_cpp.Llama) a fresh context whose decodes feed a tap on `layer`."""
+class RowsTap:
+    """An eval callback that keeps every position's row of several layers, for one pass over a whole sequence
+    (a calibration replaying its labelled replies). One graph runs per batch, so the Python callback costs
+    microseconds here, not the ~1 ms a token it costs while decoding."""
+
+    def __init__(self, llama_cpp, layers: Sequence[int], width: int) -> None:
+        self.width = width
+        self._wanted = {layer_name(layer) + b"\0": layer for layer in layers}
+        self._longest = max(len(name) for name in self._wanted)
+        self.rows: dict[int, list[np.ndarray]] = {layer: [] for layer in layers}
+        self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_tensor)
+        self.user_data = None
+
+    def clear(self) -> None:
+        for kept in self.rows.values():
+            kept.clear()
+
+    def states(self) -> dict[int, np.ndarray]:
+        """Each layer's rows since `clear`, one per position fed (ubatches in order)."""
+        return {
+            layer: np.concatenate(kept) if kept else np.zeros((0, self.width), np.float32)
+            for layer, kept in self.rows.items()
+        }
+
+    def _on_tensor(self, tensor: int, ask: bool, _user_data: int) -> bool:
+        head = ctypes.string_at(tensor + _NAME_OFFSET, self._longest)
+        layer = next((n for name, n in self._wanted.items() if head.startswith(name)), None)
+        if layer is None:
+            return not ask
+        if ask:
+            return True
+        t = ctypes.cast(tensor, ctypes.POINTER(_GgmlTensor)).contents
+        if t.type == GGML_TYPE_F32 and t.ne[0] == self.width and t.data and int(t.nb[1]) == self.width * 4:
+            rows = int(t.ne[1])
+            data = ctypes.cast(t.data, ctypes.POINTER(ctypes.c_float))
+            self.rows[layer].append(np.ctypeslib.as_array(data, shape=(rows, self.width)).copy())
+        return True
+
+
+def check_layer(llama, layer: int) -> None:
     import llama_cpp
-    from llama_cpp import _internals
 
     from ..errors import InputError
 
     n_layer = llama_cpp.llama_model_n_layer(llama.model)
     if not 0 <= layer < n_layer:
         raise InputError(f"layer={layer} is outside this model's layers 0..{n_layer - 1}; pick one of those")
+
+
+def n_layers(llama) -> int:
+    import llama_cpp
+
+    return int(llama_cpp.llama_model_n_layer(llama.model))
+
+
+def install(llama, layer: int) -> LayerTap:
+    """Give `llama` (a llama_cpp.Llama) a fresh context whose decodes feed a tap on `layer`."""
+    import llama_cpp
+
+    check_layer(llama, layer)
     tap = LayerTap(llama_cpp, layer, llama.n_embd(), native_callback())
-    llama.context_params.cb_eval = tap.callback
-    llama.context_params.cb_eval_user_data = tap.user_data
+    install_callback(llama, tap.callback, tap.user_data)
+    return tap
+
+
+def install_callback(llama, callback, user_data) -> None:
+    """Make `llama`'s context again with this eval callback (None: none); the weights stay loaded."""
+    import llama_cpp
+    from llama_cpp import _internals
+
+    llama.context_params.cb_eval = callback if callback is not None else llama_cpp.ggml_backend_sched_eval_callback()
+    llama.context_params.cb_eval_user_data = user_data
     old = llama._ctx
-    # The callback is a context parameter: the context is made again with it (weights stay loaded).
+    # The callback is a context parameter: the context is made again with it.
     llama._ctx = _internals.LlamaContext(model=llama._model, params=llama.context_params, verbose=False)
     old.close()
-    return tap

@@ -219,6 +219,42 @@ class LlamaCppBackend(_ModelTokens, LocalBackend):
     def tapped_layer(self) -> int | None:
         return None if self._tap is None else self._tap.layer
 
+    @property
+    def n_layer(self) -> int:
+        from .layer_tap import n_layers
+
+        return n_layers(self._llama)
+
+    def sequence_states(self, sequences: Sequence[Sequence[int]], layers: Sequence[int]) -> list[dict[int, np.ndarray]]:
+        """For each token sequence, fed alone from an empty context in one pass: every position's state after
+        each of `layers` (`SequenceStates`: a calibration replays its labelled replies so). Resets the context;
+        a tap made with tap_layer() is kept. Not the last layer: llama.cpp computes its rows only where logits
+        are read."""
+        from .layer_tap import RowsTap, check_layer, install_callback
+
+        for layer in layers:
+            check_layer(self._llama, layer)
+            if layer >= self.n_layer - 1:
+                raise InputError(f"layer={layer} is this model's last; pick one of 0..{self.n_layer - 2}")
+        rows = RowsTap(self._llama_cpp, layers, self._llama.n_embd())
+        install_callback(self._llama, rows.callback, rows.user_data)  # one new context for all the sequences
+        try:
+            return [self._states_of(list(tokens), rows) for tokens in sequences]
+        finally:
+            tap = self._tap
+            install_callback(self._llama, tap.callback if tap else None, tap.user_data if tap else None)
+            self.reset()
+
+    def _states_of(self, tokens: list[int], rows: Any) -> dict[int, np.ndarray]:
+        rows.clear()
+        self.reset()
+        self.append(tokens)
+        states = rows.states()
+        short = [layer for layer, kept in states.items() if len(kept) != len(tokens)]
+        if short:
+            raise BackendError(f"layers {short} gave {len(states[short[0]])} rows for {len(tokens)} tokens")
+        return states
+
     def hidden_state(self) -> np.ndarray | None:
         """The tapped layer's state at the last fed position (a view valid until the next append), or None
         without a tap or when a trim made it stale."""

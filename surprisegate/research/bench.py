@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config import Config
-from ..prompting import PromptLayout, chat_messages
+from ..gate.prompting import PromptLayout, chat_messages
 
 DECODE_PROMPT = "Write a long, detailed essay about the history of the Roman Empire, from its founding to its fall."
 
@@ -27,8 +27,8 @@ def _noop(_: str) -> None:
 
 def _detect_run(backend, config: Config) -> tuple[list[int], float]:
     """The decode prompt through the loop (detect mode): the visible token ids and the seconds taken."""
-    from ..controller import stream
-    from ..events import Done, Token
+    from ..gate.events import Done, Token
+    from ..gate.loop import stream
 
     out: list[int] = []
     t0 = time.perf_counter()
@@ -114,7 +114,7 @@ def _tapped_copy(config: Config) -> tuple[Any, Config]:
     """A second copy of the embedded model with the shipped probe's layer tapped, and the config that
     makes the loop read its hidden states."""
     from ..backends.llamacpp import LlamaCppBackend, from_llamacpp
-    from ..probe import resolve_probe
+    from ..gate.probe import resolve_probe
 
     tapped = from_llamacpp(None, n_ctx=2048)
     assert isinstance(tapped, LlamaCppBackend)  # sessions=1: the one-context backend, which taps a layer

@@ -227,7 +227,7 @@ def throughput_ratio(url: str, model: str, per_client: int, first_k: int, runs: 
 
 def receipts_lost(receipts: Path, answered: list[Outcome]) -> int:
     """Answered requests whose receipt is not in the file exactly once."""
-    from ..receipts import read_receipts
+    from ..gate.receipts import read_receipts
 
     written = [r.get("reply_id") for r in read_receipts(receipts)] if receipts.exists() else []
     return sum(written.count(o.header_id) != 1 for o in answered)
@@ -261,7 +261,7 @@ def decode_ceiling(n: int = 8, steps: int = 32, repeats: int = 3) -> dict[str, f
     prefill ms of a bench prompt: what batching sessions can give at most on this machine's cores."""
     from ..backends.llamacpp import LlamaCppSessions, from_llamacpp
     from ..config import Config
-    from ..prompting import chat_messages
+    from ..gate.prompting import chat_messages
 
     backend = from_llamacpp(sessions=n)
     assert isinstance(backend, LlamaCppSessions)  # sessions > 1

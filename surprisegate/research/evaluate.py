@@ -30,14 +30,14 @@ from pathlib import Path
 from ..arms import Arm, Evidence, Query
 from ..backends import Sampling, SteerableBackend
 from ..config import Config, evidence_text
-from ..controller import generate
 from ..errors import InputError
-from ..grading import grade
-from ..grounding import arm_order, ground_round
-from ..prompting import PromptLayout, chat_messages
-from ..receipts import ReceiptWriter, read_receipts
-from ..router import route
+from ..gate.grounding import arm_order, ground_round
+from ..gate.loop import generate
+from ..gate.prompting import PromptLayout, chat_messages
+from ..gate.receipts import ReceiptWriter, read_receipts
+from ..gate.router import route
 from ..text import ends_sentence
+from .grading import grade
 from .labeling import guard_resume, prompt_for, read_items
 
 MODES = ("off", "detect", "intervene", "always", "flare", "oracle")

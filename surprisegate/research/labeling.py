@@ -21,8 +21,8 @@ from pathlib import Path
 
 from ..config import Config
 from ..errors import InputError
-from ..grading import grade
-from ..receipts import ReceiptWriter, read_receipts
+from ..gate.receipts import ReceiptWriter, read_receipts
+from .grading import grade
 
 CLOZE_INSTRUCTION = "Complete the sentence: {question}"
 LABEL_TOP_LOGPROBS = 20  # the most any server sends (OpenAI, vLLM; xAI 8): calibrate --top-k K <= 20
@@ -61,7 +61,7 @@ def prompt_for(item: dict, can_continue: bool = True) -> tuple[str, str]:
 
 def label_item(backend, item: dict, config: Config) -> dict:
     from ..backends import SteerableBackend, VocabSize
-    from ..controller import generate
+    from ..gate.loop import generate
 
     steerable = isinstance(backend, SteerableBackend)
     question, prefix = prompt_for(item, can_continue=steerable)

@@ -29,7 +29,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..backends import SteerableBackend
-from ..events import Token
+from ..gate.events import Token
 from ..text import first_stop
 from .gate import Admission, ClientView, Finished, Generation, RotatingReceipts, check_context
 from .metrics import CONTENT_TYPE, Metrics
@@ -77,8 +77,8 @@ class Server:
         self.started = int(time.time())
         self.live: set[Generation] = set()
         self.token_bytes = runtime.backend.token_bytes if isinstance(runtime.backend, SteerableBackend) else None
-        calibration = runtime.calibration
-        self.detect_only = bool(calibration is not None and calibration.detect_only)
+        thresholds = runtime.thresholds
+        self.detect_only = bool(thresholds is not None and thresholds.detect_only)
 
     # --- routes -----------------------------------------------------------------------------------
     async def chat(self, request: Request) -> Response:

@@ -1,6 +1,6 @@
 """Running the gate for requests: admission, one worker thread per reply, receipts.
 
-The loop (controller.stream) is blocking Python; each admitted request runs it in its own thread, which
+The loop (gate.loop.stream) is blocking Python; each admitted request runs it in its own thread, which
 hands events to the request's asyncio side through a queue. `slots` requests run at once (the backend's
 sessions; in-process they decode together in one batch) and at most `queue` more wait; beyond that a
 request is refused at once (429), so a burst never piles up unbounded work. A request whose client goes
@@ -16,20 +16,20 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Generator, Mapping
+from collections.abc import AsyncIterator, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from ..arms import Arm
 from ..config import Config
-from ..controller import stream
 from ..errors import InputError
-from ..events import Done, Event
+from ..gate.events import Done, Event
+from ..gate.loop import stream
+from ..gate.prompting import conversation
+from ..gate.receipts import ReceiptWriter, fit_receipt
+from ..gate.result import build_receipt
 from ..paths import home
-from ..prompting import conversation
-from ..receipts import ReceiptWriter, fit_receipt
-from ..result import build_receipt
+from ..runtime import arms_for
 from .wire import REQUEST_KEYS, ApiError, GateRequest
 
 _END = object()  # the worker thread is finished (after its last event or error)
@@ -189,8 +189,8 @@ class Generation:
     # --- the worker thread ------------------------------------------------------------------------
     def _run(self) -> None:
         r = self.request
-        arms: Mapping[str, Arm] = self.runtime.arms if r.config.mode == "intervene" else {}
-        # controller.stream is a generator: close() runs its finally, which closes the reply's session.
+        arms = arms_for(r.config, self.runtime.arms)
+        # gate.loop.stream is a generator: close() runs its finally, which closes the reply's session.
         # A stop string ends the reply's decoding too, not only what the client is sent.
         reply = stream(self.runtime.backend, r.messages, r.config, arms, stop=r.stops)
         events = cast(Generator[Event, None, None], reply)

@@ -21,12 +21,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import calibrated
+from .. import shipped_thresholds
 from ..config import ARM_NAMES, INJECTIONS, MODES, Config
 from ..errors import ConfigError, InputError
-from ..prompting import conversation
-from ..signals import SIGNALS
-from ..surprise import STATISTICS
+from ..gate.prompting import conversation
+from ..gate.signals import SIGNALS
+from ..gate.surprise import STATISTICS
 
 # Gate settings a request may change: they shape only its own reply. Backend, model, tools' reach,
 # sessions, threads and prompts stay the server's (one config per deployment, DESIGN §3).
@@ -458,7 +458,7 @@ NUMBERS = {
 def known_kinds(base: Config) -> frozenset[str]:
     """The question kinds (signals.question_kind) a request may give its own threshold: those the server's
     config and the shipped calibration know. Any other key could never match a question's kind."""
-    return frozenset(base.kind_thresholds) | frozenset(calibrated.KIND_THRESHOLDS)
+    return frozenset(base.kind_thresholds) | frozenset(shipped_thresholds.KIND_THRESHOLDS)
 
 
 def _setting(key: str, value: Any, limits: Limits, kinds: frozenset[str]) -> Any:

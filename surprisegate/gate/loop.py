@@ -21,10 +21,11 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .arms import Arm, Evidence, Query
-from .backends import BlackBoxBackend, HiddenStates, Sampling, SteerableBackend, Step
-from .config import Config, evidence_text
-from .errors import BackendFault, InputError
+from ..arms import Arm, Evidence, Query
+from ..backends import BlackBoxBackend, HiddenStates, Sampling, SteerableBackend, Step
+from ..config import Config, evidence_text
+from ..errors import BackendFault, InputError
+from ..text import current_sentence
 from .events import Done, Event, Grounding, Rewind, Trigger
 from .grounding import ground_span, why_not_grounded
 from .probe import TriggerProbe, resolve_probe
@@ -33,7 +34,6 @@ from .receipts import ConvergenceRecord, rounded_trigger
 from .reply import Decoding, Emitter, Reply, StopStrings
 from .result import ReplyResult, build_receipt, rounded, surprise_summary
 from .rewrite import RewriteCheck
-from .text import current_sentence
 from .trigger import TriggerPolicy
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from .errors import InputError
+from ..errors import InputError
 
 LN2 = math.log(2.0)
 STATISTICS = ("mean", "p90", "max")

@@ -16,11 +16,11 @@ import math
 
 import numpy as np
 
-from .config import Config
+from ..config import Config
+from ..text import ends_sentence
 from .probe import TriggerProbe
 from .signals import CopyTracker, question_kind, signal_value
 from .surprise import RollingWindow
-from .text import ends_sentence
 
 
 def eligible(n_values: int, window: int, min_tokens: int) -> bool:

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .arms import Arm, Evidence, Query
-from .config import Config
+from ..arms import Arm, Evidence, Query
+from ..config import Config
 from .receipts import ArmAttempt, ConvergenceRecord
 from .router import closed_question
 
@@ -181,7 +181,7 @@ def why_not_grounded(
                 f"closed question ({record.closed_question}): its answer is one of the options it names; "
                 "set ground_closed_questions = true to ground it anyway"
             )
-        statuses = ", ".join(f"{a.arm}: {a.status}" for a in record.attempts()) or "no arms configured"
+        statuses = ", ".join(f"{a.arm}: {a.status}" for a in record.arms) or "no arms configured"
         return f"no grounding found ({statuses})"
     # The same evidence is already in the context: injecting it again only invites the model to echo it.
     used = ("rewound", "revised")

@@ -22,7 +22,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -357,7 +357,7 @@ class ConvergenceRecord:
     span_class: str = "other"  # router's class: computable | entity | other
     route_rule: str = ""  # the router rule that decided the class, for the log
     arm_order: list[str] = field(default_factory=list)
-    arms: list[ArmAttempt | dict[str, Any]] = field(default_factory=list)
+    arms: list[ArmAttempt] = field(default_factory=list)
     chosen: Any = None  # Evidence (or its dict) whose snippet was injected; None when nothing passed
     action: str = "resumed_unmodified"  # "rewound" | "resumed_unmodified" | "reverted" (dropped) | "revised"
     reason: str = ""  # why grounding was accepted or not, one sentence
@@ -387,7 +387,7 @@ class ConvergenceRecord:
                 f"round {d.get('round')} has fields {unknown} that ConvergenceRecord does not know; "
                 "add them to receipts.ConvergenceRecord"
             )
-        return cls(**d)
+        return cls(**(d | {"arms": [ArmAttempt.from_dict(a) for a in d.get("arms", [])]}))
 
     # --- how a round ends: every outcome is set here, by the loop or the revise pass ---------------
     def resume(self, reason: str) -> None:
@@ -434,10 +434,6 @@ class ConvergenceRecord:
         """The round's wall time, from routing to resume (`started`: time.monotonic() at the trigger)."""
         self.latency_ms = round((time.monotonic() - started) * 1000, 2)
 
-    def attempts(self) -> list[ArmAttempt]:
-        """The arms asked, as ArmAttempts (a record read back from a receipt holds their dicts)."""
-        return [a if isinstance(a, ArmAttempt) else ArmAttempt.from_dict(a) for a in self.arms]
-
     @property
     def evidence(self) -> str | None:
         """The injected snippet's text (None when nothing was chosen)."""
@@ -465,7 +461,7 @@ class ConvergenceRecord:
             "span_class": self.span_class,
             "route_rule": self.route_rule,
             "arm_order": list(self.arm_order),
-            "arms": [a.to_dict() if isinstance(a, ArmAttempt) else to_jsonable(a) for a in self.arms],
+            "arms": [a.to_dict() for a in self.arms],
             "chosen": None if self.chosen is None else to_jsonable(self.chosen),
             "action": self.action,
             "reason": self.reason,
@@ -504,7 +500,7 @@ def receipt_record(
     n_tokens: int,
     surprise: dict[str, Any] | None,
     canary: dict[str, Any],
-    rounds: list[ConvergenceRecord | dict[str, Any]],
+    rounds: Sequence[ConvergenceRecord | dict[str, Any]],
     mode: str,
     finish_reason: str,
     extra: dict[str, Any] | None = None,

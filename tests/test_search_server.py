@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 import pytest
 
 from surprisegate.errors import InputError
-from surprisegate.websearch_server import (
+from surprisegate.local.search_server import (
     BM25Index,
     doc_id_from_url,
     doc_url,
@@ -194,7 +194,7 @@ def test_main_serves_until_stopped(tmp_path):
     corpus.write_text("".join(json.dumps(row) + "\n" for row in CORPUS))
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     process = subprocess.Popen(
-        [sys.executable, "-m", "surprisegate.websearch_server", "--corpus", str(corpus), "--port", "0", "--quiet"],
+        [sys.executable, "-m", "surprisegate.local.search_server", "--corpus", str(corpus), "--port", "0", "--quiet"],
         stderr=subprocess.PIPE,
         text=True,
         env=env,

@@ -16,23 +16,18 @@ import json
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .. import __version__, calibrated, calibrations
-from ..backends.registry import parse_backend
-from ..config import Config, load_config, to_toml
+from ..config import Config, to_toml
 from ..errors import InputError
-from ..paths import home
-from ..signals import SIGNALS, copy_flags, question_kind, signal_value
-from ..surprise import topk_entropy, topk_entropy_bounds
-from ..trigger import window_peak  # the loop's own rule: calibration thresholds what the loop compares
-from .labeling import CLOZE_INSTRUCTION, iter_labels, read_items
-from .labeling import label as label_items
+from ..gate.signals import SIGNALS, copy_flags, question_kind, signal_value
+from ..gate.surprise import topk_entropy, topk_entropy_bounds
+from ..gate.trigger import window_peak  # the loop's own rule: calibration thresholds what the loop compares
+from .labeling import CLOZE_INSTRUCTION, iter_labels
 
 WINDOWS = (4, 8, 16, 32)
 STATISTICS = ("mean", "p90", "max")
@@ -603,107 +598,6 @@ def calibrate(
     }
     (out.parent / "calibration.json").write_text(json.dumps(report, indent=2))
     return report
-
-
-# ------------------------------------------------------------------------------------------------
-# `calibrate --backend`: a model's own calibration in one command (calibrations.py picks it up)
-# ------------------------------------------------------------------------------------------------
-LABEL_MAX_TOKENS = 32  # as the labels behind the shipped defaults: a reply is graded on its first sentence
-# Fit thresholds for the rule the 2486 dev labels chose: on 400 items the rules' CV AUROCs lie within noise, and
-# the search's pick (surprise mean W=16) caught 0.46 of wrong held-out factqa replies where this rule caught 0.72.
-MODEL_RULE = {
-    "signal": calibrated.SIGNAL,
-    "statistic": calibrated.STATISTIC,
-    "window": calibrated.WINDOW,
-    "min_tokens": calibrated.MIN_TOKENS,
-}
-# At 15 replies a kind, 400 items give 9 kinds their own threshold; the rest share one that never fires where
-# the model is nearly always wrong (SmolLM2: atomic numbers). Chosen like beta, by CV AUROC (SmolLM2: 8).
-MODEL_KIND_MIN_ITEMS = (MIN_KIND_ITEMS, 10, 8, 5)
-
-
-def calibrate_model(
-    backend,
-    config: Config,
-    out: str | Path | None = None,
-    limit: int | None = None,
-    objective: str = "recall",
-    min_precision: float = MIN_PRECISION,
-    bootstrap: int = 500,
-    progress: Callable[[str], None] = lambda m: None,
-    label_progress: Callable[[int, int, str], None] | None = None,
-) -> dict:
-    """Label the packaged calibration set through `backend` (resumable, in home()/calibrations/SLUG/labels),
-    calibrate on the signals it gives (its top k, or the full distribution in process) and write the
-    model's calibration file: `out`, by default home()/calibrations/SLUG.toml, where the runtime finds it.
-
-    A chat API's label rows hold the entropies it estimated from the stream's top k (no ids to recompute
-    them from): they are calibrated as they are, and the file is named for that top k.
-
-    `label_progress(done, total, note)` follows the label phase over the whole set (labeling.label): its
-    first call gives the labels already on disk, so a resumed run's rate counts only the labels it makes."""
-    from ..backends import SteerableBackend
-
-    top_k = calibrations.backend_top_k(backend)
-    from_rows = not isinstance(backend, SteerableBackend)  # a chat API: signals as streamed
-    stem = calibrations.slug(backend.model_id, top_k)
-    work = calibrations.user_dir(home()) / stem
-    label_config = config.replace(max_tokens=LABEL_MAX_TOKENS)
-    with calibrations.calibration_set() as data:
-        ids = {it["id"] for it in read_items(data, limit)}
-        progress(f"labelling {len(ids)} items of the calibration set through {backend.model_id} into {work}/labels")
-        labelled = label_items(data, work / "labels", backend, label_config, limit=limit, progress=label_progress)
-    report = calibrate(
-        [work / "labels"],
-        work / "config.toml",
-        base=label_config,
-        bootstrap=bootstrap,
-        objective=objective,
-        min_precision=min_precision,
-        progress=progress,
-        top_k=None if from_rows else top_k,
-        only=ids,
-        fixed_rule=MODEL_RULE,
-        kind_min_items=MODEL_KIND_MIN_ITEMS,
-    )
-    report["top_k"] = top_k
-    record = calibration_record(backend, label_config, report, stem, work, limit)
-    target = Path(out) if out else calibrations.user_dir(home()) / f"{stem}.toml"
-    calibrations.write(target, load_config(work / "config.toml", env={}), record)
-    return {"calibration": str(target), "slug": stem, "labels": labelled, "report": report, "record": record}
-
-
-def calibration_record(backend, config: Config, report: dict, stem: str, work: Path, limit: int | None) -> dict:
-    """The [calibration] table: what was calibrated, on what, how well, and when."""
-    best, chosen = report["best"], report["chosen"]
-    return {
-        "model_id": backend.model_id,
-        "key": stem,
-        "backend": config.backend,
-        "backend_kind": parse_backend(config.backend)[0].kind,
-        "signal_source": calibrations.source_name(report["top_k"]),
-        "top_k": report["top_k"] or 0,  # 0: the full distribution
-        "items": report["n"],
-        "wrong": report["wrong"],
-        "calibration_set": calibrations.CALIBRATION_SET + (f" (first {limit})" if limit else ""),
-        "rule": f"{chosen['signal']} {chosen['statistic']} W={chosen['window']} min_tokens={chosen['min_tokens']}",
-        "rule_from": "the shipped defaults (MODEL_RULE); thresholds fitted here",
-        "per_kind": bool(chosen.get("per_kind")),
-        "kinds_with_own_threshold": len(report["per_kind"]["kind_thresholds"]) if chosen.get("per_kind") else 0,
-        "min_kind_items": report["per_kind"]["min_kind_items"],
-        "auroc": round(best["auroc"], 4),
-        "auroc_ci": [round(best["ci_low"], 4), round(best["ci_high"], 4)],
-        "auroc_is": "5-fold cross-validated" if chosen.get("per_kind") else "in sample",
-        "objective": report["objective"],
-        "min_precision": report["min_precision"],
-        "precision": round(chosen["precision"], 4),
-        "recall": round(chosen["recall"], 4),
-        "trigger_rate": round(chosen["trigger_rate"], 4),
-        "max_tokens": config.max_tokens,
-        "report": str(work / "calibration.json"),
-        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "surprisegate": __version__,
-    }
 
 
 # ------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable
 from fractions import Fraction
 
-from surprisegate.signals import YES_NO_START
+from surprisegate.gate.signals import YES_NO_START
 from surprisegate.text import EVIDENCE_STOPWORDS, normalise, parse_numbers, sentence_end
 
 __all__ = ["content_words", "cut_short", "expected_answer", "fits_answer", "rewrite_problem", "uses_evidence"]

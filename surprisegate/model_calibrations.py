@@ -6,7 +6,7 @@ one up for (model id, signal source): first in home()/calibrations, then among t
 the package (surprisegate/data/calibrations). The key is the basename of a path-like model id (a llama.cpp
 server may report the GGUF's full path; in process the id is the path), lower-cased, plus the signal
 source: `full` (the whole distribution, in process) or `top20` (a server's top-20 logprobs, entropy
-estimated). The embedded model in process needs no file: the shipped defaults (calibrated.py) are its own.
+estimated). The embedded model in process needs no file: the shipped defaults (shipped_thresholds.py) are its own.
 """
 
 from __future__ import annotations

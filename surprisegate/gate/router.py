@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from surprisegate.arms import files, status, units
 from surprisegate.arms.calculator import extract_computation
-from surprisegate.signals import YES_NO_START
+from surprisegate.gate.signals import YES_NO_START
 from surprisegate.text import NOT_NAMES
 
 logger = logging.getLogger(__name__)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import re
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from surprisegate.config import load_config
-from surprisegate.research.calibrate import (
+from surprisegate.research.threshold_sweep import (
     Labelled,
     auroc,
     calibrate,
@@ -127,7 +126,7 @@ def test_calibrate_writes_a_loadable_config_report_and_plots(tmp_path):
 
 
 def test_prepare_skips_copied_tokens_for_novel_signals():
-    from surprisegate.research.calibrate import prepare
+    from surprisegate.research.threshold_sweep import prepare
 
     [item] = prepare(
         [
@@ -151,7 +150,7 @@ def test_prepare_skips_copied_tokens_for_novel_signals():
 # ------------------------------------------------------------------------------------------------
 def synthetic_topk_labels(tmp_path, n=160, seed=0, vocab=300, keep=20, name="topk"):
     """Replies from random logits: wrong replies come from flatter distributions; rows keep the top `keep`."""
-    from surprisegate.surprise import surprise_and_entropy, top_logprobs
+    from surprisegate.gate.surprise import surprise_and_entropy, top_logprobs
 
     rng = np.random.default_rng(seed)
     out = tmp_path / name
@@ -188,8 +187,8 @@ def synthetic_topk_labels(tmp_path, n=160, seed=0, vocab=300, keep=20, name="top
 
 
 def test_prepare_top_k_estimates_entropy_and_keeps_surprise_exact(tmp_path):
-    from surprisegate.research.calibrate import prepare
-    from surprisegate.surprise import topk_entropy
+    from surprisegate.gate.surprise import topk_entropy
+    from surprisegate.research.threshold_sweep import prepare
 
     labels = synthetic_topk_labels(tmp_path, n=4)
     records = [json.loads(line) for line in open(labels / "labels.jsonl")]
@@ -298,7 +297,7 @@ def packaged_set() -> list[dict]:
 
 
 def test_the_packaged_set_loads_graded_items_with_their_licences():
-    from surprisegate import calibrations
+    from surprisegate import model_calibrations
     from surprisegate.research.labeling import read_items
 
     items = packaged_set()
@@ -308,7 +307,7 @@ def test_the_packaged_set_loads_graded_items_with_their_licences():
         prefix: sum(it["id"].startswith(prefix) for it in items) for prefix in ("fact-", "bb-qa_wikidata", "bb-arith")
     }
     assert shares["fact-"] == 210 and shares["bb-qa_wikidata"] == 165
-    with calibrations.calibration_set() as path:
+    with model_calibrations.calibration_set() as path:
         assert [it["id"] for it in read_items(path)] == [it["id"] for it in items]
 
 
@@ -353,29 +352,6 @@ def scripted_model(items: list[dict]):
     return ScriptedBackend(script)
 
 
-def test_calibrate_model_labels_the_set_and_writes_a_calibration_it_finds(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")
-    from surprisegate import calibrations
-    from surprisegate.config import Config
-    from surprisegate.research.calibrate import calibrate_model
-
-    monkeypatch.setenv("SURPRISEGATE_HOME", str(tmp_path / "home"))
-    backend = scripted_model(packaged_set()[:45])
-    result = calibrate_model(backend, Config(), limit=40, bootstrap=10)
-    path = calibrations.user_dir(tmp_path / "home") / "scripted-test-model--full.toml"
-    assert result["calibration"] == str(path) and calibrations.find(backend.model_id, None, tmp_path / "home") == path
-    record = calibrations.read_record(path)
-    assert (record["items"], record["signal_source"], record["top_k"], record["objective"]) == (40, "full", 0, "recall")
-    assert record["model_id"] == "scripted-test-model" and record["max_tokens"] == 32 and record["auroc"] > 0.9
-    config = load_config(env={}, calibration_file=path)
-    assert config.threshold == result["report"]["chosen"]["threshold"]
-    assert config.signal == result["report"]["chosen"]["signal"]
-    # Resumable: a longer run labels only the new items, and calibrates on all of them.
-    again = calibrate_model(backend, Config(), limit=45, bootstrap=10)
-    assert (again["labels"]["already_done"], again["labels"]["labelled_now"]) == (40, 5)
-    assert calibrations.read_record(path)["items"] == 45
-
-
 def test_calibrate_refuses_a_set_with_too_few_right_or_wrong_replies(tmp_path):
     from surprisegate.errors import InputError
 
@@ -383,49 +359,3 @@ def test_calibrate_refuses_a_set_with_too_few_right_or_wrong_replies(tmp_path):
     # Six replies cannot hold five right and five wrong.
     with pytest.raises(InputError, match=r"6 labelled replies hold \d+ right and \d+ wrong: too few.*--limit"):
         calibrate([labels], tmp_path / "out" / "config.toml", bootstrap=5, only={f"q{i}" for i in range(6)})
-
-
-def scripted_chat(items: list[dict]):
-    """A chat API answering like `scripted_model` (a third right, confidently), streaming 20 logprobs a token;
-    it cannot continue an assistant turn, so a cloze item arrives as its instruction alone."""
-    import zlib
-
-    from scripted import ScriptedChat
-
-    def script(messages):
-        asked = messages[-1]["content"]
-        item = max((it for it in items if it["question"] in asked), key=lambda it: len(it["question"]))
-        right = zlib.crc32(item["id"].encode()) % 3 == 0
-        reply = f"The answer is {item['answers'][0]} ." if right else "The answer is Nowhere ."
-        return [(w, 0.95 if right else 0.05) for w in re.findall(r"\s*[^\s.]+|\.", reply)]
-
-    return ScriptedChat(script, top_k=20)
-
-
-def test_calibrate_model_calibrates_a_chat_api_on_the_signals_it_streams(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")
-    from surprisegate import calibrations
-    from surprisegate.config import Config
-    from surprisegate.research.calibrate import calibrate_model
-
-    monkeypatch.setenv("SURPRISEGATE_HOME", str(tmp_path / "home"))
-    items = packaged_set()[:40]
-    backend = scripted_chat(items)
-    result = calibrate_model(backend, Config(), limit=40, bootstrap=10)
-    path = calibrations.user_dir(tmp_path / "home") / "scripted-chat-model--top20.toml"
-    assert result["calibration"] == str(path) and calibrations.find(backend.model_id, 20, tmp_path / "home") == path
-    record = calibrations.read_record(path)
-    assert (record["items"], record["signal_source"], record["top_k"]) == (40, "top20", 20)
-    assert record["auroc"] > 0.9
-    # No assistant prefix went to the API: a cloze item was asked as its instruction alone.
-    asked = [r["messages"] for r in backend.requests]
-    assert all(m[-1]["role"] == "user" for m in asked)
-    cloze = [it for it in items if it.get("format") == "cloze"]
-    assert cloze and any(f"Complete the sentence: {cloze[0]['question']}" == m[-1]["content"] for m in asked)
-    # The rows keep the streamed text and signals (no ids to look them up by).
-    rows = [json.loads(line) for line in (Path(result["labels"]["out"])).open()]
-    assert all(r["pieces"] and "".join(r["pieces"]) == r["reply"] for r in rows)
-    assert all(len(r["entropies"]) == len(r["surprises"]) == len(r["pieces"]) for r in rows)
-    assert all(not math.isnan(h) for r in rows for h in r["entropies"])
-    config = load_config(env={}, calibration_file=path)
-    assert config.threshold == result["report"]["chosen"]["threshold"]

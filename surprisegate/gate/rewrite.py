@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
-from .config import Config
+from ..config import Config
+from ..text import sentence_end, sentence_start
 from .events import Event, Rewind
 from .receipts import ConvergenceRecord
 from .reply import Context, Decoding, Emitter, Reply, Snapshot
 from .rewrite_checks import cut_short, rewrite_problem
-from .text import sentence_end, sentence_start
 
 
 @dataclass

@@ -22,17 +22,17 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .arms import Arm, Evidence, Query
-from .backends import BlackBoxBackend, Sampling, Step
-from .config import Config
-from .errors import BackendFault
+from ..arms import Arm, Evidence, Query
+from ..backends import BlackBoxBackend, Sampling, Step
+from ..config import Config
+from ..errors import BackendFault
+from ..text import current_sentence, first_sentence
 from .events import Done, Event, Grounding, Rewind, Token, Trigger
 from .grounding import ground_span, why_not_grounded
 from .prompting import last_user_turn
 from .receipts import ConvergenceRecord, rounded_trigger
 from .result import ReplyResult, rounded, surprise_summary
 from .rewrite_checks import rewrite_problem
-from .text import current_sentence, first_sentence
 from .trigger import TriggerPolicy
 
 

@@ -11,10 +11,10 @@ import codecs
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from .backends import RequestLog, Sampling, Session, Step, Steps
+from ..backends import RequestLog, Sampling, Session, Step, Steps
+from ..text import first_stop
 from .events import Token
 from .receipts import RewindReport
-from .text import first_stop
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .errors import BackendError, InputError
+from ..errors import BackendError, InputError
 
 ROLES = ("system", "user", "assistant")
 Tokenize = Callable[..., list[int]]  # backend.tokenize(text, special=False)

@@ -11,9 +11,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import MissingDependency
-from .paths import home
-from .store.sqlite import SQLiteMemory
+from ..errors import MissingDependency
+from ..paths import home
+from ..store.sqlite import SQLiteMemory
 
 DEMO_FILENAME = "demo-memory.sqlite"
 MIN_CITY_POPULATION = 100_000  # about 6,200 cities; keeps the build to a couple of seconds

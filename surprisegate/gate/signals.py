@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from .text import KIND_STOPWORDS, WORD, fold
+from ..text import KIND_STOPWORDS, WORD, fold
 
 SIGNALS = ("surprise", "entropy", "novel", "novel_entropy")
 

@@ -23,8 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from .errors import InputError
-from .text import STOPWORDS, WORD, light_stem
+from ..errors import InputError
+from ..text import STOPWORDS, WORD, light_stem
 
 CORPUS_URL_PREFIX = "https://corpus.local/"
 ENGINE_NAME = "local-bm25"

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import Config
+from ..config import Config
 from .receipts import ConvergenceRecord, receipt_record
 from .surprise import aggregates
 

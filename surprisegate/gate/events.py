@@ -1,4 +1,4 @@
-"""Events the controller's stream yields. Consumers switch on the class.
+"""Events the loop's stream yields. Consumers switch on the class.
 
 `Token` carries text that may still be rewound (in `emit` streaming) or is final (in `holdback`).
 `Rewind` retracts the last `n_tokens` visible tokens (only sent in `emit` streaming).

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
-from .text import first_sentence, normalise, parse_numbers
+from ..text import first_sentence, normalise, parse_numbers
 
 
 def contains_alias(sentence: str, alias: str) -> bool:

@@ -12,7 +12,8 @@ where `state` is the mean over the sentence's tokens of the tapped layer's outpu
 after `layer`), and fires when score > cut (trigger.py). Replies of other kinds keep the window rule.
 
 A probe belongs to one model (its hidden states) and one set of thresholds (its margin): it is a small .npz
-file, fitted by `scripts/fit_probe.py`; the embedded model's ships in surprisegate/data/probes/.
+file: the embedded model's ships in surprisegate/data/probes/ (fitted by `scripts/fit_probe.py` on 1,309
+factqa replies); `calibrate --backend` fits one for any in-process model on its labels (research/probe_fit.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 PROBES = "probes"  # package data folder: <model file name>.npz
 FORMAT = 1
@@ -127,13 +128,23 @@ def shipped_probe_path(model_id: str) -> Path | None:
     return Path(str(candidate)) if candidate.is_file() else None
 
 
+def user_probe_path(model_id: str) -> Path | None:
+    """The probe `calibrate --backend` fitted for this model in process, beside its calibration, if any."""
+    from .. import model_calibrations
+    from ..paths import home
+
+    path = model_calibrations.user_dir(home()) / f"{model_calibrations.slug(model_id, None)}.probe.npz"
+    return path if path.is_file() else None
+
+
 def resolve_probe(setting: str, model_id: str) -> TriggerProbe | None:
-    """The probe a config's `probe` setting names for a model: 'off' none, 'auto' the shipped one for this
-    model (none if none ships), else the file at that path (it must have been fitted on this model)."""
+    """The probe a config's `probe` setting names for a model: 'off' none, 'auto' the one `calibrate --backend`
+    fitted for it, else the shipped one (none if neither), else the file at that path (it must have been
+    fitted on this model)."""
     if setting == "off":
         return None
     if setting == "auto":
-        path = shipped_probe_path(model_id)
+        path = user_probe_path(model_id) or shipped_probe_path(model_id)
         return load_probe(path) if path is not None else None
     probe = load_probe(setting)
     if Path(probe.model).name != Path(model_id).name:

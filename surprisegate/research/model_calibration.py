@@ -1,0 +1,171 @@
+"""`calibrate --backend`: a model's own calibration in one command (model_calibrations.py picks it up).
+
+Label the packaged calibration set through the model (labeling.py, resumable), fit per-kind thresholds for
+the shipped rule on the signals it gives (threshold_sweep.py), and, for a model that gives its hidden
+states, fit and judge its own trigger probe on the same labels (probe_fit.py). One TOML file records the
+thresholds and how they and the probe were measured, and the wall time of the whole command.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .. import __version__, model_calibrations, shipped_thresholds
+from ..backends.registry import parse_backend
+from ..config import Config, load_config
+from ..paths import home
+from .labeling import iter_labels, read_items
+from .labeling import label as label_items
+from .threshold_sweep import MIN_KIND_ITEMS, MIN_PRECISION, calibrate
+
+LABEL_MAX_TOKENS = 32  # as the labels behind the shipped defaults: a reply is graded on its first sentence
+# Fit thresholds for the rule the 2486 dev labels chose: on 400 items the rules' CV AUROCs lie within noise, and
+# the search's pick (surprise mean W=16) caught 0.46 of wrong held-out factqa replies where this rule caught 0.72.
+MODEL_RULE = {
+    "signal": shipped_thresholds.SIGNAL,
+    "statistic": shipped_thresholds.STATISTIC,
+    "window": shipped_thresholds.WINDOW,
+    "min_tokens": shipped_thresholds.MIN_TOKENS,
+}
+# At 15 replies a kind, 400 items give 9 kinds their own threshold; the rest share one that never fires where
+# the model is nearly always wrong (SmolLM2: atomic numbers). Chosen like beta, by CV AUROC (SmolLM2: 8).
+MODEL_KIND_MIN_ITEMS = (MIN_KIND_ITEMS, 10, 8, 5)
+
+
+def calibrate_model(
+    backend,
+    config: Config,
+    out: str | Path | None = None,
+    limit: int | None = None,
+    objective: str = "recall",
+    min_precision: float = MIN_PRECISION,
+    bootstrap: int = 500,
+    progress: Callable[[str], None] = lambda m: None,
+    label_progress: Callable[[int, int, str], None] | None = None,
+    probe_progress: Callable[[int, int, str], None] | None = None,
+) -> dict:
+    """Label the packaged calibration set through `backend` (resumable, in home()/calibrations/SLUG/labels),
+    calibrate on the signals it gives (its top k, or the full distribution in process) and write the
+    model's calibration file: `out`, by default home()/calibrations/SLUG.toml, where the runtime finds it.
+
+    A chat API's label rows hold the entropies it estimated from the stream's top k (no ids to recompute
+    them from): they are calibrated as they are, and the file is named for that top k.
+
+    `label_progress(done, total, note)` follows the label phase over the whole set (labeling.label): its
+    first call gives the labels already on disk, so a resumed run's rate counts only the labels it makes.
+
+    A model that gives its hidden states (`SequenceStates`: in process) also gets its own trigger probe
+    (probe_fit.py), written beside the thresholds when it beats the window rule on the half of the labelled
+    questions it was not fitted on; `probe_progress` follows that phase."""
+    from ..backends import SequenceStates, SteerableBackend
+
+    top_k = model_calibrations.backend_top_k(backend)
+    from_rows = not isinstance(backend, SteerableBackend)  # a chat API: signals as streamed
+    stem = model_calibrations.slug(backend.model_id, top_k)
+    work = model_calibrations.user_dir(home()) / stem
+    label_config = config.replace(max_tokens=LABEL_MAX_TOKENS)
+    started = time.monotonic()
+    with model_calibrations.calibration_set() as data:
+        ids = {it["id"] for it in read_items(data, limit)}
+        progress(f"labelling {len(ids)} items of the calibration set through {backend.model_id} into {work}/labels")
+        labelled = label_items(data, work / "labels", backend, label_config, limit=limit, progress=label_progress)
+    report = calibrate(
+        [work / "labels"],
+        work / "config.toml",
+        base=label_config,
+        bootstrap=bootstrap,
+        objective=objective,
+        min_precision=min_precision,
+        progress=progress,
+        top_k=None if from_rows else top_k,
+        only=ids,
+        fixed_rule=MODEL_RULE,
+        kind_min_items=MODEL_KIND_MIN_ITEMS,
+    )
+    report["top_k"] = top_k
+    labelled_s = time.monotonic() - started
+    target = Path(out) if out else model_calibrations.user_dir(home()) / f"{stem}.toml"
+    calibrated = load_config(work / "config.toml", env={})
+    probe = None
+    if isinstance(backend, SequenceStates):
+        from .probe_fit import fit_model_probe
+
+        rows = [r for r in iter_labels([work / "labels"]) if r.get("id") in ids]
+        probe_config = calibrated.replace(mode="detect", max_tokens=LABEL_MAX_TOKENS)
+        probe = fit_model_probe(backend, rows, probe_config, probe_path(target), progress=probe_progress)
+        (work / "probe_fit.json").write_text(json.dumps(probe, indent=2))
+    record = calibration_record(backend, label_config, report, stem, work, limit)
+    record |= probe_record(probe, work)
+    record |= {"seconds": round(time.monotonic() - started, 1), "seconds_labels_and_thresholds": round(labelled_s, 1)}
+    model_calibrations.write(target, calibrated, record)
+    return {
+        "calibration": str(target),
+        "slug": stem,
+        "labels": labelled,
+        "report": report,
+        "record": record,
+        "probe": probe,
+    }
+
+
+def probe_path(calibration: Path) -> Path:
+    """Where a model's own trigger probe goes: beside its calibration, `<stem>.probe.npz`."""
+    return calibration.with_name(calibration.stem + ".probe.npz")
+
+
+def probe_record(probe: dict | None, work: Path) -> dict:
+    """The probe's lines of the [calibration] table (none for a backend without hidden states)."""
+    if probe is None:
+        return {"probe": "none: this backend gives no hidden states; the window rule triggers"}
+    record: dict[str, Any] = {"probe": probe.get("path", "") or f"none: {probe['why']}", "probe_why": probe["why"]}
+    if "auroc_b" in probe:
+        record |= {
+            "probe_layer": probe["layer"],
+            "probe_c": probe["c"],
+            "probe_questions": probe["questions"],
+            "probe_auroc_cv_half_a": probe["auroc_cv_a"],
+            "window_margin_auroc_half_a": probe["auroc_cv_a_window_margin"],
+            "probe_auroc_half_b": probe["auroc_b"]["probe"],
+            "window_margin_auroc_half_b": probe["auroc_b"]["window_margin"],
+            "half_b_window_precision_recall": [probe["half_b_window"]["precision"], probe["half_b_window"]["recall"]],
+            "half_b_probe_precision_recall": [probe["half_b_probe"]["precision"], probe["half_b_probe"]["recall"]],
+        }
+    return record | {"probe_report": str(work / "probe_fit.json")}
+
+
+def calibration_record(backend, config: Config, report: dict, stem: str, work: Path, limit: int | None) -> dict:
+    """The [calibration] table: what was calibrated, on what, how well, and when."""
+    best, chosen = report["best"], report["chosen"]
+    return {
+        "model_id": backend.model_id,
+        "key": stem,
+        "backend": config.backend,
+        "backend_kind": parse_backend(config.backend)[0].kind,
+        "signal_source": model_calibrations.source_name(report["top_k"]),
+        "top_k": report["top_k"] or 0,  # 0: the full distribution
+        "items": report["n"],
+        "wrong": report["wrong"],
+        "calibration_set": model_calibrations.CALIBRATION_SET + (f" (first {limit})" if limit else ""),
+        "rule": f"{chosen['signal']} {chosen['statistic']} W={chosen['window']} min_tokens={chosen['min_tokens']}",
+        "rule_from": "the shipped defaults (MODEL_RULE); thresholds fitted here",
+        "per_kind": bool(chosen.get("per_kind")),
+        "kinds_with_own_threshold": len(report["per_kind"]["kind_thresholds"]) if chosen.get("per_kind") else 0,
+        "min_kind_items": report["per_kind"]["min_kind_items"],
+        "auroc": round(best["auroc"], 4),
+        "auroc_ci": [round(best["ci_low"], 4), round(best["ci_high"], 4)],
+        "auroc_is": "5-fold cross-validated" if chosen.get("per_kind") else "in sample",
+        "objective": report["objective"],
+        "min_precision": report["min_precision"],
+        "precision": round(chosen["precision"], 4),
+        "recall": round(chosen["recall"], 4),
+        "trigger_rate": round(chosen["trigger_rate"], 4),
+        "max_tokens": config.max_tokens,
+        "report": str(work / "calibration.json"),
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "surprisegate": __version__,
+    }

@@ -1,0 +1,338 @@
+"""A model's own trigger probe, fitted on its calibration labels (`calibrate --backend`, issue 24).
+
+The probe (gate/probe.py) judges a fact question's finished first sentence by the window's margin over the
+kind's threshold and the mean hidden state of the sentence's tokens at one layer. For a model of its own:
+
+- Features. The labels hold each reply's tokens and signals (labeling.py). One pass over prompt + reply
+  (`SequenceStates.sequence_states`) gives every position's state at a few candidate layers, and the reply
+  is replayed through the loop's own TriggerPolicy fed those states: step k's state is the one at the
+  position whose logits chose token k, as online, so the features are computed by the code that uses them.
+- Choice. The labelled questions (not the cloze items: a continued sentence is never the probe's) are split
+  in seeded halves. On half A, the layer and the L2 strength are chosen by 5-fold cross-validated AUROC,
+  and the cut where half A keeps the window rule's recall (cross-fitted scores), so the gate grounds as
+  many wrong replies as before.
+- Judgement. On half B, which nothing above saw, the probe rule (the probe on the first sentence, the
+  window rule after it) against the window rule alone: the probe is written beside the model's thresholds
+  only when it is more precise there in MIN_WIN_RATE of paired bootstrap resamples, at no less than
+  RECALL_SLACK lower recall (a bare "higher" is a coin flip for a probe that reads noise). Otherwise the
+  model keeps the window rule, and the report says why.
+
+A logistic regression in numpy (Newton's method): the runtime needs no scikit-learn for this.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..config import Config
+from ..gate.probe import TriggerProbe
+from ..gate.prompting import ReplyPrompt, conversation
+from ..gate.signals import question_kind
+from ..gate.trigger import TriggerPolicy
+from .threshold_sweep import auroc, precision_recall
+
+CANDIDATE_DEPTHS = (0.45, 0.55, 0.65, 0.75)  # of the model's layers; SmolLM2's shipped probe reads 17 of 30
+L2_STRENGTHS = (0.003, 0.01, 0.03, 0.1)  # inverse L2 strength C, as scikit-learn's LogisticRegression
+FOLDS = 5
+SEED = 0
+RECALL_SLACK = 0.05  # half B: the probe may catch this much less of the wrong replies and still be better
+MIN_WIN_RATE = 0.9  # half B: the probe more precise than the window rule in this share of paired resamples
+MIN_WRONG_PER_HALF = 10  # fewer judged replies of a class than this in a half: too few to fit or judge a probe
+REPLAY_BATCH = 16  # replies replayed between progress reports (one context is made for the whole replay)
+
+
+# ------------------------------------------------------------------------------------------------
+# the logistic regression (pure)
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Logistic:
+    """A fitted L2 logistic regression on standardised features: score = w . (x - center) / scale + bias."""
+
+    center: np.ndarray
+    scale: np.ndarray
+    w: np.ndarray
+    bias: float
+
+    def score(self, x: np.ndarray) -> np.ndarray:
+        return ((x - self.center) / self.scale) @ self.w + self.bias
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, c: float, iterations: int = 50) -> Logistic:
+    """Minimise c * sum(log loss) + |w|^2 / 2 over standardised x (the bias unpenalised), by Newton's method."""
+    center = x.mean(axis=0)
+    scale = x.std(axis=0)
+    scale = np.where(scale > 0, scale, 1.0)
+    z = np.hstack([(x - center) / scale, np.ones((len(x), 1))])
+    penalty = np.eye(z.shape[1])
+    penalty[-1, -1] = 1e-8  # the bias: (almost) free
+    theta = np.zeros(z.shape[1])
+    for _ in range(iterations):
+        p = _sigmoid(z @ theta)
+        gradient = c * z.T @ (p - y) + penalty @ theta
+        hessian = c * (z.T * (p * (1 - p))) @ z + penalty
+        step = np.linalg.solve(hessian, gradient)
+        theta -= step
+        if np.abs(step).max() < 1e-7:
+            break
+    return Logistic(center, scale, theta[:-1], float(theta[-1]))
+
+
+def _sigmoid(t: np.ndarray) -> np.ndarray:
+    return np.exp(-np.logaddexp(0.0, -t))
+
+
+def fold_of(n: int, seed: int, folds: int = FOLDS) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, folds, n)
+
+
+def cross_fitted(x: np.ndarray, y: np.ndarray, c: float, seed: int = SEED, folds: int = FOLDS) -> np.ndarray:
+    """Each row's score from a regression fitted without its fold."""
+    fold = fold_of(len(y), seed, folds)
+    out = np.zeros(len(y))
+    for k in range(folds):
+        held = fold == k
+        if held.any() and (~held).any():
+            out[held] = fit_logistic(x[~held], y[~held], c).score(x[held])
+    return out
+
+
+def cut_keeping_recall(scores: np.ndarray, later: np.ndarray, wrong: np.ndarray, recall: float) -> float:
+    """The highest cut at which (score > cut or a later window crossed) still finds `recall` of the wrong replies."""
+    for cut in np.sort(np.unique(scores))[::-1]:
+        if precision_recall((scores > cut) | later, wrong)[1] >= recall:
+            return float(cut)
+    return float(scores.min()) - 1.0 if len(scores) else 0.0
+
+
+def as_probe(fit: Logistic, model: str, layer: int, kinds: set[str], cut: float) -> TriggerProbe:
+    """The regression as one probe: the margin's standardisation folds into its weight and the bias."""
+    w, mu, sd = fit.w, fit.center, fit.scale
+    return TriggerProbe(
+        model=model,
+        layer=layer,
+        kinds=frozenset(kinds),
+        center=mu[1:].astype(np.float32),
+        scale=sd[1:].astype(np.float32),
+        w_margin=float(w[0] / sd[0]),
+        w_state=w[1:].astype(np.float32),
+        bias=float(fit.bias - w[0] * mu[0] / sd[0]),
+        cut=float(cut),
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# replaying a labelled reply through the trigger policy
+# ------------------------------------------------------------------------------------------------
+def feature_probe(layer: int, width: int, kinds: set[str]) -> TriggerProbe:
+    """A probe that never fires: a reply replayed with it leaves the judged features in the policy."""
+    zero = np.zeros(width, dtype=np.float32)
+    return TriggerProbe("", layer, frozenset(kinds), zero, zero + 1, 0.0, zero, 0.0, math.inf)
+
+
+def replay(
+    config: Config,
+    row: dict,
+    hidden: Callable[[int], np.ndarray | None],
+    probe: TriggerProbe | None,
+) -> tuple[TriggerPolicy, bool]:
+    """The policy after a labelled reply's tokens, and whether it fired (a trigger records and resets, as
+    detect does); `hidden(k)`: the state step k carried."""
+    policy, fired = TriggerPolicy(config, row["question"], "", probe), False
+    for n, (piece, surprise, entropy) in enumerate(
+        zip(row["pieces"], row["surprises"], row["entropies"], strict=False)
+    ):
+        _, crossed = policy.push(n, piece, surprise, entropy, hidden(n))
+        if crossed:
+            fired = True
+            policy.reset()
+    if row.get("finish_reason") == "stop":
+        fired |= policy.end_of_turn()
+    return policy, fired
+
+
+@dataclass
+class Replayed:
+    """One labelled question's reply, replayed: its grade, the window rule's verdict, and per layer what the
+    probe would judge (window margin and mean state of the first sentence) and whether a later window fired."""
+
+    id: str
+    kind: str
+    wrong: bool
+    window_fired: bool
+    judged: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> [margin, *mean state]
+    later: dict[int, bool] = field(default_factory=dict)
+    states: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> per-step states (kept for the judging)
+    row: dict = field(default_factory=dict)
+
+
+def is_question(row: dict) -> bool:
+    """A labelled question the probe may judge: asked (not a cloze continued), with its tokens."""
+    return row.get("format", "qa") == "qa" and bool(row.get("token_ids"))
+
+
+def prompt_tokens(backend, row: dict, config: Config) -> list[int]:
+    """The prompt the labelled reply was written after, as the loop builds it."""
+    return ReplyPrompt.build(backend, conversation(row["question"], config.system_prompt), "").tokens
+
+
+def replay_row(
+    row: dict, prompt: list[int], states: dict[int, np.ndarray], config: Config, kinds: set[str]
+) -> Replayed:
+    """Replay a labelled reply once per layer, its steps carrying that layer's states from one pass over
+    prompt + reply (`states`)."""
+    first = len(prompt) - 1  # step k was chosen by the logits at position len(prompt) - 1 + k
+    _, window_fired = replay(config, row, lambda k: None, None)
+    out = Replayed(row["id"], question_kind(row["question"]), not row["correct"], window_fired, row=row)
+    for layer, rows in states.items():
+        steps = rows[first : first + len(row["token_ids"])]
+        policy, later = replay(config, row, _rows_of(steps), feature_probe(layer, steps.shape[1], kinds))
+        out.states[layer] = steps
+        if policy.judged is not None:
+            out.judged[layer] = np.concatenate([[policy.judged[0]], policy.judged[1]])
+            out.later[layer] = later
+    return out
+
+
+def _rows_of(states: np.ndarray) -> Callable[[int], np.ndarray | None]:
+    return lambda k: states[k]
+
+
+def candidate_layers(n_layer: int) -> list[int]:
+    """A few layers through the middle and upper part of the stack (never the last: see sequence_states)."""
+    return sorted({min(n_layer - 2, max(0, round(d * (n_layer - 1)))) for d in CANDIDATE_DEPTHS})
+
+
+# ------------------------------------------------------------------------------------------------
+# choosing, fitting and judging
+# ------------------------------------------------------------------------------------------------
+def halves(ids: Sequence[str], seed: int = SEED) -> set[str]:
+    """Seeded half A of the ids (random.Random(seed) over the sorted ids, as scripts/trigger_features.py)."""
+    ordered = sorted(ids)
+    return set(random.Random(seed).sample(ordered, len(ordered) // 2))
+
+
+def _judged(replayed: list[Replayed], layer: int) -> tuple[list[Replayed], np.ndarray, np.ndarray, np.ndarray]:
+    rows = [r for r in replayed if layer in r.judged]
+    x = np.array([r.judged[layer] for r in rows]) if rows else np.zeros((0, 1))
+    return rows, x, np.array([r.wrong for r in rows], dtype=float), np.array([r.later[layer] for r in rows])
+
+
+def choose(replayed_a: list[Replayed], layers: Sequence[int]) -> tuple[int, float, list[dict]]:
+    """The (layer, C) with the best 5-fold cross-validated AUROC on half A, and every candidate's figure."""
+    table: list[dict] = []
+    for layer in layers:
+        _, x, y, _ = _judged(replayed_a, layer)
+        for c in L2_STRENGTHS:
+            value = auroc(cross_fitted(x, y, c), y) if 0 < y.sum() < len(y) else math.nan
+            table.append({"layer": layer, "c": c, "auroc_cv": round(float(value), 4), "n": len(y)})
+    best = max((t for t in table if not math.isnan(t["auroc_cv"])), key=lambda t: t["auroc_cv"], default=None)
+    if best is None:
+        return layers[0], L2_STRENGTHS[0], table
+    return int(best["layer"]), float(best["c"]), table
+
+
+def precision_win_rate(
+    fired: np.ndarray, baseline: np.ndarray, wrong: np.ndarray, n: int = 1000, seed: int = SEED
+) -> float:
+    """How often, over paired bootstrap resamples of the replies, `fired` is more precise than `baseline`."""
+    rng = np.random.default_rng(seed)
+    wins = 0
+    for _ in range(n):
+        pick = rng.integers(0, len(wrong), len(wrong))
+        wins += precision_recall(fired[pick], wrong[pick])[0] > precision_recall(baseline[pick], wrong[pick])[0]
+    return wins / n
+
+
+def _rule(fired: np.ndarray, wrong: np.ndarray) -> dict:
+    p, r = precision_recall(fired, wrong)
+    return {"precision": round(p, 4), "recall": round(r, 4), "fired": int(fired.sum()), "n": len(wrong)}
+
+
+def fit_and_judge(
+    replayed: list[Replayed], config: Config, model: str, layers: Sequence[int]
+) -> tuple[TriggerProbe | None, dict]:
+    """Choose and fit on half A, judge on half B; the probe (None when it is not the better rule) and a report."""
+    in_a = halves([r.id for r in replayed])
+    a = [r for r in replayed if r.id in in_a]
+    b = [r for r in replayed if r.id not in in_a]
+    report: dict = {"questions": len(replayed), "half_a": len(a), "half_b": len(b), "layers": list(layers)}
+    layer, c, table = choose(a, layers)
+    report |= {"layer": layer, "c": c, "candidates": table}
+    rows_a, x_a, y_a, later_a = _judged(a, layer)
+    rows_b, x_b, y_b, _ = _judged(b, layer)
+    if min(y_a.sum(), y_b.sum(), len(y_a) - y_a.sum()) < MIN_WRONG_PER_HALF:
+        return None, report | {
+            "written": False,
+            "why": f"fewer than {MIN_WRONG_PER_HALF} judged replies of a class in a half",
+        }
+    wrong_a = np.array([r.wrong for r in a])
+    recall_a = precision_recall(np.array([r.window_fired for r in a]), wrong_a)[1]
+    need = recall_a * wrong_a.sum() / max(1.0, y_a.sum())  # never-judged wrong replies count in the recall
+    cut = cut_keeping_recall(cross_fitted(x_a, y_a, c), later_a, y_a, need)
+    fit = fit_logistic(x_a, y_a, c)
+    kinds = {r.kind for r in rows_a}
+    probe = as_probe(fit, Path(model).name, layer, kinds, cut)
+    report["auroc_b"] = {
+        "probe": round(auroc(fit.score(x_b), y_b), 4),
+        "window_margin": round(auroc(x_b[:, 0], y_b), 4),
+    }
+    report["auroc_cv_a"] = next(t["auroc_cv"] for t in table if t["layer"] == layer and t["c"] == c)
+    report["auroc_cv_a_window_margin"] = round(auroc(x_a[:, 0], y_a), 4)
+    wrong_b = np.array([r.wrong for r in b])
+    window_b = np.array([r.window_fired for r in b])
+    probe_b = np.array([replay(config, r.row, _rows_of(r.states[layer]), probe)[1] for r in b])
+    report["half_b_window"], report["half_b_probe"] = _rule(window_b, wrong_b), _rule(probe_b, wrong_b)
+    report["cut"], report["half_a_window_recall"] = round(cut, 4), round(recall_a, 4)
+    w, p = report["half_b_window"], report["half_b_probe"]
+    report["half_b_probe_wins"] = round(precision_win_rate(probe_b, window_b, wrong_b), 3)
+    recall_kept = p["recall"] >= w["recall"] - RECALL_SLACK
+    better = recall_kept and report["half_b_probe_wins"] >= MIN_WIN_RATE
+    why = (
+        f"more precise on half B in {report['half_b_probe_wins']:.0%} of its resamples"
+        if better
+        else "not reliably more precise than the window rule on half B"
+        if recall_kept
+        else "catches fewer wrong replies than the window rule on half B"
+    )
+    return (probe if better else None), report | {"written": better, "why": why}
+
+
+def fit_model_probe(
+    backend,
+    rows: list[dict],
+    config: Config,
+    out: str | Path,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> dict:
+    """Replay the labelled questions through `backend` (a `SequenceStates`), fit and judge a probe; write it
+    to `out` when it is the better rule on half B. The report says what was chosen and measured."""
+    questions = [r for r in rows if is_question(r)]
+    layers = candidate_layers(backend.n_layer)
+    kinds = {question_kind(r["question"]) for r in questions}
+    replayed = []
+    if progress:
+        progress(0, len(questions), "")
+    for start in range(0, len(questions), REPLAY_BATCH):
+        batch = questions[start : start + REPLAY_BATCH]
+        prompts = [prompt_tokens(backend, row, config) for row in batch]
+        states = backend.sequence_states(
+            [p + list(r["token_ids"]) for p, r in zip(prompts, batch, strict=True)], layers
+        )
+        replayed += [replay_row(r, p, s, config, kinds) for r, p, s in zip(batch, prompts, states, strict=True)]
+        if progress:
+            progress(len(replayed), len(questions), f"layers {','.join(map(str, layers))}")
+    probe, report = fit_and_judge(replayed, config, backend.model_id, layers)
+    target = Path(out)
+    if probe is not None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        probe.save(target)
+        report["path"] = str(target)
+    elif target.exists():
+        target.unlink()  # an earlier calibration's probe must not outlive the labels that no longer support it
+    return report

@@ -1,0 +1,69 @@
+"""The second-model tier: the gate on a model of another family than the embedded one (Qwen2.5-Coder-0.5B:
+ChatML template, 151,936-token vocabulary), so that nothing passes only because it was shaped on SmolLM2.
+
+The backend contract runs on it in tests/test_backend_contract.py (`llamacpp-second-model`); here: what the
+model's own GGUF decides (stop tokens, special tokens, chat template) and a gated reply end to end through
+the CLI, as a user with their own model runs it. Skipped, with the reason, where `make second-model` has not
+fetched it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_e2e import factkb_memory, sg  # noqa: F401 - factkb_memory is a fixture
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "What is the capital of Burkina Faso?"
+
+
+def test_its_stop_and_special_tokens_come_from_its_own_gguf(second_backend):
+    (im_end,) = second_backend.tokenize("<|im_end|>", special=True)
+    assert im_end in second_backend.eos_token_ids  # ChatML's end of turn ends a reply
+    assert len(second_backend.tokenize("<|im_end|>")) > 1  # as text it is text
+    assert second_backend.n_vocab > 150_000  # not the embedded model's 49,152
+
+
+def test_its_chat_template_is_its_own(second_backend):
+    prompt = second_backend.chat_prompt([{"role": "user", "content": "Hi"}])
+    assert prompt.rstrip().endswith("<|im_start|>assistant")
+    assert "<|im_start|>user\nHi<|im_end|>" in prompt
+
+
+def ask(home, model, *args, env_extra=None):
+    out = sg("ask", "--json", "--model", str(model), *args, home=home, env_extra=env_extra, timeout=600)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout), out.stderr
+
+
+def test_without_a_calibration_it_runs_detect_and_says_how_to_calibrate(second_model, factkb_memory):  # noqa: F811
+    home, store = factkb_memory
+    reply, said = ask(home, second_model, "--mode", "intervene", "--memory", str(store), QUESTION)
+    assert "no calibration for" in said and "surprisegate calibrate --backend llamacpp --model" in said
+    assert all(r["action"] != "rewound" for r in reply["rounds"])
+
+
+def test_a_gated_reply_grounds_and_rewrites_the_capital(second_model, factkb_memory):  # noqa: F811
+    home, store = factkb_memory
+    off, _ = ask(home, second_model, "--mode", "off", "--memory", str(store), QUESTION)
+    # A threshold the user gives stands for a calibration (the calibration itself: test_calibrate_* below).
+    on, _ = ask(
+        home,
+        second_model,
+        "--mode",
+        "intervene",
+        "--memory",
+        str(store),
+        QUESTION,
+        env_extra={"SURPRISEGATE_THRESHOLD": "1.0"},
+    )
+    assert "Ouagadougou" not in off["reply"]
+    assert "Ouagadougou" in on["reply"]
+    rewound = [r for r in on["rounds"] if r["action"] == "rewound"]
+    assert rewound and rewound[0]["chosen"]["source"] == "memory:country:BF"
+    lines = [json.loads(line) for line in open(on["receipt"], encoding="utf-8")]
+    receipt = next(r for r in lines if r["reply_id"] == on["receipt_id"])
+    assert receipt["config"]["mode"] == "intervene" and receipt["model"].endswith(second_model.name)
