@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import time
@@ -37,6 +36,7 @@ from surprisegate.gate.signals import question_kind
 from surprisegate.gate.trigger import TriggerPolicy
 from surprisegate.research.grading import grade
 from surprisegate.research.labeling import read_items
+from surprisegate.research.probe_fit import cut_keeping_recall, feature_probe  # the calibrate fit shares them
 from surprisegate.research.threshold_sweep import auroc, precision_recall
 
 
@@ -72,12 +72,6 @@ class _Recorder:
                 return recorded()
 
         return _Session()
-
-
-def feature_probe(layer: int, width: int, kinds: set[str]) -> TriggerProbe:
-    """A probe that never fires: replaying a reply through the policy with it gives the judged features."""
-    zero = np.zeros(width, dtype=np.float32)
-    return TriggerProbe("", layer, frozenset(kinds), zero, zero + 1, 0.0, zero, 0.0, math.inf)
 
 
 def replay(
@@ -152,14 +146,6 @@ def as_probe(scaler, model, model_name: str, layer: int, kinds: set[str], cut: f
         bias=float(model.intercept_[0] - w[0] * mu[0] / sd[0]),
         cut=float(cut),
     )
-
-
-def cut_keeping_recall(scores: np.ndarray, later: np.ndarray, wrong: np.ndarray, recall: float) -> float:
-    """The highest cut at which (score > cut or a later window crossed) still finds `recall` of the wrong replies."""
-    for cut in np.sort(np.unique(scores))[::-1]:
-        if precision_recall((scores > cut) | later, wrong)[1] >= recall:
-            return float(cut)
-    return float(scores.min()) - 1.0
 
 
 def judged_rows(rows, config, eos, layer):

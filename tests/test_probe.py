@@ -94,6 +94,23 @@ def test_resolve_probe_off_auto_and_a_path_fitted_on_another_model(tmp_path):
         resolve_probe(str(path), "/models/other.gguf")
 
 
+def test_auto_takes_the_probe_calibrate_fitted_for_the_model_before_a_shipped_one(tmp_path, monkeypatch):
+    from surprisegate.gate.probe import user_probe_path
+
+    monkeypatch.setenv("SURPRISEGATE_HOME", str(tmp_path))
+    assert user_probe_path("/models/My-Model.Q4.gguf") is None
+    target = tmp_path / "calibrations" / "my-model.q4.gguf--full.probe.npz"  # beside its calibration's TOML
+    target.parent.mkdir()
+    probe(model="My-Model.Q4.gguf").save(target)
+    assert user_probe_path("/elsewhere/My-Model.Q4.gguf") == target
+    assert resolve_probe("auto", "/elsewhere/My-Model.Q4.gguf").sha256
+    assert resolve_probe("off", "/elsewhere/My-Model.Q4.gguf") is None
+    # The embedded model: the user's own fit wins over the shipped probe, as its calibration would.
+    embedded = tmp_path / "calibrations" / "smollm2-135m-instruct.q4_1.gguf--full.probe.npz"
+    probe(model="SmolLM2-135M-Instruct.Q4_1.gguf").save(embedded)
+    assert resolve_probe("auto", "SmolLM2-135M-Instruct.Q4_1.gguf").name == embedded.name
+
+
 def test_config_refuses_an_empty_probe_setting():
     with pytest.raises(ConfigError, match="probe"):
         Config(probe="")

@@ -42,6 +42,14 @@ def test_the_fit_is_where_the_penalised_loss_is_flat(n, d, c, seed):
     assert abs(c * (p - y).sum()) < 1e-4  # the bias is not penalised
 
 
+def test_a_free_weight_survives_a_penalty_that_silences_the_rest():
+    x, y = blobs(200, 8, 2.0, 5)
+    silenced = fit_logistic(x, y, 1e-6)
+    assert np.abs(silenced.w).max() < 1e-3
+    kept = fit_logistic(x, y, 1e-6, free=1)
+    assert kept.w[0] > 1.0 and np.abs(kept.w[1:]).max() < 1e-3  # the window rule alone, as logistic regression
+
+
 def test_the_fit_agrees_with_scikit_learn():
     sklearn = pytest.importorskip("sklearn.linear_model")
     preprocessing = pytest.importorskip("sklearn.preprocessing")
@@ -166,13 +174,23 @@ def test_a_probe_that_reads_nothing_the_window_does_not_is_not_written_and_says_
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_a_win_rate_is_near_a_half_for_equals_and_near_one_for_a_better_rule(seed):
+def test_a_win_rate_is_a_coin_for_a_rule_as_good_and_near_one_for_a_sharper_one(seed):
     rng = np.random.default_rng(seed)
     wrong = rng.random(200) < 0.5
-    coin_a, coin_b = rng.random(200) < 0.5, rng.random(200) < 0.5
-    assert 0.02 < probe_fit.precision_win_rate(coin_a, coin_b, wrong, n=300) < 0.98
-    sharp = wrong & (rng.random(200) < 0.8)
-    assert probe_fit.precision_win_rate(sharp, coin_b, wrong, n=300) > 0.99
+    window = wrong & (rng.random(200) < 0.7) | ~wrong & (rng.random(200) < 0.3)  # an imperfect window rule
+    later = np.zeros(200, dtype=bool)
+    as_good = window + rng.normal(0, 0.01, 200)  # ranks replies as the window rule splits them
+    assert 0.02 < probe_fit.matched_win_rate(as_good, later, window, wrong, n=200) < 0.98
+    sharper = wrong + rng.normal(0, 0.3, 200)
+    assert probe_fit.matched_win_rate(sharper, later, window, wrong, n=200) > 0.99
+
+
+def test_precision_at_recall_cuts_where_the_recall_is_kept():
+    scores = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
+    wrong = np.array([True, True, False, True, False, False])
+    later = np.zeros(6, dtype=bool)
+    assert probe_fit.precision_at_recall(scores, later, wrong, 2 / 3) == 1.0
+    assert probe_fit.precision_at_recall(scores, later, wrong, 1.0) == 0.75
 
 
 def test_too_few_labels_write_no_probe():
