@@ -2,8 +2,8 @@
 ChatML template, 151,936-token vocabulary), so that nothing passes only because it was shaped on SmolLM2.
 
 The backend contract runs on it in tests/test_backend_contract.py (`llamacpp-second-model`); here: what the
-model's own GGUF decides (stop tokens, special tokens, chat template) and a gated reply end to end through
-the CLI, as a user with their own model runs it. Skipped, with the reason, where `make second-model` has not
+model's own GGUF decides (stop tokens, special tokens, chat template), a gated reply end to end through
+the CLI, as a user with their own model runs it, and through `serve` with the official openai client. Skipped, with the reason, where `make second-model` has not
 fetched it.
 """
 
@@ -67,3 +67,34 @@ def test_a_gated_reply_grounds_and_rewrites_the_capital(second_model, factkb_mem
     lines = [json.loads(line) for line in open(on["receipt"], encoding="utf-8")]
     receipt = next(r for r in lines if r["reply_id"] == on["receipt_id"])
     assert receipt["config"]["mode"] == "intervene" and receipt["model"].endswith(second_model.name)
+
+
+@pytest.fixture(scope="module")
+def second_server(second_model, tmp_path_factory):
+    from test_serve import real_server
+
+    # A given threshold stands for a calibration here too; two sessions: batched decoding on this model.
+    srv = real_server(tmp_path_factory, {"model": str(second_model), "threshold": 1.0})
+    yield srv
+    srv.stop()
+
+
+def test_serve_on_it_grounds_the_capital_through_the_official_client(second_server):
+    from test_serve import INTERVENE, LN2, client, grounded_by, receipt_of
+
+    model = client(second_server).models.list().data[0].id
+    assert model == second_server.runtime.backend.model_id.rsplit("/", 1)[-1].removesuffix(".gguf")
+    plain = client(second_server).chat.completions.create(
+        model=model, messages=[{"role": "user", "content": QUESTION}], logprobs=True, extra_body=INTERVENE
+    )
+    receipt = receipt_of(plain)
+    assert "Ouagadougou" in plain.choices[0].message.content and grounded_by(receipt) == ["memory:country:BF"]
+    surprises = receipt["extra"]["token_surprises"]
+    assert [t.logprob for t in plain.choices[0].logprobs.content] == pytest.approx([-s * LN2 for s in surprises])
+    chunks = list(
+        client(second_server).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": QUESTION}], stream=True, extra_body=INTERVENE
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content  # streamed with holdback: the rewound words never shown
