@@ -2,9 +2,9 @@
 ChatML template, 151,936-token vocabulary), so that nothing passes only because it was shaped on SmolLM2.
 
 The backend contract runs on it in tests/test_backend_contract.py (`llamacpp-second-model`); here: what the
-model's own GGUF decides (stop tokens, special tokens, chat template), a gated reply end to end through
-the CLI, as a user with their own model runs it, and through `serve` with the official openai client. Skipped, with the reason, where `make second-model` has not
-fetched it.
+model's own GGUF decides (stop tokens, special tokens, chat template), a gated reply end to end through the
+CLI as a user with their own model runs it, and `serve` on it with the official openai client. Skipped, with
+the reason, where `make second-model` has not fetched it.
 """
 
 from __future__ import annotations
