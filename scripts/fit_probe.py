@@ -36,7 +36,8 @@ from surprisegate.gate.signals import question_kind
 from surprisegate.gate.trigger import TriggerPolicy
 from surprisegate.research.grading import grade
 from surprisegate.research.labeling import read_items
-from surprisegate.research.probe_fit import cut_keeping_recall, feature_probe  # the calibrate fit shares them
+from surprisegate.research.probe_fit import Logistic, cut_keeping_recall, feature_probe  # shared with calibrate
+from surprisegate.research.probe_fit import as_probe as probe_fit_as_probe
 from surprisegate.research.threshold_sweep import auroc, precision_recall
 
 
@@ -133,19 +134,9 @@ def cross_fitted(x: np.ndarray, y: np.ndarray, c: float, seed: int, folds: int =
 
 
 def as_probe(scaler, model, model_name: str, layer: int, kinds: set[str], cut: float) -> TriggerProbe:
-    """The fitted pipeline as one linear score: the margin's standardisation folds into its weight and the bias."""
-    w, mu, sd = model.coef_[0], scaler.mean_, scaler.scale_
-    return TriggerProbe(
-        model=model_name,
-        layer=layer,
-        kinds=frozenset(kinds),
-        center=mu[1:].astype(np.float32),
-        scale=sd[1:].astype(np.float32),
-        w_margin=float(w[0] / sd[0]),
-        w_state=w[1:].astype(np.float32),
-        bias=float(model.intercept_[0] - w[0] * mu[0] / sd[0]),
-        cut=float(cut),
-    )
+    """The fitted scikit-learn pipeline as one probe (research/probe_fit.as_probe folds the standardisation)."""
+    fitted = Logistic(scaler.mean_, scaler.scale_, model.coef_[0], float(model.intercept_[0]))
+    return probe_fit_as_probe(fitted, model_name, layer, kinds, cut)
 
 
 def judged_rows(rows, config, eos, layer):

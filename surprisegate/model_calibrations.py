@@ -70,6 +70,16 @@ def shipped_dir() -> Path:
     return Path(str(PACKAGE_DATA / "calibrations"))
 
 
+def probe_beside(calibration: Path) -> Path:
+    """Where a model's own trigger probe goes: beside its calibration file, `<stem>.probe.npz`."""
+    return calibration.with_name(calibration.stem + ".probe.npz")
+
+
+def user_probe(model_id: str, home: Path) -> Path:
+    """The probe `calibrate --backend` fits for a model in process (full distribution): beside its calibration."""
+    return probe_beside(user_dir(home) / f"{slug(model_id, None)}.toml")
+
+
 def find(model_id: str, top_k: int | None, home: Path) -> Path | None:
     """The calibration for this model and signal source: the user's own (under `home`) first, then a shipped one."""
     name = slug(model_id, top_k) + ".toml"

@@ -135,6 +135,26 @@ def test_replay_without_a_probe_is_the_window_rule():
     assert replay(config, doubt, lambda k: None, None)[1] is True
 
 
+@pytest.mark.parametrize("cut", [-5.0, 0.0, 0.4, 2.0, 50.0])
+@pytest.mark.parametrize("question", ["What is the capital of Chad?", "What is the official language of Chad?"])
+def test_the_rule_as_run_is_the_reply_replayed_with_the_probe(cut, question):
+    config = Config(mode="detect", threshold=1.0, kind_thresholds={}, max_tokens=32)
+    entropies = [0.5, 2.5, 2.0, 3.0, 0.2, 0.1, 2.2, 2.4, 2.6, 0.3, 0.1, 0.1, 0.1, 0.1]  # doubt in sentence 1 only
+    labelled = row(question, SENTENCE, entropies, False)
+    states = np.random.default_rng(3).normal(size=(1 + len(SENTENCE), 3)).astype(np.float32)
+    kinds = {"capital", "official language"}  # judged for both; the probe applies to capitals only
+    replayed = probe_fit.replay_row(labelled, [0], {4: states}, config, kinds)
+    probe = as_probe(fit_logistic(np.eye(4), np.array([0.0, 1, 0, 1]), 1.0), "m.gguf", 4, {"capital"}, cut)
+    assert replayed.kind in kinds and replayed.judged  # the sentence was judged...
+    online = replay(config, labelled, lambda k: states[k], probe)[1]
+    assert probe_fit.fired_as_run(replayed, 4, probe) == online  # ...and the derived verdict is the replayed one
+    assert replayed.window_fired and not replayed.later[4]
+    if "capital" in question:
+        assert online == (cut < -0.38)  # the probe decides (its score here: -0.38), whatever the window said
+    else:
+        assert online  # not the probe's kind: the window rule, which fired
+
+
 def synthetic(n: int, separable: bool, seed: int) -> list[Replayed]:
     """Replayed questions whose window margin tells wrong from right somewhat, and whose state tells them apart
     well (`separable`) or not at all."""
@@ -147,26 +167,21 @@ def synthetic(n: int, separable: bool, seed: int) -> list[Replayed]:
         replayed = Replayed(f"q{i}", "capital", wrong, window_fired=bool(margin > 0))
         replayed.judged[7] = np.concatenate([[margin], state])
         replayed.later[7] = False
-        # a one-token "reply" whose state is the one judged: replaying with the probe scores it again
-        replayed.row = row("What is the capital of Chad?", ["Ndjamena."], [1.0 + margin], not wrong, f"q{i}")
-        replayed.states[7] = state[None, :].astype(np.float32)
         out.append(replayed)
     return out
 
 
 def test_a_probe_that_reads_the_answer_in_the_state_is_written():
-    config = Config(mode="detect", threshold=1.0, kind_thresholds={}, max_tokens=32, min_tokens=1, window=1)
-    probe, report = fit_and_judge(synthetic(160, True, 0), config, "/m/model.gguf", [7])
+    probe, report = fit_and_judge(synthetic(160, True, 0), "/m/model.gguf", [7])
     assert report["written"] and probe is not None and probe.layer == 7 and probe.model == "model.gguf"
     assert report["auroc_b"]["probe"] > 0.9 > report["auroc_b"]["window_margin"] > 0.6
     assert report["half_b_probe"]["precision"] > report["half_b_window"]["precision"]
 
 
 def test_a_probe_that_reads_nothing_the_window_does_not_is_not_written_and_says_why():
-    config = Config(mode="detect", threshold=1.0, kind_thresholds={}, max_tokens=32, min_tokens=1, window=1)
     wins = 0
     for seed in range(3):
-        probe, report = fit_and_judge(synthetic(160, False, seed), config, "/m/model.gguf", [7])
+        probe, report = fit_and_judge(synthetic(160, False, seed), "/m/model.gguf", [7])
         wins += report["written"]
         assert report["why"] and (probe is None) == (not report["written"])
         assert not math.isnan(report["auroc_b"]["probe"])
@@ -194,8 +209,7 @@ def test_precision_at_recall_cuts_where_the_recall_is_kept():
 
 
 def test_too_few_labels_write_no_probe():
-    config = Config(mode="detect", threshold=1.0, kind_thresholds={}, max_tokens=32, min_tokens=1, window=1)
-    probe, report = fit_and_judge(synthetic(16, True, 0), config, "/m/model.gguf", [7])
+    probe, report = fit_and_judge(synthetic(16, True, 0), "/m/model.gguf", [7])
     assert probe is None and not report["written"] and "fewer than" in report["why"]
 
 

@@ -133,7 +133,7 @@ def user_probe_path(model_id: str) -> Path | None:
     from .. import model_calibrations
     from ..paths import home
 
-    path = model_calibrations.user_dir(home()) / f"{model_calibrations.slug(model_id, None)}.probe.npz"
+    path = model_calibrations.user_probe(model_id, home())
     return path if path.is_file() else None
 
 

@@ -97,7 +97,9 @@ def calibrate_model(
 
         rows = [r for r in iter_labels([work / "labels"]) if r.get("id") in ids]
         probe_config = calibrated.replace(mode="detect", max_tokens=LABEL_MAX_TOKENS)
-        probe = fit_model_probe(backend, rows, probe_config, probe_path(target), progress=probe_progress)
+        probe = fit_model_probe(
+            backend, rows, probe_config, model_calibrations.probe_beside(target), progress=probe_progress
+        )
         (work / "probe_fit.json").write_text(json.dumps(probe, indent=2))
     record = calibration_record(backend, label_config, report, stem, work, limit)
     record |= probe_record(probe, work)
@@ -111,11 +113,6 @@ def calibrate_model(
         "record": record,
         "probe": probe,
     }
-
-
-def probe_path(calibration: Path) -> Path:
-    """Where a model's own trigger probe goes: beside its calibration, `<stem>.probe.npz`."""
-    return calibration.with_name(calibration.stem + ".probe.npz")
 
 
 def probe_record(probe: dict | None, work: Path) -> dict:

@@ -173,8 +173,6 @@ class Replayed:
     window_fired: bool
     judged: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> [margin, *mean state]
     later: dict[int, bool] = field(default_factory=dict)
-    states: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> per-step states (kept for the judging)
-    row: dict = field(default_factory=dict)
 
 
 def is_question(row: dict) -> bool:
@@ -194,11 +192,10 @@ def replay_row(
     prompt + reply (`states`)."""
     first = len(prompt) - 1  # step k was chosen by the logits at position len(prompt) - 1 + k
     _, window_fired = replay(config, row, lambda k: None, None)
-    out = Replayed(row["id"], question_kind(row["question"]), not row["correct"], window_fired, row=row)
+    out = Replayed(row["id"], question_kind(row["question"]), not row["correct"], window_fired)
     for layer, rows in states.items():
         steps = rows[first : first + len(row["token_ids"])]
         policy, later = replay(config, row, _rows_of(steps), feature_probe(layer, steps.shape[1], kinds))
-        out.states[layer] = steps
         if policy.judged is not None:
             out.judged[layer] = np.concatenate([[policy.judged[0]], policy.judged[1]])
             out.later[layer] = later
@@ -268,9 +265,7 @@ def _rule(fired: np.ndarray, wrong: np.ndarray) -> dict:
     return {"precision": round(p, 4), "recall": round(r, 4), "fired": int(fired.sum()), "n": len(wrong)}
 
 
-def fit_and_judge(
-    replayed: list[Replayed], config: Config, model: str, layers: Sequence[int]
-) -> tuple[TriggerProbe | None, dict]:
+def fit_and_judge(replayed: list[Replayed], model: str, layers: Sequence[int]) -> tuple[TriggerProbe | None, dict]:
     """Choose and fit on half A, judge on half B; the probe (None when it is not the better rule) and a report."""
     in_a = halves([r.id for r in replayed])
     a = [r for r in replayed if r.id in in_a]
@@ -283,7 +278,7 @@ def fit_and_judge(
         why = f"fewer than {MIN_WRONG_PER_HALF} judged replies of a class in a half"
         return None, report | {"written": False, "why": why}
     fit, probe, report = _fit_on_a(a, layer, c, model, report)
-    report = _judge_on_b(b, layer, fit, probe, config, report)
+    report = _judge_on_b(b, layer, fit, probe, report)
     return (probe if report["written"] else None), report
 
 
@@ -305,9 +300,17 @@ def _fit_on_a(a: list[Replayed], layer: int, c: float, model: str, report: dict)
     return fit, probe, report
 
 
-def _judge_on_b(
-    b: list[Replayed], layer: int, fit: Logistic, probe: TriggerProbe, config: Config, report: dict
-) -> dict:
+def fired_as_run(replayed: Replayed, layer: int, probe: TriggerProbe) -> bool:
+    """Whether the probe rule fires on a replayed reply: the probe on its judged first sentence, or a later
+    window; where the probe does not judge (another kind, no eligible window), the window rule alone. The same
+    as replaying the reply with the probe, without keeping its states."""
+    if not probe.applies_to(replayed.kind) or layer not in replayed.judged:
+        return replayed.window_fired
+    features = replayed.judged[layer]
+    return probe.score(features[0], features[1:]) > probe.cut or replayed.later[layer]
+
+
+def _judge_on_b(b: list[Replayed], layer: int, fit: Logistic, probe: TriggerProbe, report: dict) -> dict:
     """Half B: AUROCs, both rules as they would run (the probe at its half-A cut), and the probe's precision at
     the window rule's recall, bootstrapped: written when it wins in MIN_WIN_RATE of the resamples."""
     _, x_b, y_b, _ = _judged(b, layer)
@@ -315,7 +318,7 @@ def _judge_on_b(
     window = np.array([r.window_fired for r in b])
     scores = np.array([fit.score(r.judged[layer][None, :])[0] if layer in r.judged else -np.inf for r in b])
     later = np.array([r.later.get(layer, False) for r in b])
-    as_run = np.array([replay(config, r.row, _rows_of(r.states[layer]), probe)[1] for r in b])
+    as_run = np.array([fired_as_run(r, layer, probe) for r in b])
     recall = precision_recall(window, wrong)[1]
     wins = matched_win_rate(scores, later, window, wrong)
     better = wins >= MIN_WIN_RATE
@@ -356,7 +359,7 @@ def fit_model_probe(
         replayed += [replay_row(r, p, s, config, kinds) for r, p, s in zip(batch, prompts, states, strict=True)]
         if progress:
             progress(len(replayed), len(questions), f"layers {','.join(map(str, layers))}")
-    probe, report = fit_and_judge(replayed, config, backend.model_id, layers)
+    probe, report = fit_and_judge(replayed, backend.model_id, layers)
     target = Path(out)
     if probe is not None:
         target.parent.mkdir(parents=True, exist_ok=True)
