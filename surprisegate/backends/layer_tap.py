@@ -209,11 +209,9 @@ class RowsTap:
 
 
 def check_layer(llama, layer: int) -> None:
-    import llama_cpp
-
     from ..errors import InputError
 
-    n_layer = llama_cpp.llama_model_n_layer(llama.model)
+    n_layer = n_layers(llama)
     if not 0 <= layer < n_layer:
         raise InputError(f"layer={layer} is outside this model's layers 0..{n_layer - 1}; pick one of those")
 
