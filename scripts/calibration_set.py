@@ -7,6 +7,11 @@ A/B stays unseen by a calibration made from this set. The file is written in a s
 `--limit N` prefix mixes the three sets too.
 
     python scripts/calibration_set.py --data ../shared/data --out surprisegate/data/calibration_set.jsonl
+
+Beside it, the probe's extra questions (surprisegate/data/probe_questions.jsonl): 400 more factqa_dev questions,
+neither in the set nor in the eval sample, that `calibrate --backend` labels too where it fits a trigger probe
+(a model with hidden states). A probe judges a reply by its hidden state: on the set's 235 questions alone,
+Qwen2.5-Coder-0.5B's probe won half B in 88% of resamples (under the 90% bar); with 400 more, 94-99%.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from pathlib import Path
 SEED = 2026
 # (file, items): 210 / 165 / 25 of 400 is 52 / 41 / 6 %, the shipped calibration's 53 / 41 / 6 %.
 SHARES = (("factqa_dev.jsonl", 210), ("wikidata_cloze_dev.jsonl", 165), ("arith_dev.jsonl", 25))
+PROBE_FILE, PROBE_QUESTIONS = "factqa_dev.jsonl", 400
 EVAL_FILE, EVAL_SAMPLE, EVAL_SEED = "factqa_dev.jsonl", 100, 0  # research/evaluate.py's --sample and seed
 # factqa_dev rows carry no `meta`; their origin and licence from ../shared/data/README.md, by `source`.
 FACTQA_LICENCES = {
@@ -64,6 +70,16 @@ def select(data_dir: Path, seed: int = SEED) -> list[dict]:
     return chosen
 
 
+def select_probe_questions(data_dir: Path, chosen: list[dict], seed: int = SEED) -> list[dict]:
+    """The probe's extra questions: a seeded sample of the factqa_dev questions neither in `chosen` (the
+    calibration set) nor in the eval sample, in the file's order."""
+    items = read_jsonl(data_dir / PROBE_FILE)
+    taken = eval_sample_ids(items) | {it["id"] for it in chosen}
+    pool = [it for it in items if it["id"] not in taken]
+    picked = {it["id"] for it in random.Random(seed + 1).sample(pool, PROBE_QUESTIONS)}
+    return [with_licence(it) for it in pool if it["id"] in picked]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data")
@@ -78,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items), encoding="utf-8")
     print(f"{args.out}: {len(items)} items ({', '.join(f'{name} {n}' for name, n in SHARES)})")
+    probe_out = args.out.with_name("probe_questions.jsonl")
+    extra = select_probe_questions(args.data, items, args.seed)
+    probe_out.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in extra), encoding="utf-8")
+    print(f"{probe_out}: {len(extra)} questions ({PROBE_FILE})")
     return 0
 
 

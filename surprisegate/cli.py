@@ -560,7 +560,11 @@ def calibrate_backend(
     given = {"backend": backend_spec, "model": model} | ({"base_url": base_url} if base_url else {})
     runtime = assemble(ConfigLayers(None, given).load(), tools=False)  # labels the set in detect mode: no arms
     backend = runtime.backend
-    with progress_callback("label") as label_progress, progress_callback("probe") as probe_progress:
+    with (
+        progress_callback("label") as label_progress,
+        progress_callback("label probe questions") as probe_label_progress,
+        progress_callback("probe") as probe_progress,
+    ):
         result = calibrate_model(
             backend,
             runtime.config,
@@ -571,6 +575,7 @@ def calibrate_backend(
             bootstrap=bootstrap,
             progress=_say,
             label_progress=label_progress,
+            probe_label_progress=probe_label_progress,
             probe_progress=probe_progress,
         )
     if as_json:

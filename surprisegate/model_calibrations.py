@@ -26,6 +26,7 @@ from .config import CALIBRATED_KEYS, Config, to_toml
 
 PACKAGE_DATA = files("surprisegate") / "data"
 CALIBRATION_SET = "calibration_set.jsonl"  # 400 graded dev items (data/CALIBRATION_SET.md)
+PROBE_QUESTIONS = "probe_questions.jsonl"  # 400 more fact questions, labelled where a probe is fitted
 
 
 def backend_top_k(backend: object) -> int | None:
@@ -98,6 +99,13 @@ def covered_by_defaults(model_id: str, top_k: int | None) -> bool:
 def calibration_set() -> Iterator[Path]:
     """The packaged calibration set as a file on disk (labeling reads a path)."""
     with as_file(PACKAGE_DATA / CALIBRATION_SET) as path:
+        yield Path(path)
+
+
+@contextlib.contextmanager
+def probe_questions() -> Iterator[Path]:
+    """The packaged extra questions for a model's trigger probe, as a file on disk."""
+    with as_file(PACKAGE_DATA / PROBE_QUESTIONS) as path:
         yield Path(path)
 
 

@@ -153,6 +153,53 @@ def test_the_compiled_tap_and_the_python_tap_read_the_same_state(tapped_backend,
         python_tapped.append([token])
 
 
+def test_the_compiled_rows_tap_and_the_python_one_keep_the_same_rows(llama_backend, monkeypatch):
+    from surprisegate.backends import layer_tap
+
+    prompt = prompt_tokens(llama_backend, "Name a river.")
+    kept = {}
+    for native in (True, False):
+        if not native:
+            monkeypatch.setattr(layer_tap, "native_callback", lambda: None)
+        with llama_backend.recording_states([4, 17]) as rows:
+            assert isinstance(rows, layer_tap.NativeRowsTap) == native
+            llama_backend.append(prompt[:3])  # fed before the clear: not kept
+            rows.clear()
+            logits = llama_backend.append(prompt[3:])
+            for _ in range(6):  # decoding, one position a graph
+                logits = llama_backend.append([int(np.argmax(logits))])
+            kept[native] = rows.states()
+            rows.pause()  # paused: fed positions keep nothing
+            logits = llama_backend.append([int(np.argmax(logits))])
+            assert {layer: len(r) for layer, r in rows.states().items()} == {4: len(prompt) + 3, 17: len(prompt) + 3}
+            rows.pause(False)
+            llama_backend.append([int(np.argmax(logits))])
+            assert len(rows.states()[4]) == len(prompt) + 4
+    assert {layer: r.shape for layer, r in kept[True].items()} == {
+        4: (len(prompt) + 3, 576),
+        17: (len(prompt) + 3, 576),
+    }
+    for layer in (4, 17):
+        np.testing.assert_array_equal(kept[True][layer], kept[False][layer])
+
+
+def test_the_compiled_rows_tap_refuses_to_read_past_its_buffers():
+    import llama_cpp
+
+    from surprisegate.backends import layer_tap
+
+    native = layer_tap.native_callback()
+    assert native is not None
+    rows = layer_tap.NativeRowsTap(llama_cpp, [3], 4, capacity=2, native=native)
+    rows._state.count[0] = 3  # as the callback leaves it after a third row
+    with pytest.raises(RuntimeError, match="3 rows since the last clear, more than the 2 kept"):
+        rows.states()
+    rows.clear()
+    assert rows.states()[3].shape == (0, 4)
+    with pytest.raises(ValueError, match="at most 8 layers"):
+        layer_tap.NativeRowsTap(llama_cpp, list(range(9)), 4, capacity=2, native=native)
+
+
 def test_a_layer_outside_the_model_is_refused(tapped_backend):
     from surprisegate.errors import InputError
 

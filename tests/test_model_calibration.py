@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -90,14 +91,38 @@ def test_calibrate_model_calibrates_a_chat_api_on_the_signals_it_streams(tmp_pat
     assert config.threshold == result["report"]["chosen"]["threshold"]
 
 
+def probe_set() -> list[dict]:
+    from importlib.resources import files
+
+    text = (files("surprisegate") / "data" / "probe_questions.jsonl").read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+class _Rows:
+    """What `recording_states` yields: a row per position fed since `clear()`."""
+
+    def __init__(self, layers) -> None:
+        self.layers, self.rows, self.paused = list(layers), [], False
+
+    def clear(self) -> None:
+        self.rows.clear()
+
+    def pause(self, paused: bool = True) -> None:
+        self.paused = paused
+
+    def states(self):
+        return {layer: np.array(self.rows, dtype=np.float32).reshape(-1, 8) for layer in self.layers}
+
+
 class StatesModel:
     """A scripted model that also gives hidden states (`SequenceStates`): each position's state is the one-hot
-    of its token id modulo 8, so a wrong reply's letters leave their mark in the mean."""
+    of its token id modulo 8, so a wrong reply's letters leave their mark in the mean. `records` False: its
+    recorder keeps nothing while labelling (every question is replayed instead)."""
 
     n_layer = 12
 
-    def __init__(self, inner) -> None:
-        self._inner = inner
+    def __init__(self, inner, records: bool = True) -> None:
+        self._inner, self._records = inner, records
         self.passes: list[int] = []
 
     def __getattr__(self, name):
@@ -108,8 +133,25 @@ class StatesModel:
         eye = np.eye(8, dtype=np.float32)
         return [{layer: eye[np.asarray(s) % 8] for layer in layers} for s in sequences]
 
+    @contextlib.contextmanager
+    def recording_states(self, layers):
+        rows, inner, append = _Rows(layers), self._inner, self._inner.append
+        eye = np.eye(8, dtype=np.float32)
 
-def test_a_model_with_hidden_states_gets_its_probe_fitted_and_judged(tmp_path, monkeypatch):
+        def recorded(tokens):
+            if self._records and not rows.paused:
+                rows.rows.extend(eye[t % 8] for t in tokens)
+            return append(tokens)
+
+        inner.append = recorded
+        try:
+            yield rows
+        finally:
+            inner.append = append
+
+
+@pytest.mark.parametrize("records", [True, False])
+def test_a_model_with_hidden_states_gets_its_probe_fitted_and_judged(tmp_path, monkeypatch, records):
     pytest.importorskip("matplotlib")
     from surprisegate import model_calibrations
     from surprisegate.backends import SequenceStates, SteerableBackend
@@ -117,15 +159,19 @@ def test_a_model_with_hidden_states_gets_its_probe_fitted_and_judged(tmp_path, m
     from surprisegate.research.model_calibration import calibrate_model
 
     monkeypatch.setenv("SURPRISEGATE_HOME", str(tmp_path / "home"))
-    items = packaged_set()[:120]
-    backend = StatesModel(scripted_model(items))
+    items, extra = packaged_set()[:120], probe_set()[:120]
+    backend = StatesModel(scripted_model(items + extra), records=records)
     assert isinstance(backend, SequenceStates) and isinstance(backend, SteerableBackend)
     result = calibrate_model(backend, Config(), limit=120, bootstrap=10)
-    questions = [it for it in items if it.get("format", "qa") == "qa"]
-    assert len(backend.passes) == len(questions)  # one pass per labelled question, none per cloze item
+    questions = [it for it in items if it.get("format", "qa") == "qa"] + extra  # the probe's extra ones too
+    # States kept while labelling (no second pass), or one pass per labelled question and none per cloze item.
+    assert len(backend.passes) == (0 if records else len(questions))
     probe = result["probe"]
+    assert probe["states_recorded_while_labelling"] == (len(questions) if records else 0)
     assert probe["questions"] == len(questions) and probe["layers"] == [5, 6, 7, 8]
     assert {t["layer"] for t in probe["candidates"]} == {5, 6, 7, 8}
+    extra_rows = Path(tmp_path / "home" / "calibrations" / result["slug"] / "probe_labels" / "labels.jsonl")
+    assert len(extra_rows.read_text().splitlines()) == len(extra)  # its labels are kept, resumable, apart
     record = model_calibrations.read_record(result["calibration"])
     assert record["probe_why"] == probe["why"] and Path(record["probe_report"]).is_file()
     written = Path(result["calibration"]).with_name(f"{result['slug']}.probe.npz")
@@ -135,3 +181,20 @@ def test_a_model_with_hidden_states_gets_its_probe_fitted_and_judged(tmp_path, m
 
         found = resolve_probe("auto", backend.model_id)
         assert found is not None and found.layer == probe["layer"]
+
+
+def test_states_kept_while_labelling_give_the_probe_a_replay_gives(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from surprisegate.config import Config
+    from surprisegate.research.model_calibration import calibrate_model
+
+    items, extra = packaged_set()[:80], probe_set()[:80]
+    reports = []
+    for records in (True, False):
+        monkeypatch.setenv("SURPRISEGATE_HOME", str(tmp_path / f"home-{records}"))
+        backend = StatesModel(scripted_model(items + extra), records=records)
+        reports.append(calibrate_model(backend, Config(), limit=80, bootstrap=10)["probe"])
+    kept, replayed = reports
+    assert kept["states_recorded_while_labelling"] == kept["questions"] > 0
+    same = ("candidates", "layer", "c", "half_b_window", "half_b_probe", "written", "why")
+    assert {k: kept.get(k) for k in same} == {k: replayed.get(k) for k in same}

@@ -98,6 +98,37 @@ def test_the_cut_keeps_the_recall_asked_for_when_it_can(rows, recall):
         assert precision_recall((scores > cut) | later, wrong)[1] >= recall or cut < scores.min()
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(-5, 5), st.booleans(), st.booleans()), min_size=1, max_size=40),
+    st.floats(0, 1),
+    st.floats(-6, 6),
+)
+def test_the_cut_buys_recall_at_the_precision_asked_for(rows, precision, highest):
+    scores = np.array([r[0] for r in rows])
+    later, wrong = np.array([r[1] for r in rows]), np.array([r[2] for r in rows])
+    cut = probe_fit.cut_keeping_precision(scores, later, wrong, precision, highest)
+    assert cut <= highest
+    if wrong.any():
+        p, r = precision_recall((scores > cut) | later, wrong)
+        assert r >= precision_recall((scores > highest) | later, wrong)[1]  # never fewer wrong replies caught
+        if cut < highest:
+            assert p >= precision
+            # and no cut between keeps that precision with more recall
+            for other in scores[scores < highest]:
+                p2, r2 = precision_recall((scores > other) | later, wrong)
+                assert not (p2 >= precision and r2 > r)
+
+
+def test_the_cut_goes_as_low_as_the_precision_allows():
+    scores = np.array([3.0, 2.0, 1.0, 0.0, -1.0, -2.0])
+    wrong = np.array([True, True, True, False, True, False])
+    later = np.zeros(6, dtype=bool)
+    assert probe_fit.cut_keeping_precision(scores, later, wrong, 0.8, 2.5) == -2.0  # 4 of 5 fired are wrong
+    assert probe_fit.cut_keeping_precision(scores, later, wrong, 0.9, 2.5) == 0.0  # the three top ones only
+    assert probe_fit.cut_keeping_precision(scores, later, wrong, 1.01, 2.5) == 2.5  # nothing keeps it: as asked
+
+
 def row(question: str, pieces: list[str], entropies: list[float], correct: bool, ident: str = "r") -> dict:
     return {
         "id": ident,
@@ -143,7 +174,9 @@ def test_the_rule_as_run_is_the_reply_replayed_with_the_probe(cut, question):
     labelled = row(question, SENTENCE, entropies, False)
     states = np.random.default_rng(3).normal(size=(1 + len(SENTENCE), 3)).astype(np.float32)
     kinds = {"capital", "official language"}  # judged for both; the probe applies to capitals only
-    replayed = probe_fit.replay_row(labelled, [0], {4: states}, config, kinds)
+    steps = probe_fit.step_states({4: states}, 1, len(SENTENCE))  # a one-token prompt: step k at position k
+    assert steps is not None
+    replayed = probe_fit.replay_row(labelled, steps, config, kinds)
     probe = as_probe(fit_logistic(np.eye(4), np.array([0.0, 1, 0, 1]), 1.0), "m.gguf", 4, {"capital"}, cut)
     assert replayed.kind in kinds and replayed.judged  # the sentence was judged...
     online = replay(config, labelled, lambda k: states[k], probe)[1]
@@ -153,6 +186,20 @@ def test_the_rule_as_run_is_the_reply_replayed_with_the_probe(cut, question):
         assert online == (cut < -0.38)  # the probe decides (its score here: -0.38), whatever the window said
     else:
         assert online  # not the probe's kind: the window rule, which fired
+
+
+@pytest.mark.parametrize("n_prompt", [1, 5, 30])
+@pytest.mark.parametrize("n_reply", [1, 2, 9])
+def test_step_states_are_the_rows_whose_logits_chose_each_token(n_prompt, n_reply):
+    rows = np.arange(n_prompt + n_reply, dtype=np.float32)[:, None] * np.ones((1, 2), np.float32)
+    for fed in (n_prompt + n_reply, n_prompt + n_reply - 1):  # the last token is fed only when asked past it
+        steps = probe_fit.step_states({3: rows[:fed], 9: rows[:fed]}, n_prompt, n_reply)
+        assert steps is not None and set(steps) == {3, 9}
+        assert steps[3][:, 0].tolist() == list(range(n_prompt - 1, n_prompt - 1 + n_reply))
+    for fed in (n_prompt + n_reply - 2, n_prompt + n_reply + 1):  # another pass than these tokens' own
+        states = {3: np.zeros((fed, 2), np.float32)}
+        assert probe_fit.step_states(states, n_prompt, n_reply) is None
+    assert probe_fit.step_states({}, n_prompt, n_reply) is None
 
 
 def synthetic(n: int, separable: bool, seed: int) -> list[Replayed]:
@@ -254,3 +301,51 @@ def test_one_pass_over_a_reply_gives_the_states_its_steps_carried():
     again.close()
     with pytest.raises(Exception, match="last"):
         backend.sequence_states([prompt], [backend.n_layer - 1])
+
+
+@pytest.mark.slow
+def test_states_recorded_while_labelling_are_the_replayed_ones():
+    """calibrate keeps each labelled reply's step states as it decodes it (`recording_states`) instead of a
+    second pass: the same rows as the replay's, for a one-sentence reply and for one cut by max_tokens."""
+    pytest.importorskip("llama_cpp")
+    from surprisegate.backends.llamacpp import from_llamacpp
+    from surprisegate.config import Config
+    from surprisegate.research.labeling import label_item
+    from surprisegate.research.probe_fit import StateRecorder, prompt_tokens, step_states
+
+    backend = from_llamacpp(None, n_ctx=1024)
+    items = [
+        {"id": "q1", "question": "What is the capital of Chad?", "answers": ["N'Djamena"]},
+        {"id": "q2", "question": "Which chemical element has the symbol Ge?", "answers": ["Germanium"]},
+        {"id": "c1", "question": "The capital of France is", "answers": ["Paris"], "format": "cloze"},
+    ]
+    layers = [10, 20]
+
+    def least_cosine(u, v):  # over the rows
+        unit = lambda m: m / np.linalg.norm(m, axis=1, keepdims=True)  # noqa: E731
+        return float((unit(u) * unit(v)).sum(axis=1).min())
+
+    replies = {}
+    for max_tokens in (32, 5):
+        config = Config(mode="detect", max_tokens=max_tokens)
+        with backend.recording_states(layers) as rows:
+            recorder = StateRecorder(backend, rows, config)
+            records = []
+            for item in items:
+                recorder.start(item)
+                records.append(label_item(backend, item, config))
+                recorder.keep(records[-1])
+        replies[max_tokens] = records[0]["reply"]
+        assert set(recorder.steps) == {"q1", "q2"} and recorder.unaligned == 0  # a cloze item is never judged
+        for record in records[:2]:
+            prompt = prompt_tokens(backend, record, config)
+            (states,) = backend.sequence_states([prompt + record["token_ids"]], layers)
+            replayed = step_states(states, len(prompt), len(record["token_ids"]))
+            assert replayed is not None
+            for layer in layers:
+                kept, again = recorder.steps[record["id"]][layer], replayed[layer]
+                assert kept.shape == again.shape == (len(record["token_ids"]), 576)
+                assert least_cosine(kept, again) > 0.999  # decoding and a batch round differently
+    # Recording leaves the model decoding as before.
+    assert label_item(backend, items[0], Config(mode="detect", max_tokens=32))["reply"] == replies[32]
+    assert replies[5] != replies[32]  # the cut reply was the other case: its last token never fed

@@ -335,6 +335,30 @@ def test_the_selection_script_reproduces_the_packaged_set(shared_data):
     assert module.select(shared_data) == packaged_set()
 
 
+def test_the_probe_questions_are_other_fact_questions_the_script_picks(shared_data):
+    import importlib.util
+    import random
+    from importlib.resources import files
+
+    from surprisegate import model_calibrations
+    from surprisegate.research.labeling import read_items
+
+    text = (files("surprisegate") / "data" / "probe_questions.jsonl").read_text(encoding="utf-8")
+    extra = [json.loads(line) for line in text.splitlines() if line.strip()]
+    ids = {it["id"] for it in extra}
+    assert len(extra) == len(ids) == 400 and all(it["id"].startswith("fact-") and it["meta"]["license"] for it in extra)
+    held_out = {it["id"] for it in random.Random(0).sample(read_items(shared_data / "factqa_dev.jsonl"), 100)}
+    assert not ids & held_out and not ids & {it["id"] for it in packaged_set()}
+    with model_calibrations.probe_questions() as path:
+        assert [it["id"] for it in read_items(path)] == [it["id"] for it in extra]
+    script = Path(__file__).resolve().parents[1] / "scripts" / "calibration_set.py"
+    spec = importlib.util.spec_from_file_location("calibration_set", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.select_probe_questions(shared_data, module.select(shared_data)) == extra
+
+
 def scripted_model(items: list[dict]):
     """A scripted backend that answers a third of the set's items right, confidently, and the rest wrong at low
     probability (high surprise and entropy): plan entries are bytes, as the backend indexes them."""

@@ -9,7 +9,7 @@ Some give more. Each extra is one small protocol here, and the code that needs i
 |---|---|---|---|
 | `Tappable` | `tap_layer(layer)` | llama.cpp in process, one context | runtime.tap_probe_layer |
 | `HiddenStates` | `tapped_layer`, `hidden_state()` | the same | gate.loop (the trigger probe), LocalSession |
-| `SequenceStates` | `n_layer`, `sequence_states(sequences, layers)` | the same | calibrate (its probe_fit) |
+| `SequenceStates` | `n_layer`, `sequence_states(seqs, layers)`, `recording_states(layers)` | the same | calibrate |
 | `ContextSize` | `n_ctx` | llama.cpp in process, the servers | serve's check_context |
 | `VocabSize` | `n_vocab` | llama.cpp in process, the servers | labeling (bounds a top-k entropy) |
 | `TopKSignals` | `SIGNAL_TOP_K` | the servers (20), the chat APIs (their top k) | model_calibrations.backend_top_k |
@@ -23,6 +23,7 @@ nothing to register (a test's scripted backend too).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -64,6 +65,12 @@ class SequenceStates(Protocol):
     def sequence_states(self, sequences: Sequence[Sequence[int]], layers: Sequence[int]) -> list[dict[int, np.ndarray]]:
         """Per sequence, layer -> (len(tokens), width) array: the state after that layer at each position of
         the sequence fed alone; resets the context."""
+        ...
+
+    def recording_states(self, layers: Sequence[int]) -> AbstractContextManager[Any]:
+        """A block in which every position fed (prompts and decoded tokens alike) keeps its row of each of
+        `layers`: the recorder's `clear()` forgets them, `states()` gives layer -> (positions, width) since
+        then, `pause(True)` keeps none until `pause(False)`; resets the context when the block ends."""
         ...
 
 

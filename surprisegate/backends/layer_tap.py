@@ -170,9 +170,9 @@ def _compile(compiler: str, include: Path, lib: Path, target: Path) -> str | Non
 
 
 class RowsTap:
-    """An eval callback that keeps every position's row of several layers, for one pass over a whole sequence
-    (a calibration replaying its labelled replies). One graph runs per batch, so the Python callback costs
-    microseconds here, not the ~1 ms a token it costs while decoding."""
+    """An eval callback that keeps every position's row of several layers (a calibration keeps the states of
+    the replies it labels): the Python fallback of NativeRowsTap, where layer_tap.c cannot be compiled. Cheap
+    for a whole sequence in one pass (one graph), ~1 ms a token while decoding one token at a time."""
 
     def __init__(self, llama_cpp, layers: Sequence[int], width: int) -> None:
         self.width = width
@@ -181,10 +181,15 @@ class RowsTap:
         self.rows: dict[int, list[np.ndarray]] = {layer: [] for layer in layers}
         self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_tensor)
         self.user_data = None
+        self._paused = False
 
     def clear(self) -> None:
         for kept in self.rows.values():
             kept.clear()
+
+    def pause(self, paused: bool = True) -> None:
+        """Keep no rows until unpaused."""
+        self._paused = paused
 
     def states(self) -> dict[int, np.ndarray]:
         """Each layer's rows since `clear`, one per position fed (ubatches in order)."""
@@ -194,6 +199,8 @@ class RowsTap:
         }
 
     def _on_tensor(self, tensor: int, ask: bool, _user_data: int) -> bool:
+        if self._paused:
+            return not ask
         head = ctypes.string_at(tensor + _NAME_OFFSET, self._longest)
         layer = next((n for name, n in self._wanted.items() if head.startswith(name)), None)
         if layer is None:
@@ -206,6 +213,67 @@ class RowsTap:
             data = ctypes.cast(t.data, ctypes.POINTER(ctypes.c_float))
             self.rows[layer].append(np.ctypeslib.as_array(data, shape=(rows, self.width)).copy())
         return True
+
+
+class _NativeRowsState(ctypes.Structure):
+    """layer_tap.c's `struct surprisegate_rows`."""
+
+    _MAX = 8  # SURPRISEGATE_ROWS_MAX_LAYERS
+    _fields_ = [
+        ("names", (ctypes.c_char * 64) * _MAX),
+        ("n_layers", ctypes.c_int32),
+        ("width", ctypes.c_int64),
+        ("capacity", ctypes.c_int64),
+        ("out", ctypes.POINTER(ctypes.c_float) * _MAX),
+        ("count", ctypes.c_int64 * _MAX),
+        ("paused", ctypes.c_int32),
+    ]
+
+
+class NativeRowsTap:
+    """RowsTap's work in C (layer_tap.c): while decoding one token at a time, the Python callback's cost per
+    graph node slowed a 0.5B model's labelling by a third. Rows go into buffers of `capacity` positions (a
+    context's size) per layer; `states()` refuses to guess past them."""
+
+    def __init__(self, llama_cpp, layers: Sequence[int], width: int, capacity: int, native: ctypes.CDLL) -> None:
+        if len(layers) > _NativeRowsState._MAX:
+            raise ValueError(f"at most {_NativeRowsState._MAX} layers at once, not {len(layers)}")
+        self.width, self.layers = width, list(layers)
+        self._buffers = [np.zeros((capacity, width), dtype=np.float32) for _ in self.layers]
+        self._state = _NativeRowsState()
+        self._state.n_layers, self._state.width, self._state.capacity = len(self.layers), width, capacity
+        for i, (layer, buffer) in enumerate(zip(self.layers, self._buffers, strict=True)):
+            self._state.names[i].value = layer_name(layer)
+            self._state.out[i] = buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        self.user_data = ctypes.addressof(self._state)
+        self.callback = ctypes.cast(native.surprisegate_rows_eval, llama_cpp.ggml_backend_sched_eval_callback)
+
+    def clear(self) -> None:
+        for i in range(len(self.layers)):
+            self._state.count[i] = 0
+
+    def pause(self, paused: bool = True) -> None:
+        """Keep no rows until unpaused: the scheduler then runs each graph whole, as without a tap (a reply
+        whose states nobody reads need not pay for them)."""
+        self._state.paused = int(paused)
+
+    def states(self) -> dict[int, np.ndarray]:
+        """Each layer's rows since `clear`, one per position fed (ubatches in order)."""
+        out = {}
+        for i, (layer, buffer) in enumerate(zip(self.layers, self._buffers, strict=True)):
+            n = int(self._state.count[i])
+            if n > len(buffer):
+                raise RuntimeError(f"layer {layer}: {n} rows since the last clear, more than the {len(buffer)} kept")
+            out[layer] = buffer[:n].copy()
+        return out
+
+
+def rows_tap(llama_cpp, layers: Sequence[int], width: int, capacity: int) -> RowsTap | NativeRowsTap:
+    """The compiled rows tap where layer_tap.c could be built, else the Python one."""
+    native = native_callback()
+    if native is None or not hasattr(native, "surprisegate_rows_eval"):
+        return RowsTap(llama_cpp, layers, width)
+    return NativeRowsTap(llama_cpp, layers, width, capacity, native)
 
 
 def check_layer(llama, layer: int) -> None:

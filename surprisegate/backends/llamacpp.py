@@ -17,13 +17,14 @@ bytes, end-of-generation ids, the chat template) in a `LlamaCppModel`.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -230,16 +231,26 @@ class LlamaCppBackend(_ModelTokens, LocalBackend):
         each of `layers` (`SequenceStates`: a calibration replays its labelled replies so). Resets the context;
         a tap made with tap_layer() is kept. Not the last layer: llama.cpp computes its rows only where logits
         are read."""
-        from .layer_tap import RowsTap, check_layer, install_callback
+        with self.recording_states(layers) as rows:
+            return [self._states_of(list(tokens), rows) for tokens in sequences]
+
+    @contextlib.contextmanager
+    def recording_states(self, layers: Sequence[int]) -> Iterator[Any]:
+        """While open, every position this backend feeds keeps its row of each of `layers` (a `RowsTap`:
+        `clear()`, `states()`), decoding included: a calibration reads the states of the replies it labels as
+        they are written, instead of feeding them again. One new context for the whole block, reset after it;
+        a tap made with tap_layer() is restored."""
+        from .layer_tap import check_layer, install_callback, rows_tap
 
         for layer in layers:
             check_layer(self._llama, layer)
             if layer >= self.n_layer - 1:
                 raise InputError(f"layer={layer} is this model's last; pick one of 0..{self.n_layer - 2}")
-        rows = RowsTap(self._llama_cpp, layers, self._llama.n_embd())
-        install_callback(self._llama, rows.callback, rows.user_data)  # one new context for all the sequences
+        rows = rows_tap(self._llama_cpp, layers, self._llama.n_embd(), self.n_ctx)
+        install_callback(self._llama, rows.callback, rows.user_data)
+        self.reset()  # the new context holds nothing yet
         try:
-            return [self._states_of(list(tokens), rows) for tokens in sequences]
+            yield rows
         finally:
             tap = self._tap
             install_callback(self._llama, tap.callback if tap else None, tap.user_data if tap else None)

@@ -18,6 +18,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Protocol
 
 from ..config import Config
 from ..errors import InputError
@@ -137,6 +138,14 @@ def _was(meta: dict, key: str):
     return meta.get(key) if key in _RUN_KEYS else meta.get("config", {}).get(key)
 
 
+class LabelRecorder(Protocol):
+    """Something that watches each labelled item's decode (probe_fit.StateRecorder keeps its hidden states)."""
+
+    def start(self, item: dict) -> None: ...
+
+    def keep(self, record: dict) -> None: ...
+
+
 def label(
     data: str | Path,
     out_dir: str | Path,
@@ -144,9 +153,11 @@ def label(
     config: Config,
     limit: int | None = None,
     progress: Callable[[int, int, str], None] | None = None,
+    recorder: LabelRecorder | None = None,
 ) -> dict:
     """Label the items not yet in OUT/labels.jsonl (resumable). `progress(done, total, note)` counts the whole
-    job: called once before any work with the items already on disk, then after each item labelled."""
+    job: called once before any work with the items already on disk, then after each item labelled.
+    `recorder` sees each item's decode: `start(item)` before it, `keep(record)` after it is written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     items = read_items(data, limit)
@@ -164,8 +175,12 @@ def label(
         progress(already, len(items), "")
     correct = 0
     for i, item in enumerate(todo, 1):
+        if recorder:
+            recorder.start(item)
         record = label_item(backend, item, config)
         writer.append(record)
+        if recorder:
+            recorder.keep(record)
         correct += record["correct"]
         if progress:
             progress(already + i, len(items), f"acc {correct / i:.2f}")

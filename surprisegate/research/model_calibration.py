@@ -8,9 +8,10 @@ thresholds and how they and the probe were measured, and the wall time of the wh
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from ..config import Config, load_config
 from ..paths import home
 from .labeling import iter_labels, read_items
 from .labeling import label as label_items
+from .probe_fit import StateRecorder, candidate_layers
 from .threshold_sweep import MIN_KIND_ITEMS, MIN_PRECISION, calibrate
 
 LABEL_MAX_TOKENS = 32  # as the labels behind the shipped defaults: a reply is graded on its first sentence
@@ -48,6 +50,7 @@ def calibrate_model(
     progress: Callable[[str], None] = lambda m: None,
     label_progress: Callable[[int, int, str], None] | None = None,
     probe_progress: Callable[[int, int, str], None] | None = None,
+    probe_label_progress: Callable[[int, int, str], None] | None = None,
 ) -> dict:
     """Label the packaged calibration set through `backend` (resumable, in home()/calibrations/SLUG/labels),
     calibrate on the signals it gives (its top k, or the full distribution in process) and write the
@@ -61,7 +64,9 @@ def calibrate_model(
 
     A model that gives its hidden states (`SequenceStates`: in process) also gets its own trigger probe
     (probe_fit.py), written beside the thresholds when it beats the window rule on the half of the labelled
-    questions it was not fitted on; `probe_progress` follows that phase."""
+    questions it was not fitted on. For it the 400 packaged probe questions are labelled too (resumable, in
+    SLUG/probe_labels; `probe_label_progress`), the states the probe reads kept as each reply is written;
+    `probe_progress` follows the replay of any question labelled before (a resumed run)."""
     from ..backends import SequenceStates, SteerableBackend
 
     top_k = model_calibrations.backend_top_k(backend)
@@ -70,10 +75,27 @@ def calibrate_model(
     work = model_calibrations.user_dir(home()) / stem
     label_config = config.replace(max_tokens=LABEL_MAX_TOKENS)
     started = time.monotonic()
-    with model_calibrations.calibration_set() as data:
-        ids = {it["id"] for it in read_items(data, limit)}
-        progress(f"labelling {len(ids)} items of the calibration set through {backend.model_id} into {work}/labels")
-        labelled = label_items(data, work / "labels", backend, label_config, limit=limit, progress=label_progress)
+    extra_ids: set[str] = set()  # the probe's extra questions, labelled only where a probe is fitted
+    with _label_recorder(backend, label_config) as recorder:
+        with model_calibrations.calibration_set() as data:
+            ids = {it["id"] for it in read_items(data, limit)}
+            progress(f"labelling {len(ids)} items of the calibration set through {backend.model_id} into {work}/labels")
+            labelled = label_items(
+                data, work / "labels", backend, label_config, limit=limit, progress=label_progress, recorder=recorder
+            )
+        if recorder is not None:  # a probe will be fitted: label its extra questions in the same pass
+            with model_calibrations.probe_questions() as extra:
+                extra_ids = {it["id"] for it in read_items(extra, limit)}
+                progress(f"labelling {len(extra_ids)} more questions for its trigger probe into {work}/probe_labels")
+                label_items(
+                    extra,
+                    work / "probe_labels",
+                    backend,
+                    label_config,
+                    limit=limit,
+                    progress=probe_label_progress,
+                    recorder=recorder,
+                )
     report = calibrate(
         [work / "labels"],
         work / "config.toml",
@@ -96,9 +118,15 @@ def calibrate_model(
         from .probe_fit import fit_model_probe
 
         rows = [r for r in iter_labels([work / "labels"]) if r.get("id") in ids]
+        rows += [r for r in iter_labels([work / "probe_labels"]) if r.get("id") in extra_ids]
         probe_config = calibrated.replace(mode="detect", max_tokens=LABEL_MAX_TOKENS)
         probe = fit_model_probe(
-            backend, rows, probe_config, model_calibrations.probe_beside(target), progress=probe_progress
+            backend,
+            rows,
+            probe_config,
+            model_calibrations.probe_beside(target),
+            progress=probe_progress,
+            recorded=recorder.steps if recorder is not None else None,
         )
         (work / "probe_fit.json").write_text(json.dumps(probe, indent=2))
     record = calibration_record(backend, label_config, report, stem, work, limit)
@@ -113,6 +141,19 @@ def calibrate_model(
         "record": record,
         "probe": probe,
     }
+
+
+@contextlib.contextmanager
+def _label_recorder(backend, config: Config) -> Iterator[StateRecorder | None]:
+    """For a model that gives its hidden states, a recorder of the candidate layers' step states while it
+    labels (what its probe is fitted on: no second pass over the replies); None for any other backend."""
+    from ..backends import SequenceStates
+
+    if not isinstance(backend, SequenceStates):
+        yield None
+        return
+    with backend.recording_states(candidate_layers(backend.n_layer)) as rows:
+        yield StateRecorder(backend, rows, config)
 
 
 def probe_record(probe: dict | None, work: Path) -> dict:

@@ -3,18 +3,23 @@
 The probe (gate/probe.py) judges a fact question's finished first sentence by the window's margin over the
 kind's threshold and the mean hidden state of the sentence's tokens at one layer. For a model of its own:
 
-- Features. The labels hold each reply's tokens and signals (labeling.py). One pass over prompt + reply
-  (`SequenceStates.sequence_states`) gives every position's state at a few candidate layers, and the reply
-  is replayed through the loop's own TriggerPolicy fed those states: step k's state is the one at the
-  position whose logits chose token k, as online, so the features are computed by the code that uses them.
+- Features. The labels hold each reply's tokens and signals (labeling.py); the questions are the calibration
+  set's and 400 more fact questions (data/probe_questions.jsonl: 235 of one model's were too few to tell a
+  probe from noise). While the model writes them, `SequenceStates.recording_states` keeps every fed
+  position's state at a few candidate layers (StateRecorder); a question labelled before (a resumed run) is
+  fed again in one pass over prompt + reply (`sequence_states`), which gives the same rows. Each reply is
+  replayed through the loop's own TriggerPolicy fed those states: step k's state is the one at the position
+  whose logits chose token k, as online, so the features are computed by the code that uses them.
 - Regression. The window's margin is the rule the probe must beat: its weight is not penalised, the
   state's are (L2), so a strong penalty gives back the window rule and the state adds only what the labels
   support (with every weight penalised, 116 questions of one model gave 0.80 cross-validated AUROC where
   the margin alone gave 0.86).
 - Choice. The labelled questions (not the cloze items: a continued sentence is never the probe's) are split
   in seeded halves. On half A, the layer and the L2 strength are chosen by 5-fold cross-validated AUROC,
-  and the cut where half A keeps the window rule's recall (cross-fitted scores), so the gate grounds as
-  many wrong replies as before.
+  and the cut on cross-fitted scores: as precise as the window rule is there, and as far below the cut
+  that keeps its recall as that precision allows, so the probe spends what it knows on catching more wrong
+  replies, never fewer (keeping the window rule's recall instead, the second model's probe caught 0.83 of
+  the A/B's wrong replies, as the window rule did).
 - Judgement. On half B, which nothing above saw, the probe rule (the probe on the first sentence, the
   window rule after it) against the window rule alone, at equal recall: the probe is written beside the
   model's thresholds only when, cut to catch as many wrong replies as the window rule does there, it is
@@ -116,6 +121,19 @@ def cut_keeping_recall(scores: np.ndarray, later: np.ndarray, wrong: np.ndarray,
     return float(scores.min()) - 1.0 if len(scores) else 0.0
 
 
+def cut_keeping_precision(
+    scores: np.ndarray, later: np.ndarray, wrong: np.ndarray, precision: float, highest: float
+) -> float:
+    """The cut, at most `highest`, that finds the most wrong replies while (score > cut or a later window
+    crossed) stays at least `precision` precise; `highest` itself when no lower cut keeps it."""
+    best, best_recall = highest, precision_recall((scores > highest) | later, wrong)[1]
+    for cut in np.sort(np.unique(scores[scores < highest]))[::-1]:
+        p, r = precision_recall((scores > cut) | later, wrong)
+        if p >= precision and r > best_recall:
+            best, best_recall = float(cut), r
+    return float(best)
+
+
 def as_probe(fit: Logistic, model: str, layer: int, kinds: set[str], cut: float) -> TriggerProbe:
     """The regression as one probe: the margin's standardisation folds into its weight and the bias."""
     w, mu, sd = fit.w, fit.center, fit.scale
@@ -185,21 +203,54 @@ def prompt_tokens(backend, row: dict, config: Config) -> list[int]:
     return ReplyPrompt.build(backend, conversation(row["question"], config.system_prompt), "").tokens
 
 
-def replay_row(
-    row: dict, prompt: list[int], states: dict[int, np.ndarray], config: Config, kinds: set[str]
-) -> Replayed:
-    """Replay a labelled reply once per layer, its steps carrying that layer's states from one pass over
-    prompt + reply (`states`)."""
-    first = len(prompt) - 1  # step k was chosen by the logits at position len(prompt) - 1 + k
+def replay_row(row: dict, steps: dict[int, np.ndarray], config: Config, kinds: set[str]) -> Replayed:
+    """Replay a labelled reply once per layer, step k carrying `steps[layer][k]`: the state at the position
+    whose logits chose token k (`step_states`)."""
     _, window_fired = replay(config, row, lambda k: None, None)
     out = Replayed(row["id"], question_kind(row["question"]), not row["correct"], window_fired)
-    for layer, rows in states.items():
-        steps = rows[first : first + len(row["token_ids"])]
-        policy, later = replay(config, row, _rows_of(steps), feature_probe(layer, steps.shape[1], kinds))
+    for layer, rows in steps.items():
+        policy, later = replay(config, row, _rows_of(rows), feature_probe(layer, rows.shape[1], kinds))
         if policy.judged is not None:
             out.judged[layer] = np.concatenate([[policy.judged[0]], policy.judged[1]])
             out.later[layer] = later
     return out
+
+
+def step_states(states: dict[int, np.ndarray], n_prompt: int, n_reply: int) -> dict[int, np.ndarray] | None:
+    """The rows of a pass over prompt + reply that the reply's steps carried: step k was chosen by the logits
+    at position n_prompt - 1 + k. None when the pass holds too few positions (or more than prompt + reply:
+    not the pass these tokens came from)."""
+    lengths = {len(rows) for rows in states.values()}
+    if not lengths or not lengths <= {n_prompt + n_reply - 1, n_prompt + n_reply}:
+        return None  # the last reply token is fed only when its successor was asked for
+    first = n_prompt - 1
+    return {layer: rows[first : first + n_reply] for layer, rows in states.items()}
+
+
+class StateRecorder:
+    """Keeps, while a calibration labels its items, the step states of each labelled question's reply at the
+    candidate layers (`SequenceStates.recording_states` during the label pass): what the replay would
+    otherwise compute with a second pass over prompt + reply. Items it could not align are replayed."""
+
+    def __init__(self, backend, rows, config: Config) -> None:
+        self._backend, self._rows, self._config = backend, rows, config
+        self.steps: dict[str, dict[int, np.ndarray]] = {}
+        self.unaligned = 0
+
+    def start(self, item: dict) -> None:
+        self._rows.clear()
+        # Only a question's reply is judged by a probe: a cloze item decodes untapped, at full speed.
+        self._rows.pause(item.get("format", "qa") != "qa")
+
+    def keep(self, record: dict) -> None:
+        if not is_question(record):
+            return
+        n_prompt = len(prompt_tokens(self._backend, record, self._config))
+        steps = step_states(self._rows.states(), n_prompt, len(record["token_ids"]))
+        if steps is None:
+            self.unaligned += 1
+        else:
+            self.steps[record["id"]] = {layer: rows.copy() for layer, rows in steps.items()}
 
 
 def _rows_of(states: np.ndarray) -> Callable[[int], np.ndarray | None]:
@@ -283,16 +334,22 @@ def fit_and_judge(replayed: list[Replayed], model: str, layers: Sequence[int]) -
 
 
 def _fit_on_a(a: list[Replayed], layer: int, c: float, model: str, report: dict) -> tuple[Logistic, TriggerProbe, dict]:
-    """The regression on half A and its cut: where (cross-fitted) it keeps the window rule's recall there."""
+    """The regression on half A and its cut (cross-fitted scores): as precise as the window rule is on the
+    replies the probe judges there, catching as many more wrong ones as that allows, and at least as many."""
     rows_a, x_a, y_a, later_a = _judged(a, layer)
     wrong_a = np.array([r.wrong for r in a])
     recall_a = precision_recall(np.array([r.window_fired for r in a]), wrong_a)[1]
     need = recall_a * wrong_a.sum() / max(1.0, y_a.sum())  # never-judged wrong replies count in the recall
-    cut = cut_keeping_recall(cross_fitted(x_a, y_a, c), later_a, y_a, need)
+    scores = cross_fitted(x_a, y_a, c)
+    precision_a = precision_recall(np.array([r.window_fired for r in rows_a]), y_a)[0]
+    keeping_recall = cut_keeping_recall(scores, later_a, y_a, need)
+    cut = cut_keeping_precision(scores, later_a, y_a, precision_a, keeping_recall)
     fit = fit_logistic(x_a, y_a, c, free=1)
     probe = as_probe(fit, Path(model).name, layer, {r.kind for r in rows_a}, cut)
     report |= {
         "cut": round(cut, 4),
+        "cut_keeping_recall": round(keeping_recall, 4),
+        "half_a_window_precision_judged": round(precision_a, 4),
         "half_a_window_recall": round(recall_a, 4),
         "auroc_cv_a": next(t["auroc_cv"] for t in report["candidates"] if t["layer"] == layer and t["c"] == c),
         "auroc_cv_a_window_margin": round(auroc(x_a[:, 0], y_a), 4),
@@ -341,25 +398,36 @@ def fit_model_probe(
     config: Config,
     out: str | Path,
     progress: Callable[[int, int, str], None] | None = None,
+    recorded: dict[str, dict[int, np.ndarray]] | None = None,
 ) -> dict:
-    """Replay the labelled questions through `backend` (a `SequenceStates`), fit and judge a probe; write it
-    to `out` when it is the better rule on half B. The report says what was chosen and measured."""
+    """Fit and judge a probe on the labelled questions of `rows`; write it to `out` when it is the better rule
+    on half B. Their step states come from `recorded` (kept while labelling: StateRecorder) or, for the
+    questions it lacks, from a replay through `backend` (a `SequenceStates`). The report says what was chosen
+    and measured."""
     questions = [r for r in rows if is_question(r)]
     layers = candidate_layers(backend.n_layer)
     kinds = {question_kind(r["question"]) for r in questions}
-    replayed = []
-    if progress:
-        progress(0, len(questions), "")
-    for start in range(0, len(questions), REPLAY_BATCH):
-        batch = questions[start : start + REPLAY_BATCH]
+    recorded = {i: s for i, s in (recorded or {}).items() if set(s) == set(layers)}
+    replayed = [replay_row(r, recorded[r["id"]], config, kinds) for r in questions if r["id"] in recorded]
+    todo = [r for r in questions if r["id"] not in recorded]
+    if progress and todo:  # a resumed calibration: the questions labelled before it are replayed
+        progress(0, len(todo), "")
+    for start in range(0, len(todo), REPLAY_BATCH):
+        batch = todo[start : start + REPLAY_BATCH]
         prompts = [prompt_tokens(backend, row, config) for row in batch]
         states = backend.sequence_states(
             [p + list(r["token_ids"]) for p, r in zip(prompts, batch, strict=True)], layers
         )
-        replayed += [replay_row(r, p, s, config, kinds) for r, p, s in zip(batch, prompts, states, strict=True)]
+        for row, prompt, state in zip(batch, prompts, states, strict=True):
+            steps = step_states(state, len(prompt), len(row["token_ids"]))
+            assert steps is not None, "a pass over prompt + reply holds a row per position"
+            replayed.append(replay_row(row, steps, config, kinds))
         if progress:
-            progress(len(replayed), len(questions), f"layers {','.join(map(str, layers))}")
+            progress(min(start + REPLAY_BATCH, len(todo)), len(todo), f"layers {','.join(map(str, layers))}")
+    order = {r["id"]: i for i, r in enumerate(questions)}  # the folds follow the order: the rows', however made
+    replayed.sort(key=lambda r: order[r.id])
     probe, report = fit_and_judge(replayed, backend.model_id, layers)
+    report["states_recorded_while_labelling"] = len(questions) - len(todo)
     target = Path(out)
     if probe is not None:
         target.parent.mkdir(parents=True, exist_ok=True)
