@@ -80,6 +80,10 @@ def select_probe_questions(data_dir: Path, chosen: list[dict], seed: int = SEED)
     return [with_licence(it) for it in pool if it["id"] in picked]
 
 
+def write_jsonl(path: Path, items: list[dict]) -> None:
+    path.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items), encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data")
@@ -92,11 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     items = select(args.data, args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items), encoding="utf-8")
+    write_jsonl(args.out, items)
     print(f"{args.out}: {len(items)} items ({', '.join(f'{name} {n}' for name, n in SHARES)})")
     probe_out = args.out.with_name("probe_questions.jsonl")
     extra = select_probe_questions(args.data, items, args.seed)
-    probe_out.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in extra), encoding="utf-8")
+    write_jsonl(probe_out, extra)
     print(f"{probe_out}: {len(extra)} questions ({PROBE_FILE})")
     return 0
 

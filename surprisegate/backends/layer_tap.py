@@ -271,7 +271,7 @@ class NativeRowsTap:
 def rows_tap(llama_cpp, layers: Sequence[int], width: int, capacity: int) -> RowsTap | NativeRowsTap:
     """The compiled rows tap where layer_tap.c could be built, else the Python one."""
     native = native_callback()
-    if native is None or not hasattr(native, "surprisegate_rows_eval"):
+    if native is None or native.surprisegate_rows_max_layers() != _NativeRowsState._MAX:  # the struct mirrored
         return RowsTap(llama_cpp, layers, width)
     return NativeRowsTap(llama_cpp, layers, width, capacity, native)
 

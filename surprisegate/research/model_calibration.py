@@ -22,7 +22,7 @@ from ..config import Config, load_config
 from ..paths import home
 from .labeling import iter_labels, read_items
 from .labeling import label as label_items
-from .probe_fit import StateRecorder, candidate_layers
+from .probe_fit import StateRecorder, candidate_layers, fit_model_probe
 from .threshold_sweep import MIN_KIND_ITEMS, MIN_PRECISION, calibrate
 
 LABEL_MAX_TOKENS = 32  # as the labels behind the shipped defaults: a reply is graded on its first sentence
@@ -115,8 +115,6 @@ def calibrate_model(
     calibrated = load_config(work / "config.toml", env={})
     probe = None
     if isinstance(backend, SequenceStates):
-        from .probe_fit import fit_model_probe
-
         rows = [r for r in iter_labels([work / "labels"]) if r.get("id") in ids]
         rows += [r for r in iter_labels([work / "probe_labels"]) if r.get("id") in extra_ids]
         probe_config = calibrated.replace(mode="detect", max_tokens=LABEL_MAX_TOKENS)

@@ -193,9 +193,14 @@ class Replayed:
     later: dict[int, bool] = field(default_factory=dict)
 
 
+def is_asked(item: dict) -> bool:
+    """An item asked as a question (not a cloze sentence continued): the only kind a probe judges."""
+    return item.get("format", "qa") == "qa"
+
+
 def is_question(row: dict) -> bool:
-    """A labelled question the probe may judge: asked (not a cloze continued), with its tokens."""
-    return row.get("format", "qa") == "qa" and bool(row.get("token_ids"))
+    """A labelled question the probe may judge: asked, with its tokens."""
+    return is_asked(row) and bool(row.get("token_ids"))
 
 
 def prompt_tokens(backend, row: dict, config: Config) -> list[int]:
@@ -240,7 +245,7 @@ class StateRecorder:
     def start(self, item: dict) -> None:
         self._rows.clear()
         # Only a question's reply is judged by a probe: a cloze item decodes untapped, at full speed.
-        self._rows.pause(item.get("format", "qa") != "qa")
+        self._rows.pause(not is_asked(item))
 
     def keep(self, record: dict) -> None:
         if not is_question(record):
