@@ -156,6 +156,21 @@ class Config:
         },
     )
     tool_timezone: str = field(default="UTC", metadata={"help": "zone for 'today' questions"})
+    tool_programs: bool = field(
+        default=True,
+        metadata={
+            "help": "a word problem that states no computation: the model writes a short program for it, which "
+            "the calculator runs and checks (arithmetic only, never executed as Python)"
+        },
+    )
+    program_max_tokens: int = field(default=192, metadata={"help": "most tokens the model may write for a program"})
+    program_deadline_s: float = field(
+        default=15.0,
+        metadata={
+            "help": "hard deadline for a round whose tool arm has the model write a program (s); it decodes, so "
+            "it needs longer than round_deadline_s"
+        },
+    )
     web_cache_s: float = field(
         default=600.0,
         metadata={
@@ -328,6 +343,10 @@ def _validate(c: Config) -> None:
         _fail("max_rounds", c.max_rounds, "use a whole number between 0 and 16, e.g. 2", "argument")
     if not (math.isfinite(c.round_deadline_s) and 0 < c.round_deadline_s <= 600):
         _fail("round_deadline_s", c.round_deadline_s, "use seconds between 0 and 600, e.g. 2.0", "argument")
+    if not (math.isfinite(c.program_deadline_s) and 0 < c.program_deadline_s <= 600):
+        _fail("program_deadline_s", c.program_deadline_s, "use seconds between 0 and 600, e.g. 15.0", "argument")
+    if not 16 <= c.program_max_tokens <= 2048:
+        _fail("program_max_tokens", c.program_max_tokens, "use 16 to 2048 tokens, e.g. 192", "argument")
     if not (math.isfinite(c.web_cache_s) and 0 <= c.web_cache_s <= 86400):
         _fail("web_cache_s", c.web_cache_s, "use seconds from 0 (no cache) to 86400, e.g. 600", "argument")
     if not 0.0 <= c.relevance_floor <= 1.0:

@@ -83,6 +83,8 @@ def _tool_arm(config: Config, target: str, say: Callable[[str], None]) -> Arm:
         python_sandbox=config.tool_python_sandbox,
         python_require_isolation=config.tool_python_require_isolation,
         default_timezone=config.tool_timezone,
+        word_problems=config.tool_programs,
+        program_max_tokens=config.program_max_tokens,
     )
 
 

@@ -405,3 +405,65 @@ def test_tool_arm_never_grounds_word_problems_wrong():
         elif found and found[0].source != "tool:calculator":
             wrong.append(f"{found[0].source}: {row['question']}")
     assert wrong == []
+
+
+# --------------------------------------------------------------------------------------------------
+# word problems: the model writes a program (through the query's scribe), the calculator runs it
+
+WORD_PROBLEM = (
+    "Paige had 43 math problems and 12 science problems for homework. If she finished 44 of the problems at "
+    "school, how many problems did she have to do for homework?"
+)
+
+
+class WritingScribe:
+    """A Scribe that writes a fixed text and records what it was asked."""
+
+    def __init__(self, text: str):
+        self.text, self.asked, self.tokens_written = text, [], 0
+
+    def write(self, messages, lead, *, max_tokens, stops, deadline):
+        self.asked.append({"messages": messages, "lead": lead, "max_tokens": max_tokens, "stops": stops})
+        self.tokens_written += len(self.text.split())
+        return self.text
+
+
+def _word_problem(arm: ToolArm, scribe, question: str = WORD_PROBLEM, span: str = "12 problems"):
+    query = Query(span=span, question=question, sentence=f"Paige had {span}", span_class="computable", scribe=scribe)
+    return arm.ground(query, time.monotonic() + 5)
+
+
+def test_a_word_problem_is_answered_by_a_program_the_model_writes(tool_arm):
+    scribe = WritingScribe("total = 43 + 12\nfinished = 44\nanswer = total - finished\n```")
+    [found] = _word_problem(tool_arm, scribe)
+    assert found.source == "tool:program" and found.claim == "43 + 12 - 44 = 11"
+    assert found.evidence == "The answer is 11." and found.detail["scratch_tokens"] == scribe.tokens_written
+    [asked] = scribe.asked
+    # A fresh chat about the user's question only: never the model's reply or the span.
+    assert WORD_PROBLEM in asked["messages"][-1]["content"]
+    assert all("12 problems" not in m["content"] for m in asked["messages"])
+    assert asked["lead"].startswith("```") and asked["max_tokens"] == 192
+
+
+def test_a_refused_program_is_reported_and_nothing_is_evidence(tool_arm):
+    with pytest.raises(ArmError, match=r"program@question: invented_number: .*\b50\b"):
+        _word_problem(tool_arm, WritingScribe("answer = 43 + 12 - 50\n```"))
+
+
+def test_a_program_is_written_only_when_no_tool_call_is_found(tool_arm):
+    scribe = WritingScribe("answer = 6 * 7\n```")
+    [found] = _word_problem(tool_arm, scribe, question="What is 6 times 7?", span="41")
+    assert found.source == "tool:calculator" and scribe.asked == []
+
+
+def test_no_program_without_a_scribe_or_when_turned_off(file_root):
+    assert _word_problem(ToolArm(warm_up=False), None) == []
+    scribe = WritingScribe("answer = 43 + 12 - 44\n```")
+    assert _word_problem(ToolArm(warm_up=False, word_problems=False), scribe) == [] and scribe.asked == []
+    entity = Query("Tripoli", "What is the capital of Burkina Faso?", "", span_class="entity", scribe=scribe)
+    assert ToolArm(warm_up=False).ground(entity, time.monotonic() + 5) == [] and scribe.asked == []
+
+
+def test_program_max_tokens_is_checked():
+    with pytest.raises(ConfigError, match="program_max_tokens=4"):
+        ToolArm(warm_up=False, program_max_tokens=4)

@@ -98,3 +98,19 @@ def test_serve_on_it_grounds_the_capital_through_the_official_client(second_serv
     )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == plain.choices[0].message.content  # streamed with holdback: the rewound words never shown
+
+
+WORD_PROBLEM = (
+    "Paige had 43 math problems and 12 science problems for homework. If she finished 44 of the problems at "
+    "school, how many problems did she have to do for homework?"
+)
+
+
+def test_a_word_problem_is_grounded_by_the_program_it_writes(second_model, factkb_memory):  # noqa: F811
+    home, _ = factkb_memory
+    env = {"SURPRISEGATE_THRESHOLD": "1.0"}
+    on, _ = ask(home, second_model, "--mode", "intervene", "--memory", "none", WORD_PROBLEM, env_extra=env)
+    rewound = [r for r in on["rounds"] if r["action"] == "rewound"]
+    assert rewound and rewound[0]["chosen"]["source"] == "tool:program", on["rounds"]
+    assert rewound[0]["chosen"]["claim"].endswith("= 11")  # the calculator ran the model's own setup
+    assert "11" in on["reply"]

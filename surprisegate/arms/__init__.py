@@ -1,14 +1,36 @@
 """Grounding arms: memory (Remember), web (Observe), tools (Act).
 
 Every arm implements `Arm`: `ground(query, deadline) -> list[Evidence]`, returning snippets, never prose.
+A query may carry a `Scribe`: the model itself, for an arm that needs it to write something it then checks
+(the tool arm's word-problem program, arms/programs.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, runtime_checkable
 
 from ..errors import ConfigError
+
+
+@runtime_checkable
+class Scribe(Protocol):
+    """The reply's model, lent to an arm for one scratch text that never reaches the reply."""
+
+    def write(
+        self, messages: list[dict[str, str]], lead: str, *, max_tokens: int, stops: Sequence[str], deadline: float
+    ) -> str:
+        """Greedy continuation of a fresh chat (`messages`) whose assistant turn starts with `lead`: the text
+        written up to and including the first of `stops` (searched from the lead's last line break on), or up
+        to the end of the turn, `max_tokens` or `deadline` (a `time.monotonic()` value). The messages stay
+        plain text."""
+        ...
+
+    @property
+    def tokens_written(self) -> int:
+        """Tokens decoded for scratch texts so far (they count in the reply's tokens decoded)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -19,6 +41,8 @@ class Query:
     question: str  # the user's question
     sentence: str  # the sentence so far, up to and including the span
     span_class: str = "other"  # router's class: computable | entity | other
+    # The model, for arms that have it write a scratch text they check (None: the backend lends none).
+    scribe: Scribe | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

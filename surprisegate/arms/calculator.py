@@ -379,7 +379,7 @@ def _normalise_text(text: str) -> str:
     text = _NOT_ARITHMETIC.sub(" ~ ", text)  # "~" is never an operator token, so it breaks runs
     text = _THOUSANDS_SEPARATOR.sub("", text)
     text = re.sub(r"\$(?=\d)", "", text)  # "$5 plus $3"
-    text = _number_words_to_digits(text)
+    text = number_words_to_digits(text)
     text = re.sub(r"\bnegative\s+(?=\d)", "-", text)
     text = re.sub(r"(?<=\d)x(?=\d)", " * ", text)  # "37x48"; \b does not separate digits from letters
     for _ in range(10):  # templates nest at most a few levels in real questions
@@ -398,7 +398,7 @@ _NUMBER_WORD = re.compile(
 )
 
 
-def _number_words_to_digits(text: str) -> str:
+def number_words_to_digits(text: str) -> str:
     """ "five" -> "5", "twenty-one" -> "21"; larger number words are left alone."""
 
     def to_digits(match: re.Match[str]) -> str:

@@ -5,7 +5,9 @@
 only ever from the user's own turn (the question), never from the model's text (span, sentence), which
 retrieved text may have talked it into writing. `ToolArm` runs them: the calculator (arms/calculator.py),
 dates (arms/dates.py), units (arms/units.py), a sandboxed Python snippet (arms/sandbox.py), file contents
-under allowed roots (arms/files.py) and live status of allow-listed targets (arms/status.py).
+under allowed roots (arms/files.py) and live status of allow-listed targets (arms/status.py). A word problem
+that states no computation is last: the model writes a program for it, which the calculator runs and
+checks (arms/programs.py; only where the query lends the model).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from surprisegate.arms import Evidence, Query, dates, files, sandbox, status, units
+from surprisegate.arms import Evidence, Query, dates, files, programs, sandbox, status, units
 from surprisegate.arms.calculator import CalculatorTool, calculate, extract_computation
 from surprisegate.arms.toolkit import ToolRefused
 from surprisegate.errors import ArmError, ConfigError, InputError, SurpriseGateError
@@ -115,6 +117,11 @@ def extract_tool_calls(
     return calls
 
 
+def _failure(tool: str, field_name: str, err: SurpriseGateError) -> str:
+    reason = getattr(err, "reason", None)
+    return f"{tool}@{field_name}: {reason + ': ' if reason else ''}{err}"
+
+
 # --------------------------------------------------------------------------------------------------
 # ToolArm: every Act tool behind one arm
 
@@ -147,6 +154,8 @@ class ToolArm:
         default_timezone: str = "UTC",
         clock: Callable[[], datetime] | None = None,
         warm_up: bool = True,
+        word_problems: bool = True,
+        program_max_tokens: int = 192,
     ):
         if isinstance(tools, str) or any(name not in TOOL_NAMES for name in tools):
             raise ConfigError(f"tools={tools!r}: use some of {', '.join(TOOL_NAMES)}")
@@ -163,6 +172,9 @@ class ToolArm:
         if zone is None:
             raise ConfigError(f"default_timezone={default_timezone!r} is unknown; use an IANA name such as 'UTC'")
         sandbox.sandbox_mode(python_sandbox)  # validates the name
+        if not 16 <= program_max_tokens <= 2048:
+            raise ConfigError(f"program_max_tokens={program_max_tokens!r}: use 16 to 2048 tokens, e.g. 192")
+        self.word_problems, self.program_max_tokens = word_problems, program_max_tokens
         self.tools = tuple(tools)
         self.roots = tuple(os.fspath(root) for root in roots)
         self.allowed_status_targets = tuple(status.parse_target(target) for target in allowed_status_targets)
@@ -195,11 +207,37 @@ class ToolArm:
             try:
                 return [self._run(call, deadline)]
             except SurpriseGateError as err:  # a refusal or bad input: a later call may still work
-                reason = getattr(err, "reason", None)
-                failures.append(f"{call.tool}@{call.field}: {reason + ': ' if reason else ''}{err}")
+                failures.append(_failure(call.tool, call.field, err))
+        if not calls and self._writes_program(query):
+            try:
+                return [self._run_program(query, deadline)]
+            except SurpriseGateError as err:
+                failures.append(_failure("program", "question", err))
         if failures:
             raise ArmError("tool: " + "; ".join(failures))
         return []
+
+    def _writes_program(self, query: Query) -> bool:
+        return self.word_problems and query.scribe is not None and programs.is_word_problem(query)
+
+    def _run_program(self, query: Query, deadline: float) -> Evidence:
+        """The model writes a program for the word problem (a fresh chat: the question, never the reply or
+        retrieved text); the calculator runs and checks it."""
+        assert query.scribe is not None
+        messages = [
+            {"role": "system", "content": programs.PROGRAM_SYSTEM},
+            {"role": "user", "content": programs.PROGRAM_INSTRUCTION.format(question=query.question)},
+        ]
+        before = query.scribe.tokens_written
+        written = query.scribe.write(
+            messages,
+            programs.PROGRAM_LEAD,
+            max_tokens=self.program_max_tokens,
+            stops=programs.PROGRAM_STOPS,
+            deadline=deadline,
+        )
+        answer = programs.evaluate_program(written, query.question)
+        return programs.program_evidence(answer, query.scribe.tokens_written - before)
 
     def _run(self, call, deadline: float) -> Evidence:
         runner = getattr(self, f"_run_{call.tool}")

@@ -7,6 +7,7 @@ returns, and when every slot is taken the arm is skipped with that reason instea
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -14,6 +15,7 @@ from typing import Any
 
 from ..arms import Arm, Evidence, Query
 from ..config import Config
+from ..errors import ArmError
 from .receipts import ArmAttempt, ConvergenceRecord
 from .router import closed_question
 
@@ -79,8 +81,8 @@ def ground_round(
 
     With `margin` 0 the first arm with evidence wins. Above it, weak evidence (a passage about a
     neighbouring entity) lets the next arm be asked too, and the higher confidence wins (ties: the first).
-    `cache` (per reply) remembers each arm's answer to a question: a later round of the same reply asks
-    the same question, and paying for the same lookup twice buys nothing.
+    `cache` (per reply) remembers each arm's answer to a question, or its ArmError: a later round of the same
+    reply asks the same question, and paying for the same lookup (or a program written) twice buys nothing.
     """
     attempts: list[ArmAttempt] = []
     best: Evidence | None = None
@@ -106,7 +108,9 @@ def _ask_arm(
     """One arm's evidence for the query, and the attempt the receipt records."""
     key = (name, query.question, query.span_class)
     if cache is not None and key in cache:
-        cached: list[Evidence] = cache[key]
+        cached = cache[key]
+        if isinstance(cached, str):  # the arm refused this question earlier in the reply
+            return [], ArmAttempt(name, "error", cached=True, error=cached)
         return cached, ArmAttempt(name, "ok" if cached else "empty", cached=True, results=_dicts(cached))
     arm = arms.get(name)
     if arm is None:
@@ -124,6 +128,8 @@ def _ask_arm(
         attempt.error = f"{type(value).__name__}: {value}"
         if isinstance(value, TimeoutError):  # the arm gave up at the deadline itself
             attempt.status = "timeout"
+        elif cache is not None and isinstance(value, ArmError):  # a refusal recurs: a later round is not asked again
+            cache[key] = attempt.error
     elif status == "ok":
         results = list(value or [])
         if cache is not None:
@@ -135,6 +141,12 @@ def _ask_arm(
 
 def _dicts(results: Sequence[Evidence]) -> list[dict[str, Any]]:
     return [e.to_dict() for e in results]
+
+
+def round_deadline(config: Config, query: Query) -> float:
+    """Seconds a round may take: longer for a computable span when the model is lent to write a program."""
+    programs = query.scribe is not None and query.span_class == "computable" and config.tool_programs
+    return max(config.round_deadline_s, config.program_deadline_s) if programs else config.round_deadline_s
 
 
 def ground_span(
@@ -155,8 +167,8 @@ def ground_span(
     computable = route.span_class == "computable"
     closed = None if config.ground_closed_questions or computable else closed_question(query.question)
     order = () if closed else arm_order(config, route.span_class, arms)
-    query = Query(query.span, query.question, query.sentence, span_class=route.span_class)
-    deadline = started + config.round_deadline_s
+    query = dataclasses.replace(query, span_class=route.span_class)
+    deadline = started + round_deadline(config, query)
     chosen, attempts = ground_round(arms, order, query, deadline, cache, config.arbitration_margin)
     record = ConvergenceRecord(
         round=round_no,

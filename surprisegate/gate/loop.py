@@ -34,6 +34,7 @@ from .receipts import ConvergenceRecord, rounded_trigger
 from .reply import Decoding, Emitter, Reply, StopStrings
 from .result import ReplyResult, build_receipt, rounded, surprise_summary
 from .rewrite import RewriteCheck
+from .scribe import SessionScribe
 from .trigger import TriggerPolicy
 
 
@@ -120,6 +121,7 @@ class _ReplyLoop:
         self.prompt: ReplyPrompt | None = None  # rendered at the start (a server may fail: the receipt says so)
         self.decoding = Decoding(backend.session(), _sampling(config, self.scored, self.policy.probe is not None))
         self.emitter, self.reply, self.stops = Emitter(config.stream == "holdback"), Reply(), StopStrings(stop)
+        self.scribe = SessionScribe(backend, self.decoding)  # lent to arms that have the model write (programs)
         self.rounds: list[ConvergenceRecord] = []
         self.would_trigger: list[dict] = []  # detect mode: crossings recorded, never acted on
         self.eos = frozenset(backend.eos_token_ids)
@@ -279,6 +281,7 @@ class _ReplyLoop:
             span=self.reply.between(asked_from, asked_to).strip(),
             question=self.question,
             sentence=current_sentence(prefix + self.reply.text()),
+            scribe=self.scribe,
         )
 
     def _rewind(self, record: ConvergenceRecord, trigger: Trigger, chosen: Evidence) -> Iterator[Event]:
@@ -352,7 +355,7 @@ def _result(loop: _ReplyLoop) -> ReplyResult:
         question_kind=policy.kind,
         threshold=policy.threshold,
         n_tokens=len(reply.tokens),
-        tokens_decoded=loop.decoding.decoded,
+        tokens_decoded=loop.decoding.decoded + loop.scribe.tokens_written,
         latency_ms=round((time.monotonic() - loop.started) * 1000, 2),
         surprise=surprise_summary(reply.surprises, c.tail_cut, policy.window_max, c.statistic) if scored else None,
         tokens_injected=loop.injected_total,

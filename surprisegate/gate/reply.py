@@ -8,6 +8,8 @@ holds: the prompt, injected evidence, the reply so far) diverge on every rewind.
 from __future__ import annotations
 
 import codecs
+import contextlib
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -97,6 +99,10 @@ class Decoding:
         self.n_prompt = 0  # the prompt's tokens: re-fed in one batch on a restore
         self.steps: Steps | None = None
         self.decoded = 0  # every token sampled, including dropped ones
+        # Held while the session is lent for a scratch text (an arm's thread); `lent`: the session holds
+        # that text, so the context goes back in before the next step.
+        self._lending = threading.Lock()
+        self.lent = False
 
     def start(self, prompt_tokens: list[int], turn_start: int) -> None:
         self.context = Context(list(prompt_tokens), turn_start)
@@ -104,6 +110,8 @@ class Decoding:
         self.continue_from(prompt_tokens)
 
     def next_step(self) -> Step:
+        if self.lent:  # the prompt in one batch, the reply a token at a time: the schedule of the first time
+            self.continue_from(self.context.tokens, batch_until=self.n_prompt)
         assert self.steps is not None  # set by start, replaced on every rewind
         self.decoded += 1
         return next(self.steps)
@@ -112,9 +120,22 @@ class Decoding:
         self, tokens: list[int], batch_until: int | None = None, banned: frozenset[int] = frozenset()
     ) -> None:
         """Abort the current steps and continue the session from `tokens`."""
-        if self.steps is not None:
-            self.steps.close()
-        self.steps = self.session.steps(tokens, self.sampling, batch_until=batch_until, banned=banned)
+        with self._lending:  # a scratch text still being written (its arm outlived the round) ends first
+            if self.steps is not None:
+                self.steps.close()
+            self.steps = self.session.steps(tokens, self.sampling, batch_until=batch_until, banned=banned)
+            self.lent = False
+
+    @contextlib.contextmanager
+    def lend(self) -> Iterator[Session]:
+        """The session, for a scratch text that replaces what it holds; the reply's steps stop here and its
+        context is fed back in before the next step (rewinds and restores feed their own)."""
+        with self._lending:
+            if self.steps is not None:
+                self.steps.close()
+                self.steps = None
+            self.lent = True
+            yield self.session
 
     def replace(self, tokens: list[int], turn_start: int | None) -> None:
         """The context after a rewind (the session already continues from it)."""
