@@ -128,6 +128,14 @@ class Config:
             "reply written without it (the rewrite ignored the evidence; README Results)"
         },
     )
+    answer_last: bool = field(
+        default=True,
+        metadata={
+            "help": "a tool's computed answer ends its claim: when the rewritten sentence goes on to restate other "
+            'numbers after it ("34 books after selling 21"), that tail is cut at its clause boundary and the '
+            "sentence's end written again, the boundary's first token banned (twice at most)"
+        },
+    )
     retry_failed_rewrite: bool = field(
         default=True,
         metadata={

@@ -489,6 +489,47 @@ def test_a_retry_that_fails_again_is_reverted_to_the_plain_reply():
     assert all(r["action"] != "rewound" for r in done.rounds)
 
 
+BOOKS_QUESTION = (
+    "Roger had 25 books. If he sold 21 of them and used the money he earned to buy 30 new books, "
+    "how many books would Roger have?"
+)
+BOOKS_ANSWER = Evidence(claim="56", evidence="The answer is 34.", confidence=1.0, source="tool:program")
+BOOKS_TAIL = "Roger would have 34 books after selling 21 and buying 30 new books."
+
+
+def script_books(context: str):
+    """Shown the computed answer, the model states it and goes on restating the question's numbers; a full
+    stop is its runner-up right after the answer's noun."""
+    if "The answer is 34." not in context:
+        return plan("Roger would have 56 books.", doubtful="56")
+    if context.endswith("Roger would have 34 books."):
+        return plan("Roger would have 34 books.")
+    tail = plan(BOOKS_TAIL)
+    at = BOOKS_TAIL.index(" after")
+    tail[at] = (" ", 0.6, {".": 0.35})
+    return tail
+
+
+@pytest.mark.parametrize("answer_last", [True, False])
+def test_a_computed_answer_ends_its_claim(answer_last):
+    backend = ScriptedBackend(script_books)
+    config = cfg(answer_last=answer_last, max_tokens=120)
+    events = list(stream(backend, BOOKS_QUESTION, config, {"tool": StaticArm("tool", [BOOKS_ANSWER])}))
+    done = events[-1]
+    (record,) = done.rounds
+    assert record["action"] == "rewound" and record["span_class"] == "computable"
+    if not answer_last:
+        assert done.text == BOOKS_TAIL and not record.get("retries")
+        return
+    assert done.text == "Roger would have 34 books."
+    (retry,) = record["retries"]
+    assert retry["rewrite"] == " after selling 21 and buying 30 new books."
+    assert retry["how"].startswith("cut at the clause boundary after the computed answer")
+    shown = "".join(e.text for e in events if isinstance(e, Token))
+    assert shown == done.text  # holdback never showed the cut tail
+    assert backend.detokenize(backend.context).endswith("Roger would have 34 books.")  # the cache holds the kept text
+
+
 NATIONALITY_QUESTION = "What nationality is the singer Tom Example?"
 PERSON_EVIDENCE = Evidence(
     claim="Tom Example", evidence="Tom Example is the son of Harold Example.", confidence=0.9, source="web:test"

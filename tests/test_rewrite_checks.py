@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from surprisegate.gate.rewrite_checks import (
+    answer_tail,
+    computed_answer,
     content_words,
     cut_short,
     expected_answer,
@@ -233,3 +236,44 @@ def test_a_nationality_before_a_name_still_counts():
 )
 def test_cut_short(rewrite, cut):
     assert cut_short(rewrite, ["The Acme VPN gateway is vpn.acme.example and it listens on port 8443."]) is cut
+
+
+@pytest.mark.parametrize(
+    ("sentence", "answer", "kept"),
+    [
+        ("Roger would have 34 books after selling 21 and buying 30 new books.", 34, "Roger would have 34 books"),
+        ("The shelter would take 7 days for all 9 puppies to be adopted.", 7, "The shelter would take 7 days"),
+        ("Paige had 11 problems left for homework after finishing 44 of them.", 11, "Paige had 11 problems left"),
+        ("She has 1,250 stamps, 300 more than before.", 1250, "She has 1,250 stamps"),
+        ("The answer is 34; 25 - 21 + 30 gives it.", 34, "The answer is 34"),
+        ("He is left with 2.5 liters out of 10.", 2.5, "He is left with 2.5 liters"),
+        # The answer is already the last number, or not stated, or nothing to cut at: left as written.
+        ("38 multiplied by 22 equals 836.", 836, None),
+        ("25 - 21 + 30 = 34, so he has 34 books.", 34, None),
+        ("Roger would have 56 books after selling 21.", 34, None),
+        ("He has 34 or 35 books.", 34, None),  # "or" is no clause boundary here: nothing is cut
+        ("Roger has 34 books and 34 pens.", 34, None),
+        ("In 2 weeks she read 14 books.", 2, None),  # the answer's number opens the sentence, no boundary before 14
+    ],
+)
+def test_answer_tail_cuts_what_restates_other_numbers_after_the_answer(sentence, answer, kept):
+    at = answer_tail(sentence, Fraction(answer))
+    assert (None if at is None else sentence[:at]) == kept
+
+
+@given(st.integers(0, 10_000), st.integers(0, 10_000), st.sampled_from(["after", "for", "with", ","]))
+def test_answer_tail_leaves_the_answer_last(answer, other, word):
+    assume(answer != other)
+    sentence = f"She has {answer} apples{'' if word == ',' else ' '}{word} {other} of them eaten."
+    at = answer_tail(sentence, Fraction(answer))
+    assert at is not None
+    kept = sentence[:at]
+    assert kept.endswith("apples") and str(answer) in kept and str(other) not in kept.split()
+
+
+@pytest.mark.parametrize(
+    ("evidence", "value"),
+    [("The answer is 34.", 34), ("The answer is -2.5.", -2.5), ("5 km is 3.1 mi.", None), ("No number.", None)],
+)
+def test_computed_answer_is_the_one_number_a_tool_states(evidence, value):
+    assert computed_answer(evidence) == (None if value is None else Fraction(value))

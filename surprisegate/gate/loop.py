@@ -233,7 +233,8 @@ class _ReplyLoop:
         if record.action != "rewound":
             self.policy.reset()  # after a round (acted on or not) the window starts afresh
             return False
-        self.rewrites.opened(before, trigger.span_start, record.evidence or "", self.decoding.context)
+        computed = record.span_class == "computable"
+        self.rewrites.opened(before, trigger.span_start, record.evidence or "", self.decoding.context, computed)
         self.injected_total += record.tokens_injected
         self._start_over_from(len(self.reply.tokens))
         return True

@@ -57,6 +57,17 @@ class Reply:
         """The text of reply tokens [start, end)."""
         return self.text(end)[len(self.text(start)) :]
 
+    def token_starting_at(self, char: int) -> int | None:
+        """The reply token whose text begins at character `char` of the reply's text (None: inside a token)."""
+        ends = 0
+        for i in range(len(self.pieces) + 1):
+            if ends == char:
+                return i if i < len(self.pieces) else None
+            if ends > char:
+                return None
+            ends = len(self.text(i + 1))
+        return None
+
     def cut(self, n: int) -> None:
         del self.tokens[n:], self.surprises[n:], self.entropies[n:], self.window_stats[n:], self.pieces[n:]
         del self.top[n:]

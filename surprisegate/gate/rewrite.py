@@ -11,13 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from ..config import Config
 from ..text import sentence_end, sentence_start
 from .events import Event, Rewind
 from .receipts import ConvergenceRecord
 from .reply import Context, Decoding, Emitter, Reply, Snapshot
-from .rewrite_checks import cut_short, rewrite_problem
+from .rewrite_checks import answer_tail, computed_answer, cut_short, rewrite_problem
+
+# How often a tail after a computed answer is cut and written again before the sentence stands as it is.
+ANSWER_LAST_TRIES = 2
 
 
 @dataclass
@@ -31,18 +35,29 @@ class Unchecked:
     evidence: list[str] = field(default_factory=list)
     after_injection: Snapshot | None = None  # right after the latest injection: a retry starts here
     tried_again: bool = False  # one more try per rewrite, then it is dropped
+    answer: Fraction | None = None  # a tool's computed value: it ends its claim (config.answer_last)
+    tail_cuts: int = 0  # tails cut after it so far
+    tail_banned: tuple[int, frozenset[int]] = (-1, frozenset())  # (reply index, tokens banned there)
+
+
+def checked_sentence(reply: Reply, unchecked: Unchecked, final: bool) -> tuple[int, str] | None:
+    """(where it starts in the reply text, the sentence) holding the latest rewrite; None while it is open."""
+    text = reply.text()
+    at = len(reply.text(unchecked.check_from))
+    end = sentence_end(text, at)
+    if end is None and not final:
+        return None
+    start = sentence_start(text, at)
+    return start, text[start:end]
 
 
 def rewrite_verdict(reply: Reply, unchecked: Unchecked, question: str, final: bool) -> tuple[bool, str | None]:
     """(checked, problem) for the sentence holding the latest rewrite: (False, None) while it is open;
     once finished, the reason it must be dropped (`rewrite_problem`) or None when it stands."""
-    text = reply.text()
-    at = len(reply.text(unchecked.check_from))
-    end = sentence_end(text, at)
-    if end is None and not final:
+    checked = checked_sentence(reply, unchecked, final)
+    if checked is None:
         return False, None
-    sentence = text[sentence_start(text, at) : end]
-    return True, rewrite_problem(sentence, unchecked.evidence, question)
+    return True, rewrite_problem(checked[1], unchecked.evidence, question)
 
 
 class RewriteCheck:
@@ -60,6 +75,7 @@ class RewriteCheck:
         start_over: Callable[[int], None],
     ) -> None:
         self.enabled, self.retries = config.revert_unused_evidence, config.retry_failed_rewrite
+        self.answer_last = config.answer_last
         self.question = question
         self.reply, self.decoding, self.emitter, self.rounds = loop_state
         self.eos, self.start_over = eos, start_over
@@ -78,12 +94,16 @@ class RewriteCheck:
         reply, context = self.reply, self.decoding.context
         return Unchecked(Snapshot.take(reply, len(reply.tokens) - 1, context), span_start, len(self.rounds))
 
-    def opened(self, before: Unchecked | None, span_start: int, evidence: str, context: Context) -> None:
-        """A rewind went in at `span_start`: its rewrite is checked once its sentence is finished."""
+    def opened(
+        self, before: Unchecked | None, span_start: int, evidence: str, context: Context, computed: bool = False
+    ) -> None:
+        """A rewind went in at `span_start`: its rewrite is checked once its sentence is finished. `computed`:
+        the evidence is a tool's result for a computable span (its one number then ends the claim)."""
         self.pending = self.pending or before
         if self.pending is not None:
             self.pending.check_from = span_start
             self.pending.evidence.append(evidence)
+            self.pending.answer = computed_answer(evidence) if computed and self.answer_last else None
             self.pending.after_injection = Snapshot.take(self.reply, len(self.reply.tokens), context)
 
     def check(self, final: bool) -> Generator[Event, None, bool]:
@@ -94,6 +114,8 @@ class RewriteCheck:
             yield from self._failed(problem, at_end_of_turn=False)
             return True
         if checked:
+            if (yield from self._answer_last(fed=len(self.reply.tokens) - 1)):  # the last token is not yet fed
+                return True
             self.pending = None  # the rewrite drew on its evidence and answers the question: it stands
         return False
 
@@ -103,7 +125,7 @@ class RewriteCheck:
         if self.pending is not None:
             problem = rewrite_verdict(self.reply, self.pending, self.question, final=True)[1]
         if problem is None:
-            return True
+            return self.pending is None or not (yield from self._answer_last(fed=len(self.reply.tokens)))
         yield from self._failed(problem, at_end_of_turn=True)
         return False
 
@@ -111,6 +133,35 @@ class RewriteCheck:
         """The backend failed: a rewrite not yet checked is dropped (only the reply goes back)."""
         if self.pending is not None:
             yield from self._revert(f"was cut off when the backend failed ({kind})", session=False)
+
+    def _answer_last(self, fed: int) -> Generator[Event, None, bool]:
+        """A computed answer ends its claim: a tail that restates other numbers after it is cut at its clause
+        boundary and the sentence's end written again, the boundary's first token banned; True when cut.
+        `fed`: reply tokens the model's context holds (the one just sampled is not fed until it stands)."""
+        u, reply = self.pending, self.reply
+        assert u is not None
+        if u.answer is None or u.tail_cuts >= ANSWER_LAST_TRIES:
+            return False
+        start, sentence = checked_sentence(reply, u, final=True) or (0, "")
+        at = answer_tail(sentence, u.answer)
+        cut = None if at is None else reply.token_starting_at(start + at)
+        if cut is None or cut < u.check_from:  # not on a token boundary, or before the rewrite began
+            return False
+        failed, shown = reply.tail(cut), self.emitter.shown_after(cut)
+        at_same, banned_there = u.tail_banned
+        banned = (banned_there if at_same == cut else frozenset()) | {reply.tokens[cut]}
+        context = self.decoding.context.tokens
+        kept = context[: len(context) - fed + cut]
+        self.decoding.continue_from(kept, banned=banned)
+        self.decoding.replace(kept, None)
+        reply.cut(cut)
+        u.tail_cuts, u.tail_banned = u.tail_cuts + 1, (cut, banned)
+        self.start_over(cut)
+        rewound = next(r for r in reversed(self.rounds) if r.action == "rewound")
+        how = "cut at the clause boundary after the computed answer, its first token banned"
+        rewound.retry("restated other numbers after its computed answer", failed, how)
+        yield Rewind(rewound.round, shown, failed, 0)
+        return True
 
     def _failed(self, problem: str, at_end_of_turn: bool) -> Generator[Event, None, None]:
         """A rewrite failed its check: one more try if allowed, else back to the reply written without it."""

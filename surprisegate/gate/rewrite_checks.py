@@ -16,7 +16,16 @@ from fractions import Fraction
 from surprisegate.gate.signals import YES_NO_START
 from surprisegate.text import EVIDENCE_STOPWORDS, normalise, parse_numbers, sentence_end
 
-__all__ = ["content_words", "cut_short", "expected_answer", "fits_answer", "rewrite_problem", "uses_evidence"]
+__all__ = [
+    "answer_tail",
+    "computed_answer",
+    "content_words",
+    "cut_short",
+    "expected_answer",
+    "fits_answer",
+    "rewrite_problem",
+    "uses_evidence",
+]
 
 # Counts this large are written rounded, often coarsely ("about 40 million" for 44,134,693); smaller
 # numbers (years, codes, sums) must match exactly.
@@ -184,3 +193,48 @@ def cut_short(rewrite: str, evidence: Iterable[str]) -> bool:
         return True  # no full stop yet: the sentence was left open
     last = text.split()[-1]
     return any(word != last and word.startswith(last) for passage in evidence for word in passage.split())
+
+
+# --------------------------------------------------------------------------------------------
+# A computed answer ends its claim. "Roger would have 34 books after selling 21 and buying 30 new books."
+# states the verified 34, then restates the question's operands, unverified: a reader (or a grader) that
+# takes the answer's last number reads 30. The loop cuts such a tail at its first clause boundary and lets the
+# model write the sentence's end again, the boundary word banned.
+# --------------------------------------------------------------------------------------------
+_DIGIT_NUMBER = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?")
+_CLAUSE_BOUNDARY = re.compile(
+    r"\s*[,;:(\u2013\u2014]|\s+(?:after|before|for|to|by|when|while|since|because|as|and|with|from|if|so|but|"
+    r"which|in|of|out|leaving|making|including|plus|minus|then|once|until)\b",
+    re.IGNORECASE,
+)
+
+
+def computed_answer(evidence: str) -> Fraction | None:
+    """The value a tool computed, when `evidence` states exactly one number ("The answer is 34."), else None."""
+    numbers = parse_numbers(evidence)
+    return numbers[0] if len(numbers) == 1 else None
+
+
+def _digit_value(raw: str) -> Fraction | None:
+    try:
+        return Fraction(raw.replace(",", "").rstrip(","))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def answer_tail(sentence: str, answer: Fraction) -> int | None:
+    """Index in `sentence` where a tail that restates other numbers after the stated `answer` begins: the
+    first clause boundary after the answer ("34 books| after selling 21"). None when the answer is already
+    the sentence's last number, is not stated, or no boundary stands before the next number."""
+    numbers = parse_numbers(sentence)
+    if not numbers or numbers[-1] == answer:
+        return None
+    written = [(m, _digit_value(m.group())) for m in _DIGIT_NUMBER.finditer(sentence)]
+    stated = next((i for i, (_, value) in enumerate(written) if value == answer), None)
+    if stated is None:
+        return None
+    after = next((m for m, value in written[stated + 1 :] if value != answer), None)
+    if after is None:
+        return None
+    boundary = _CLAUSE_BOUNDARY.search(sentence, written[stated][0].end(), after.start())
+    return None if boundary is None else boundary.start()
