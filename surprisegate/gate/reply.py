@@ -59,13 +59,10 @@ class Reply:
 
     def token_starting_at(self, char: int) -> int | None:
         """The reply token whose text begins at character `char` of the reply's text (None: inside a token)."""
-        ends = 0
-        for i in range(len(self.pieces) + 1):
-            if ends == char:
-                return i if i < len(self.pieces) else None
-            if ends > char:
-                return None
-            ends = len(self.text(i + 1))
+        for i in range(len(self.pieces)):
+            starts = len(self.text(i))
+            if starts >= char:
+                return i if starts == char else None
         return None
 
     def cut(self, n: int) -> None:

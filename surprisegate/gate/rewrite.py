@@ -157,11 +157,15 @@ class RewriteCheck:
         reply.cut(cut)
         u.tail_cuts, u.tail_banned = u.tail_cuts + 1, (cut, banned)
         self.start_over(cut)
-        rewound = next(r for r in reversed(self.rounds) if r.action == "rewound")
+        rewound = self._latest_rewound()
         how = "cut at the clause boundary after the computed answer, its first token banned"
         rewound.retry("restated other numbers after its computed answer", failed, how)
         yield Rewind(rewound.round, shown, failed, 0)
         return True
+
+    def _latest_rewound(self) -> ConvergenceRecord:
+        """The round whose rewrite is being checked."""
+        return next(r for r in reversed(self.rounds) if r.action == "rewound")
 
     def _failed(self, problem: str, at_end_of_turn: bool) -> Generator[Event, None, None]:
         """A rewrite failed its check: one more try if allowed, else back to the reply written without it."""
@@ -181,7 +185,7 @@ class RewriteCheck:
         u.tried_again = True
         start = u.check_from
         failed = reply.tail(start)
-        rewound = next(r for r in reversed(self.rounds) if r.action == "rewound")  # the round whose rewrite failed
+        rewound = self._latest_rewound()  # the round whose rewrite failed
         if at_end_of_turn and cut_short(failed, u.evidence):
             how = "continued past the end of turn"
             self.decoding.continue_from(self.decoding.context.tokens, banned=self.eos)

@@ -217,7 +217,7 @@ def computed_answer(evidence: str) -> Fraction | None:
 
 def _digit_value(raw: str) -> Fraction | None:
     try:
-        return Fraction(raw.replace(",", "").rstrip(","))
+        return Fraction(raw.replace(",", ""))
     except (ValueError, ZeroDivisionError):
         return None
 
