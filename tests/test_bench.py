@@ -6,11 +6,16 @@ a timed assertion on a shared 2-core CI machine would be noise.
 
 from __future__ import annotations
 
+import random
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-pytestmark = pytest.mark.slow
+from surprisegate.research.bench import paired_ratio_interval, repeat_order
 
 
+@pytest.mark.slow
 def test_bench_decode_small():
     pytest.importorskip("llama_cpp")
     from surprisegate.research.bench import bench_decode
@@ -24,8 +29,13 @@ def test_bench_decode_small():
     assert out["tapped_ratio"] == pytest.approx(out["detect_tapped_tokens_per_s"] / out["plain_tokens_per_s"], rel=1e-2)
     assert out["tap"] == "compiled"  # setup builds llama.cpp from source: a C compiler is here
     assert len(out["detect_runs"]) == len(out["plain_runs"]) == len(out["detect_tapped_runs"]) == 2
+    for key in ("ratio", "tapped_ratio"):
+        low, high = out[f"{key}_95ci"]
+        assert low <= out[key] <= high
+    assert out["machine"]["cpu_count"] >= 1 and out["repeats"] == 2
 
 
+@pytest.mark.slow
 def test_bench_rewind_small():
     pytest.importorskip("llama_cpp")
     from surprisegate.research.bench import bench_rewind
@@ -36,6 +46,7 @@ def test_bench_rewind_small():
     assert out["reprefill_ms"] > 0 and out["rewind_inject_redecode_ms"] > 0
 
 
+@pytest.mark.slow
 def test_bench_http_small():
     from surprisegate.backends.llama_server import find_llama_server
 
@@ -54,3 +65,48 @@ def test_bench_http_small():
     assert len(out["detect_runs"]) == len(out["plain_runs"]) == len(out["plain_n_probs0_runs"]) == 1
     for key in ("resume_target", "stream_target", "n_probs_cost", "cold_runs_ms", "resume_runs_ms"):
         assert key in out
+
+
+# The interval and the order are pure: tested over many cases without a model.
+
+speeds = st.lists(st.floats(min_value=1.0, max_value=500.0, allow_nan=False), min_size=1, max_size=30)
+
+
+@given(speeds, st.floats(min_value=0.5, max_value=1.5))
+def test_interval_holds_the_ratio_and_scales(base, factor):
+    out = paired_ratio_interval([b * factor for b in base], base, resamples=200)
+    assert out["low"] <= out["ratio"] <= out["high"]
+    assert out["ratio"] == pytest.approx(factor, abs=1e-4)  # a constant factor: every resample sees it
+
+
+@given(speeds, speeds)
+def test_interval_lies_within_the_repeats(cand, base):
+    n = min(len(cand), len(base))
+    cand, base = cand[:n], base[:n]
+    out = paired_ratio_interval(cand, base, resamples=200)
+    per_repeat = [c / b for c, b in zip(cand, base, strict=True)]
+    # a ratio of sums is a weighted mean of the per-repeat ratios: it cannot leave their range
+    assert min(per_repeat) - 1e-3 <= out["low"] <= out["high"] <= max(per_repeat) + 1e-3
+
+
+def test_interval_narrows_with_more_repeats_and_names_a_mismatch():
+    rng = random.Random(3)
+    base = [60 + rng.uniform(-6, 6) for _ in range(200)]
+    cand = [b * 0.95 + rng.uniform(-3, 3) for b in base]
+    few, many = paired_ratio_interval(cand[:8], base[:8]), paired_ratio_interval(cand, base)
+    assert many["high"] - many["low"] < few["high"] - few["low"]
+    assert many["low"] <= 0.95 <= many["high"]
+    with pytest.raises(ValueError, match="3 candidate and 2 baseline"):
+        paired_ratio_interval([1.0, 2.0, 3.0], [1.0, 2.0])
+
+
+def test_repeat_order_puts_every_arm_in_every_position_both_ways():
+    names = ["plain", "detect", "detect_tapped"]
+    orders = [repeat_order(names, i) for i in range(2 * len(names))]
+    assert all(sorted(o) == sorted(names) for o in orders)
+    for pos in range(3):
+        assert {o[pos] for o in orders} == set(names)
+    for a in names:
+        for b in names:
+            if a != b:
+                assert any(o.index(a) < o.index(b) for o in orders) and any(o.index(b) < o.index(a) for o in orders)

@@ -5,11 +5,15 @@ decode: detect-mode tokens/s (our loop, scoring every token) ÷ plain llama-cpp-
         probe's layer tap on (a second copy of the model, `probe = "auto"`).
 rewind: (continue from the context minus a 16-token span plus a 30-token segment, then re-decode 16, all
         through the session seam) ÷ re-prefilling the whole context.
-Repeats alternate baseline and candidate so drift in machine load hits both; medians are reported.
+Repeats interleave baseline and candidates, the order rotated and reversed from one repeat to the next, so
+drift in machine load hits every arm alike. A ratio is reported with a paired bootstrap interval over the
+repeats (`paired_ratio_interval`): on a shared machine the spread between repeats is larger than the effect.
 """
 
 from __future__ import annotations
 
+import os
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -23,6 +27,50 @@ DECODE_PROMPT = "Write a long, detailed essay about the history of the Roman Emp
 
 def _noop(_: str) -> None:
     pass
+
+
+def paired_ratio_interval(
+    candidate: list[float], baseline: list[float], resamples: int = 2000, level: float = 0.95, seed: int = 0
+) -> dict[str, float]:
+    """sum(candidate) / sum(baseline) over repeats, with a percentile bootstrap interval that resamples
+    whole repeats: a candidate run and the baseline run beside it share that moment's machine load."""
+    if len(candidate) != len(baseline) or not candidate:
+        raise ValueError(f"paired runs: {len(candidate)} candidate and {len(baseline)} baseline figures")
+    n = len(candidate)
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(resamples):
+        idx = [rng.randrange(n) for _ in range(n)]
+        draws.append(sum(candidate[i] for i in idx) / sum(baseline[i] for i in idx))
+    draws.sort()
+    tail = (1.0 - level) / 2
+    low = draws[int(tail * (resamples - 1))]
+    high = draws[int(round((1.0 - tail) * (resamples - 1)))]
+    ratio = sum(candidate) / sum(baseline)
+    return {"ratio": round(ratio, 4), "low": round(min(low, ratio), 4), "high": round(max(high, ratio), 4)}
+
+
+def repeat_order(names: list[str], i: int) -> list[str]:
+    """Repeat i's order: rotated by i and reversed on odd rounds, so over 2×len(names) repeats every arm
+    runs in every position, both after and before each other arm."""
+    k = (i // 2) % len(names)
+    order = names[k:] + names[:k]
+    return order[::-1] if i % 2 else order
+
+
+def machine_note(n_threads: int | None) -> dict[str, Any]:
+    """What decides a CPU decode's speed besides our code: governor, cores, threads, load at the start."""
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor", encoding="ascii") as f:
+            governor = f.read().strip()
+    except OSError:
+        governor = "unknown (no cpufreq in /sys: a VM or container)"
+    return {
+        "cpu_governor": governor,
+        "cpu_count": os.cpu_count(),
+        "n_threads": n_threads,
+        "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+    }
 
 
 def _detect_run(backend, config: Config) -> tuple[list[int], float]:
@@ -40,7 +88,7 @@ def _detect_run(backend, config: Config) -> tuple[list[int], float]:
     return out, time.perf_counter() - t0
 
 
-def bench_decode(n_tokens: int = 256, repeats: int = 5, progress: Callable[[str], None] = _noop) -> dict:
+def bench_decode(n_tokens: int = 64, repeats: int = 40, progress: Callable[[str], None] = _noop) -> dict:
     from ..backends.llamacpp import LlamaCppBackend, from_llamacpp
 
     backend = from_llamacpp(None, n_ctx=2048)
@@ -82,9 +130,7 @@ def bench_decode(n_tokens: int = 256, repeats: int = 5, progress: Callable[[str]
     tokens: dict[str, list[int]] = {}
     same_tokens = True
     for i in range(repeats):
-        # Rotate the order so drift in machine load hits every arm alike.
-        names = list(runs)[i % 3 :] + list(runs)[: i % 3]
-        for name in names:
+        for name in repeat_order(list(runs), i):
             fn, sink = runs[name]
             tokens[name], seconds = fn()
             sink.append(len(tokens[name]) / seconds)
@@ -92,12 +138,18 @@ def bench_decode(n_tokens: int = 256, repeats: int = 5, progress: Callable[[str]
         progress(
             f"decode repeat {i + 1}/{repeats}: " + ", ".join(f"{name} {runs[name][1][-1]:.1f} tok/s" for name in runs)
         )
-    tps = {name: statistics.median(sink) for name, (_, sink) in runs.items()}
+    tps = {name: statistics.fmean(sink) for name, (_, sink) in runs.items()}  # mean/mean is the ratio of sums
+    detect_ci = paired_ratio_interval(runs["detect"][1], runs["plain"][1])
+    tapped_ci = paired_ratio_interval(runs["detect_tapped"][1], runs["plain"][1])
     return {
         "benchmark": "decode",
-        "ratio": round(tps["detect"] / tps["plain"], 4),
-        "target": ">= 0.97",
-        "tapped_ratio": round(tps["detect_tapped"] / tps["plain"], 4),
+        "ratio": detect_ci["ratio"],
+        "ratio_95ci": [detect_ci["low"], detect_ci["high"]],
+        "target": ">= 0.97 at the interval's lower bound",
+        "tapped_ratio": tapped_ci["ratio"],
+        "tapped_ratio_95ci": [tapped_ci["low"], tapped_ci["high"]],
+        "repeats": repeats,
+        "machine": machine_note(getattr(llama, "n_threads", None)),
         "tap": "compiled" if tapped._tap.native else "python",
         "detect_tokens_per_s": round(tps["detect"], 2),
         "detect_tapped_tokens_per_s": round(tps["detect_tapped"], 2),
