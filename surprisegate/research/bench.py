@@ -21,6 +21,7 @@ from typing import Any
 
 from ..config import Config
 from ..gate.prompting import PromptLayout, chat_messages
+from ..gate.surprise import percentile
 
 DECODE_PROMPT = "Write a long, detailed essay about the history of the Roman Empire, from its founding to its fall."
 
@@ -43,9 +44,8 @@ def paired_ratio_interval(
         idx = [rng.randrange(n) for _ in range(n)]
         draws.append(sum(candidate[i] for i in idx) / sum(baseline[i] for i in idx))
     draws.sort()
-    tail = (1.0 - level) / 2
-    low = draws[int(tail * (resamples - 1))]
-    high = draws[int(round((1.0 - tail) * (resamples - 1)))]
+    tail = 100.0 * (1.0 - level) / 2
+    low, high = percentile(draws, tail), percentile(draws, 100.0 - tail)
     ratio = sum(candidate) / sum(baseline)
     return {"ratio": round(ratio, 4), "low": round(min(low, ratio), 4), "high": round(max(high, ratio), 4)}
 
