@@ -46,3 +46,7 @@ KIND_THRESHOLDS = {
     "year discovered": -5.0125,
     "year state": -0.7012,
 }
+
+# Sentence scope (claim_scope): a sentence is grounded when its highest claim-token value exceeds this
+# (bits of the signal above). Placeholder until fitted on longform_dev half A.
+SENTENCE_THRESHOLD = 1.0

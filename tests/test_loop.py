@@ -733,3 +733,103 @@ def test_a_probe_judges_a_first_sentence_left_open_at_the_end_of_turn(tmp_path):
     # detect: the same judgement is recorded, the reply stays as written
     _, _, done = run(cfg(mode="detect", probe=str(path)), {}, backend=_StatefulBackend(script))
     assert done.text == unfinished and done.result.would_trigger[0]["statistic"] == "probe"
+
+
+# --------------------------------------------------------------------------------------------
+# sentence scope: every sentence of a paragraph judged on its own claim
+# --------------------------------------------------------------------------------------------
+PARAGRAPH_Q = "Write a short paragraph about Testland: its capital and its currency."
+OPENING = "Testland is a small and quiet country."
+WRONG_PARAGRAPH = f"{OPENING} Its capital is Wrongville. Its currency is the Testmark."
+RIGHT_PARAGRAPH = f"{OPENING} Its capital is Rightburg. Its currency is the Testmark."
+
+
+def script_paragraph(context: str, ignore_evidence: bool = False):
+    """A paragraph whose opening is uncertain (wording, not fact), whose capital is a doubtful name, and
+    whose currency is written confidently. With the capital's evidence in context (or Rightburg already
+    written) the capital comes out right, unless `ignore_evidence`, when a rewrite names nothing."""
+    reply = context.rsplit("<|im_start|>assistant\n", 1)[-1]
+    if "Rightburg" in reply or ("Rightburg." in context and not ignore_evidence):
+        return plan(RIGHT_PARAGRAPH)
+    if "Rightburg." in context and ignore_evidence:
+        return plan(f"{OPENING} Its capital is a lovely place. Its currency is the Testmark.")
+    out = plan(WRONG_PARAGRAPH, doubtful="Wrongville")
+    for i in range(4):  # "Testland is": an uncertain opening, copied from the question anyway
+        out[i] = (out[i][0], 0.05)
+    return out
+
+
+def paragraph_cfg(**kw):
+    return cfg(**({"max_tokens": 160, "sentence_threshold": 3.0} | kw))
+
+
+def run_paragraph(config, arms=None, script=script_paragraph):
+    backend = ScriptedBackend(script)
+    events = list(stream(backend, PARAGRAPH_Q, config, arms or {}))
+    return backend, events, events[-1]
+
+
+def test_claim_scope_auto_is_sentence_for_a_paragraph_budget():
+    assert cfg(max_tokens=160).sentence_scope and not cfg(max_tokens=64).sentence_scope
+    assert cfg(max_tokens=64, claim_scope="sentence").sentence_scope
+    assert not cfg(max_tokens=160, claim_scope="reply").sentence_scope
+
+
+def test_sentence_scope_grounds_the_doubtful_claim_not_the_opening():
+    arm = StaticArm("memory", [RIGHT_EVIDENCE])
+    backend, events, done = run_paragraph(paragraph_cfg(), {"memory": arm})
+    assert done.text == RIGHT_PARAGRAPH
+    (trigger,) = [e for e in events if isinstance(e, Trigger)]
+    # The rewind starts at the sentence, after the kept opening, on a word boundary.
+    assert trigger.span_start == len(OPENING) and trigger.span_text.startswith(" Its capital is Wrongville.")
+    assert trigger.statistic == "sentence:surprise" and trigger.value == pytest.approx(bits(0.02))
+    (query,) = arm.calls
+    assert query.subject == "Testland" and "Wrongville" not in query.question and "capital" in query.question
+    (record,) = done.rounds
+    assert record["action"] == "rewound"
+    # The evidence left with its sentence: the model wrote the rest from the prompt and the reply alone.
+    assert "Rightburg." not in backend.detokenize(backend.context).split("<|im_start|>assistant\n")[0]
+
+
+def test_sentence_scope_holds_back_one_sentence_at_a_time():
+    _, events, done = run_paragraph(paragraph_cfg(), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])})
+    shown_before_trigger = "".join(
+        e.text
+        for e in events[: events.index(next(e for e in events if isinstance(e, Trigger)))]
+        if isinstance(e, Token)
+    )
+    assert shown_before_trigger == OPENING  # the finished opening was shown; the doubtful sentence never
+    shown = "".join(e.text for e in events if isinstance(e, Token))
+    assert shown == RIGHT_PARAGRAPH and "Wrongville" not in shown
+
+
+def test_detect_in_sentence_scope_records_each_doubtful_sentence_and_changes_nothing():
+    _, _, off = run_paragraph(paragraph_cfg(mode="off"))
+    _, _, detect = run_paragraph(paragraph_cfg(mode="detect"))
+    assert off.text == detect.text == WRONG_PARAGRAPH
+    (crossing,) = detect.result.would_trigger
+    assert crossing["span_start"] == len(OPENING)
+
+
+def test_a_reverted_sentence_stops_only_itself():
+    script = lambda context: script_paragraph(context, ignore_evidence=True)  # noqa: E731
+
+    class OnceArm(StaticArm):  # the capital's evidence, then nothing for the currency
+        def ground(self, query, deadline):
+            return super().ground(query, deadline) if not self.calls else (self.calls.append(query) or [])
+
+    arm = OnceArm("memory", [RIGHT_EVIDENCE])
+    config = paragraph_cfg(retry_failed_rewrite=False, sentence_threshold=0.01)
+    _, events, done = run_paragraph(config, {"memory": arm}, script)
+    assert done.text == WRONG_PARAGRAPH  # never worse than the paragraph written without evidence
+    # The capital's rewrite dropped its claim and went back; the currency sentence was still judged.
+    assert [r["action"] for r in done.rounds] == ["reverted", "resumed_unmodified"]
+    assert "lovely place" in done.rounds[0]["rewritten_text"]
+    assert [e.span_text.strip() for e in events if isinstance(e, Trigger)][1] == "Its currency is the Testmark."
+
+
+def test_paragraph_rounds_caps_a_reply():
+    _, _, done = run_paragraph(
+        paragraph_cfg(sentence_threshold=0.0, paragraph_rounds=1), {"memory": StaticArm("memory", [])}
+    )
+    assert len(done.rounds) == 1

@@ -41,6 +41,8 @@ class Query:
     question: str  # the user's question
     sentence: str  # the sentence so far, up to and including the span
     span_class: str = "other"  # router's class: computable | entity | other
+    # Sentence scope: who the sentence is about ("Chad"); then `question` is the sentence, subject named.
+    subject: str = ""
     # The model, for arms that have it write a scratch text they check (None: the backend lends none).
     scribe: Scribe | None = field(default=None, compare=False, repr=False)
 

@@ -80,11 +80,18 @@ class MemoryArm:
         question = query.question.strip()
         claim = query.span.strip() or query.sentence.strip()
         search_text, context = (question, claim) if question else (claim, "")
+        if query.subject.strip():
+            # A paragraph's sentence: the subject finds the passage, the sentence picks its sentence (its
+            # other words, such as a wrong name, cover no passage and would sink it below the floor).
+            search_text, context = query.subject.strip(), question
         if not search_text or time.monotonic() >= deadline:
             return []
         try:
             hits = self.store.search(search_text, k=self.k, context=context, deadline=deadline)
             weights = self._word_weights(search_text) if hits else {}
+            if hits and query.subject.strip():  # the sentence's own words pick; the subject is in every sentence
+                subject = stems(query.subject)
+                weights = {w: v for w, v in self._word_weights(question).items() if w not in subject}
         except TimeoutError:
             return []
         except (sqlite3.Error, SurpriseGateError) as err:  # SQLite, or a Milvus server that went away
@@ -92,13 +99,15 @@ class MemoryArm:
 
         relation = relation_word(search_text)
         shape = answer_shape(search_text)
+        about_sentence = bool(query.subject.strip())
         evidence: list[Evidence] = []
         for hit in sorted(hits, key=lambda h: not names_subject(h.title, search_text)):  # stable: score order otherwise
             if time.monotonic() > deadline:
                 break
             if hit.score < self.floor:
                 continue
-            sentence = best_sentences(hit.text, weights, self.max_sentences, relation, shape)
+            count = claim_count(hit.text, weights) if about_sentence else self.max_sentences
+            sentence = best_sentences(hit.text, weights, count, relation, shape)
             evidence.append(
                 Evidence(
                     claim=sentence,
@@ -125,6 +134,13 @@ class MemoryArm:
             stem = light_stem(term.word)
             weights[stem] = max(weights.get(stem, 0.0), idf(term.word) if idf else 1.0)
         return weights
+
+
+def claim_count(passage: str, weights: dict[str, float], most: int = 2) -> int:
+    """How many passage sentences a paragraph's sentence asks about: those holding one of its words (a
+    sentence may state two claims, "Its capital is X, and its official language is Y"), at least 1."""
+    held = [stems(s) for s in split_sentences(passage)]
+    return max(1, min(most, sum(1 for h in held if any(stem in h for stem in weights))))
 
 
 def names_subject(title: str | None, question: str) -> bool:

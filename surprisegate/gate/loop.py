@@ -26,6 +26,7 @@ from ..backends import BlackBoxBackend, HiddenStates, Sampling, SteerableBackend
 from ..config import Config, evidence_text
 from ..errors import BackendFault, InputError
 from ..text import current_sentence
+from .claims import sentence_arm_query
 from .events import Done, Event, Grounding, Rewind, Trigger
 from .grounding import ground_span, why_not_grounded
 from .probe import TriggerProbe, resolve_probe
@@ -123,15 +124,19 @@ class _ReplyLoop:
         self.emitter, self.reply, self.stops = Emitter(config.stream == "holdback"), Reply(), StopStrings(stop)
         self.scribe = SessionScribe(backend, self.decoding)  # lent to arms that have the model write (programs)
         self.rounds: list[ConvergenceRecord] = []
+        self.at_end_of_turn = False  # a trigger judged at the model's end of turn
         self.would_trigger: list[dict] = []  # detect mode: crossings recorded, never acted on
         self.eos = frozenset(backend.eos_token_ids)
         state = (self.reply, self.decoding, self.emitter, self.rounds)
-        self.rewrites = RewriteCheck(config, self.question, state, self.eos, self._start_over_from)
+        self.rewrites = RewriteCheck(
+            config, self.question, state, self.eos, self._start_over_from, self._evidence_leaves
+        )
         self.arm_cache: dict = {}  # per reply: (arm, question, class) -> evidence list
         self.injected_total = 0
         self.finish_reason = "length"
         self.fault: dict[str, Any] | None = None  # the backend failed mid-reply: what happened (receipt "fault")
-        self.max_decoded = config.max_tokens * (config.max_rounds + 2) + 8  # every round may rewrite, a revert redo
+        rounds = config.paragraph_rounds if config.sentence_scope else config.max_rounds
+        self.max_decoded = config.max_tokens * (rounds + 2) + 8  # every round may rewrite, a revert redo
 
     def close(self) -> None:
         self.decoding.close()
@@ -194,13 +199,16 @@ class _ReplyLoop:
             return False
         context = self.decoding.context
         context.tokens.pop()
-        if (yield from self._on_trigger()):
+        self.at_end_of_turn = True
+        rewound = yield from self._on_trigger()
+        self.at_end_of_turn = False
+        if rewound:
             return True
         context.tokens.append(self.reply.tokens[-1])
         return False
 
     def _may_trigger(self) -> bool:
-        return len(self.rounds) + len(self.would_trigger) < self.config.max_rounds and not self.rewrites.reverted
+        return self._rounds_left(len(self.rounds) + len(self.would_trigger))
 
     def _final_upto(self) -> int:
         """Reply tokens to show now: all of them in emit streaming, those that can no longer change in holdback."""
@@ -209,14 +217,34 @@ class _ReplyLoop:
     def _unchangeable_upto(self) -> int:
         """Reply tokens that no round, rewrite check or revert can change any more."""
         n = len(self.reply.tokens)
-        can_rewind = self.intervening and len(self.rounds) < self.config.max_rounds and not self.rewrites.reverted
+        can_rewind = self.intervening and self._rounds_left(len(self.rounds))
         final_upto = self.policy.first_rewindable(n) if can_rewind else n
         held = self.rewrites.held_from
         return final_upto if held is None else min(final_upto, held)
 
+    def _rounds_left(self, used: int) -> bool:
+        """Per reply (reply scope: none after a revert), or in sentence scope one per sentence (the judge's)
+        up to paragraph_rounds, a reverted sentence stopping only itself."""
+        if self.policy.sentences is not None:
+            return used < self.config.paragraph_rounds
+        return used < self.config.max_rounds and not self.rewrites.reverted
+
+    def _evidence_leaves(self, at_end_of_turn: bool) -> None:
+        """Sentence scope: a rewritten sentence stood its check, so its evidence leaves the context and the
+        reply goes on from the prompt and the reply as written, the way the model wrote the rest. Left in, the
+        evidence turn reads as an answered question: the model stopped after the one sentence. Only the reply
+        is fed again (the prompt before the evidence stays cached). At an end of turn the reply went on from,
+        that end is banned once: the rewrite, often the evidence's own words, reads as a whole answer."""
+        assert self.prompt is not None
+        tokens = self.prompt.tokens + self.reply.tokens
+        self.decoding.continue_from(tokens, banned=self.eos if at_end_of_turn else frozenset())
+        self.decoding.replace(tokens, self.prompt.turn_start)
+
     def _start_over_from(self, n: int) -> None:
         """The reply was cut back to `n` tokens: the window starts afresh and emit streaming resumes there."""
-        self.policy.reset(word_dropped=True)
+        reply = self.reply
+        pieces = [p.decode("utf-8", "replace") for p in reply.pieces]
+        self.policy.restart(pieces, reply.surprises, reply.entropies, n)
         self.emitter.restart(self.reply, n)
 
     # --- a trigger and its round ------------------------------------------------------------------
@@ -234,7 +262,10 @@ class _ReplyLoop:
             self.policy.reset()  # after a round (acted on or not) the window starts afresh
             return False
         computed = record.span_class == "computable"
-        self.rewrites.opened(before, trigger.span_start, record.evidence or "", self.decoding.context, computed)
+        claim = self._query() if self.policy.sentences is not None else None
+        self.rewrites.opened(before, trigger.span_start, record.evidence or "", self.decoding.context, computed, claim)
+        if claim is not None and self.rewrites.pending is not None:
+            self.rewrites.pending.reply_went_on = not self.at_end_of_turn
         self.injected_total += record.tokens_injected
         self._start_over_from(len(self.reply.tokens))
         return True
@@ -276,6 +307,8 @@ class _ReplyLoop:
         """What the arms are asked: the doubtful words, the question, and the sentence so far (a cloze
         prefix the assistant turn started with included)."""
         assert self.prompt is not None
+        if self.policy.sentences is not None:
+            return sentence_arm_query(self.policy.sentences.judged[2], self.question, self.scribe)
         prefix = b"".join(self.backend.token_bytes(t) for t in self.prompt.prefix).decode("utf-8", "replace")
         asked_from, asked_to = self.policy.query_span(len(self.reply.tokens))
         return Query(
@@ -299,8 +332,10 @@ class _ReplyLoop:
         kept_reply = reply.tokens[: trigger.span_start]
         segment, refeed, turn_start = prompt.segment(self.backend.tokenize, injected, injection, keep, kept_reply)
         new_context = context.tokens[:keep] + segment + refeed
+        # A paragraph's rewrite must write its sentence: with the evidence in a fresh turn the model may end it at once.
+        banned = self.eos if self.policy.sentences is not None else frozenset()
         try:
-            self.decoding.continue_from(new_context)
+            self.decoding.continue_from(new_context, banned=banned)
         except BackendFault as fault:
             record.resume_failed(chosen.source, fault.kind)
             raise

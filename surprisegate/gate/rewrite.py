@@ -13,12 +13,13 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from ..arms import Query
 from ..config import Config
 from ..text import sentence_end, sentence_start
 from .events import Event, Rewind
 from .receipts import ConvergenceRecord
 from .reply import Context, Decoding, Emitter, Reply, Snapshot
-from .rewrite_checks import answer_tail, computed_answer, cut_short, rewrite_problem
+from .rewrite_checks import answer_tail, computed_answer, cut_short, dropped_claim, rewrite_problem
 
 # How often a tail after a computed answer is cut and written again before the sentence stands as it is.
 ANSWER_LAST_TRIES = 2
@@ -38,6 +39,8 @@ class Unchecked:
     answer: Fraction | None = None  # a tool's computed value: it ends its claim (config.answer_last)
     tail_cuts: int = 0  # tails cut after it so far
     tail_banned: tuple[int, frozenset[int]] = (-1, frozenset())  # (reply index, tokens banned there)
+    claim: Query | None = None  # sentence scope: what the arms were asked about the sentence it replaces
+    reply_went_on: bool = False  # sentence scope: the reply went on after the sentence it replaces
 
 
 def checked_sentence(reply: Reply, unchecked: Unchecked, final: bool) -> tuple[int, str] | None:
@@ -53,11 +56,16 @@ def checked_sentence(reply: Reply, unchecked: Unchecked, final: bool) -> tuple[i
 
 def rewrite_verdict(reply: Reply, unchecked: Unchecked, question: str, final: bool) -> tuple[bool, str | None]:
     """(checked, problem) for the sentence holding the latest rewrite: (False, None) while it is open;
-    once finished, the reason it must be dropped (`rewrite_problem`) or None when it stands."""
+    once finished, the reason it must be dropped (`rewrite_problem`) or None when it stands. A rewritten
+    sentence of a paragraph is checked against what it was asked about, and must still state its claim."""
     checked = checked_sentence(reply, unchecked, final)
     if checked is None:
         return False, None
-    return True, rewrite_problem(checked[1], unchecked.evidence, question)
+    claim = unchecked.claim
+    if claim is None:
+        return True, rewrite_problem(checked[1], unchecked.evidence, question)
+    problem = rewrite_problem(checked[1], unchecked.evidence, claim.question)
+    return True, problem or dropped_claim(claim.sentence, checked[1], unchecked.evidence, question)
 
 
 class RewriteCheck:
@@ -73,12 +81,13 @@ class RewriteCheck:
         loop_state: tuple[Reply, Decoding, Emitter, list[ConvergenceRecord]],
         eos: frozenset[int],
         start_over: Callable[[int], None],
+        evidence_leaves: Callable[[bool], None] = lambda at_end_of_turn: None,
     ) -> None:
         self.enabled, self.retries = config.revert_unused_evidence, config.retry_failed_rewrite
         self.answer_last = config.answer_last
         self.question = question
         self.reply, self.decoding, self.emitter, self.rounds = loop_state
-        self.eos, self.start_over = eos, start_over
+        self.eos, self.start_over, self.evidence_leaves = eos, start_over, evidence_leaves
         self.pending: Unchecked | None = None  # a rewrite whose sentence is not finished: held back
         self.reverted = False  # a rewrite failed and was dropped: no further rounds
 
@@ -95,19 +104,28 @@ class RewriteCheck:
         return Unchecked(Snapshot.take(reply, len(reply.tokens) - 1, context), span_start, len(self.rounds))
 
     def opened(
-        self, before: Unchecked | None, span_start: int, evidence: str, context: Context, computed: bool = False
+        self,
+        before: Unchecked | None,
+        span_start: int,
+        evidence: str,
+        context: Context,
+        computed: bool = False,
+        claim: Query | None = None,
     ) -> None:
         """A rewind went in at `span_start`: its rewrite is checked once its sentence is finished. `computed`:
-        the evidence is a tool's result for a computable span (its one number then ends the claim)."""
+        the evidence is a tool's result for a computable span (its one number then ends the claim); `claim`:
+        sentence scope, what the arms were asked about the sentence it rewrites."""
         self.pending = self.pending or before
         if self.pending is not None:
+            self.pending.claim = claim
             self.pending.check_from = span_start
             self.pending.evidence.append(evidence)
             self.pending.answer = computed_answer(evidence) if computed and self.answer_last else None
             self.pending.after_injection = Snapshot.take(self.reply, len(self.reply.tokens), context)
 
     def check(self, final: bool) -> Generator[Event, None, bool]:
-        """Check the latest rewrite once its sentence is finished; True when it failed and went back."""
+        """Check the latest rewrite once its sentence is finished; True when the context was replaced (it
+        failed and went back, or a paragraph's sentence stood and its evidence left)."""
         assert self.pending is not None
         checked, problem = rewrite_verdict(self.reply, self.pending, self.question, final)
         if problem is not None:
@@ -116,7 +134,10 @@ class RewriteCheck:
         if checked:
             if (yield from self._answer_last(fed=len(self.reply.tokens) - 1)):  # the last token is not yet fed
                 return True
-            self.pending = None  # the rewrite drew on its evidence and answers the question: it stands
+            stood, self.pending = self.pending, None  # it drew on its evidence and answers the question: it stands
+            if stood.claim is not None:
+                self.evidence_leaves(False)
+                return True
         return False
 
     def end_of_turn(self) -> Generator[Event, None, bool]:
@@ -124,6 +145,11 @@ class RewriteCheck:
         problem = None
         if self.pending is not None:
             problem = rewrite_verdict(self.reply, self.pending, self.question, final=True)[1]
+        if problem is None and self.pending is not None and self.pending.claim is not None:
+            went_on, self.pending = self.pending.reply_went_on, None
+            if went_on:  # the reply its sentence replaced went on: so does this one, without the evidence
+                self.evidence_leaves(True)
+            return not went_on
         if problem is None:
             return self.pending is None or not (yield from self._answer_last(fed=len(self.reply.tokens)))
         yield from self._failed(problem, at_end_of_turn=True)
@@ -192,6 +218,8 @@ class RewriteCheck:
         else:
             how = "rewritten from the rewind point with its first token banned"
             banned = frozenset({reply.tokens[start]}) if len(reply.tokens) > start else frozenset()
+            if u.claim is not None:  # a paragraph's sentence is written again, not ended
+                banned |= self.eos
             shown = self.emitter.shown_after(start)
             self.decoding.restore(u.after_injection, reply, banned)
             self.start_over(start)

@@ -13,8 +13,9 @@ import re
 from collections.abc import Iterable
 from fractions import Fraction
 
+from surprisegate.gate.claims import claim_words, subject_of
 from surprisegate.gate.signals import YES_NO_START
-from surprisegate.text import EVIDENCE_STOPWORDS, normalise, parse_numbers, sentence_end
+from surprisegate.text import EVIDENCE_STOPWORDS, normalise, parse_numbers, sentence_end, stems
 
 __all__ = [
     "answer_tail",
@@ -181,6 +182,24 @@ def rewrite_problem(sentence: str, evidence: Iterable[str], question: str = "") 
     if not fits_answer(sentence, question):
         return f"does not answer what was asked (the question asks for a {expected_answer(question)})"
     return None
+
+
+def dropped_claim(original: str, rewrite: str, evidence: Iterable[str], question: str) -> str | None:
+    """Why a rewritten sentence of a paragraph drops the claim of the one it replaces, or None: it must still
+    name something or give a number the question did not ("The capital is Koufcontou." -> "Chad is a country
+    in Africa." stops stating a capital), and keep the words the original shared with its evidence
+    ("capital"): the relation it stated."""
+    if claim_words(original, question) and not claim_words(rewrite, question):
+        return "states no name or number any more (the sentence it replaces stated a claim)"
+    subject = stems(subject_of(question))  # the subject is in every sentence: it states nothing
+    relation = stems(original) & set().union(*(stems(e) for e in evidence)) - subject - _STOP_STEMS
+    kept = relation & stems(rewrite)
+    if relation and 2 * len(kept) < len(relation):  # half may go: a rewrite words things its own way
+        return f"no longer says what the sentence it replaces said ({', '.join(sorted(relation - kept))})"
+    return None
+
+
+_STOP_STEMS = frozenset(EVIDENCE_STOPWORDS)
 
 
 def cut_short(rewrite: str, evidence: Iterable[str]) -> bool:

@@ -17,10 +17,17 @@ import math
 import numpy as np
 
 from ..config import Config
-from ..text import ends_sentence
+from ..text import ends_sentence, sentence_end
+from .claims import claim_token_flags, sentence_doubt
 from .probe import TriggerProbe
 from .signals import CopyTracker, question_kind, signal_value
 from .surprise import RollingWindow
+
+
+def sentence_value(signal: str, surprise: float, entropy: float) -> float:
+    """The per-token value a sentence's doubt is read from: entropy for the entropy signals, else surprise
+    (claim tokens are never copies, so the "novel" signals read the same as their base)."""
+    return entropy if signal.endswith("entropy") else surprise
 
 
 def eligible(n_values: int, window: int, min_tokens: int) -> bool:
@@ -60,6 +67,82 @@ class _PendingSentence:
         return None if self.state_sum is None else self.state_sum / self.states
 
 
+class SentenceJudge:
+    """Sentence scope (config.claim_scope): every finished sentence of the reply is judged once, on its claim
+    tokens (claims.py): its doubt is their highest per-token value, and a doubt above `threshold` grounds it.
+
+    It tracks the open sentence (the reply's last, from `start`); the loop restarts it from the reply after
+    every cut (`restart`), and a sentence whose start is `settled` (judged, grounded or rewritten) is not
+    judged again: one round per sentence."""
+
+    def __init__(self, question: str, threshold: float, max_tokens: int) -> None:
+        self.question, self.threshold, self.max_tokens = question, threshold, max_tokens
+        self.start = 0  # reply index of the open sentence's first token
+        self.pieces: list[str] = []
+        self.values: list[float] = []
+        self.settled: set[int] = set()
+        self.judged: tuple[int, int, str] = (0, 0, "")  # the last judged sentence: reply [start, end), its text
+        self.doubt = -math.inf
+
+    def push(self, index: int, piece: str, value: float) -> bool:
+        """Add reply token `index`; True when it closed a sentence (or the reply's budget) that is doubtful."""
+        self.pieces.append(piece)
+        self.values.append(value)
+        text = "".join(self.pieces)
+        end = sentence_end(text)
+        if end is not None:
+            inside = _tokens_before(self.pieces, end)  # the token that showed the end may open the next one
+            return self._close(inside, next_start=self.start + inside)
+        if index + 1 >= self.max_tokens:
+            return self._close(len(self.pieces), next_start=index + 1)
+        return False
+
+    def end_of_turn(self) -> bool:
+        """The reply ended: judge the open sentence (it may have no full stop)."""
+        return bool(self.pieces) and self._close(len(self.pieces), next_start=self.start + len(self.pieces))
+
+    def _close(self, inside: int, next_start: int) -> bool:
+        start, pieces, values = self.start, self.pieces[:inside], self.values[:inside]
+        self.start, self.pieces, self.values = next_start, self.pieces[inside:], self.values[inside:]
+        if start in self.settled or not "".join(pieces).strip():
+            return False
+        self.settled.add(start)
+        self.judged = (start, start + inside, "".join(pieces).strip())
+        self.doubt = sentence_doubt(values, claim_token_flags(pieces, self.question))
+        return self.doubt > self.threshold
+
+    def restart(self, pieces: list[str], values: list[float], at: int) -> None:
+        """The reply was cut back (a rewind, retry or revert) to these tokens, decoding going on from reply
+        index `at`: the open sentence is the one holding `at` (a sentence starts there when the text before
+        it has ended one); sentences that were cut away are forgotten."""
+        before = "".join(pieces[:at])
+        if at == 0 or ends_sentence(before):
+            self.start = min(at, len(pieces))
+        else:
+            start_char = _open_sentence_start(before)
+            self.start = _tokens_before(pieces, start_char) if start_char else 0
+        self.pieces, self.values = list(pieces[self.start :]), list(values[self.start :])
+        self.settled = {i for i in self.settled if i <= self.start}
+
+
+def _tokens_before(pieces: list[str], char: int) -> int:
+    """How many leading pieces lie entirely before character `char` of their joined text."""
+    at = 0
+    for i, piece in enumerate(pieces):
+        if at + len(piece) > char:
+            return i
+        at += len(piece)
+    return len(pieces)
+
+
+def _open_sentence_start(text: str) -> int:
+    """Character index where the last (open) sentence of `text` begins: just past the last finished one."""
+    start, at = 0, 0
+    while (end := sentence_end(text, at)) is not None:
+        start = at = end
+    return start
+
+
 class TriggerPolicy:
     """The rolling window of one reply, the threshold for its kind of question, and where a span starts.
 
@@ -76,6 +159,14 @@ class TriggerPolicy:
         # Which tokens merely copy the question (or a cloze prefix): the "novel" signals skip them.
         self.copies = CopyTracker(question + " " + copied_from) if config.signal.startswith("novel") else None
         self.window_max = 0.0  # highest eligible statistic over every token decoded
+        # Sentence scope: every finished sentence judged on its claim tokens (no window, no probe).
+        self.sentences = (
+            SentenceJudge(question, config.sentence_threshold, config.max_tokens)
+            if config.sentence_scope and not copied_from
+            else None
+        )
+        if self.sentences is not None:
+            probe = None
         self.probe = probe if probe is not None and probe.applies_to(self.kind) and not copied_from else None
         self.pending: _PendingSentence | None = _PendingSentence() if self.probe is not None else None
         self.probe_score: float | None = None  # the probe's score of the first sentence, once judged
@@ -95,6 +186,8 @@ class TriggerPolicy:
     ) -> tuple[float, bool]:
         """Add reply token `index`; return (window statistic after it, whether the reply should be grounded now:
         an eligible window crossed, or the probe judged the finished first sentence doubtful)."""
+        if self.sentences is not None:
+            return self._push_sentence(index, text, surprise, entropy)
         copied = self.copies.push(text) if self.copies else False
         pushed = signal_value(self.config.signal, surprise, entropy, copied)
         if pushed is None:  # novel signals skip tokens copied from the question
@@ -107,6 +200,16 @@ class TriggerPolicy:
         if self.pending is not None:
             return value, self._judge_pending(index, text, value if is_eligible else None, hidden)
         return value, is_eligible and self._window_crossed(value)
+
+    def _push_sentence(self, index: int, text: str, surprise: float, entropy: float) -> tuple[float, bool]:
+        judge = self.sentences
+        assert judge is not None
+        value = sentence_value(self.config.signal, surprise, entropy)
+        doubtful = judge.push(index, text, value)
+        if judge.judged[0] in judge.settled and judge.doubt > -math.inf:
+            self.window_max = max(self.window_max, judge.doubt)
+        self.crossing = (f"sentence:{self.config.signal}", judge.doubt, judge.threshold)
+        return value, doubtful
 
     def _judge_pending(self, index: int, text: str, stat: float | None, hidden: np.ndarray | None) -> bool:
         """Add a token to the pending first sentence; judge it once it has ended with an eligible window in it,
@@ -128,6 +231,10 @@ class TriggerPolicy:
 
     def end_of_turn(self) -> bool:
         """The reply ended: judge a first sentence still pending (it may have no full stop)."""
+        if self.sentences is not None:
+            doubtful = self.sentences.end_of_turn()
+            self.crossing = (f"sentence:{self.config.signal}", self.sentences.doubt, self.sentences.threshold)
+            return doubtful
         if self.pending is None or self.pending.peak == -math.inf:
             return False
         return self._judge()
@@ -154,6 +261,8 @@ class TriggerPolicy:
     def span_start(self) -> int:
         """Reply index where a doubtful span begins: the window's oldest token, or after the probe judged the
         first sentence doubtful, its first token."""
+        if self.sentences is not None:
+            return self.sentences.judged[0]
         if self._probe_crossed:
             return self._judged_from
         return self.pushed_at[self.window.start]
@@ -162,20 +271,33 @@ class TriggerPolicy:
         """Reply indices [start, end) of the tokens the arms are asked about: the window that crossed, or
         after the probe judged the first sentence doubtful, its highest window (the whole sentence mostly
         restates the question, and a longer claim re-ranks evidence toward the restatement)."""
+        if self.sentences is not None:
+            return self.sentences.judged[:2]
         if self._probe_crossed:
             return self._judged_peak
         return self.span_start, n_reply
 
     def first_rewindable(self, n_reply: int) -> int:
         """Reply tokens before this index have left the window and can no longer be rewound (a pending
-        first sentence may be rewound whole)."""
+        first sentence may be rewound whole; in sentence scope, the open sentence)."""
+        if self.sentences is not None:
+            return min(self.sentences.start, n_reply)
         if self.pending is not None:
             return self.pushed_at[0] if self.pushed_at else n_reply
         return self.pushed_at[self.window.start] if len(self.window) else n_reply
 
+    def restart(self, pieces: list[str], surprises: list[float], entropies: list[float], at: int) -> None:
+        """The reply was cut back to these tokens (a rewind, retry or revert): the window starts afresh; in
+        sentence scope the open sentence is read back from them (the judged one stays settled)."""
+        self.reset(word_dropped=True)
+        if self.sentences is not None:
+            values = [sentence_value(self.config.signal, s, h) for s, h in zip(surprises, entropies, strict=True)]
+            self.sentences.restart(pieces, values, at)
+
     def reset(self, word_dropped: bool = False) -> None:
         """Start the window afresh (after a round, or when the reply was cut back). A first sentence still
-        pending is no longer judged by the probe: the window rule goes on."""
+        pending is no longer judged by the probe: the window rule goes on. The sentence judge keeps its
+        open sentence (a round on the last one left it there)."""
         self.window.reset()
         self.pushed_at.clear()
         self.pending = None

@@ -4,10 +4,13 @@ Modes
   off        plain decoding
   detect     score every token, never intervene (the reply must equal `off`)
   intervene  the surprise-gated loop with the configured arms
-  always     ground every reply before it is written (evidence as a system turn), then decode plainly
+  always     ground every reply before it is written (evidence as a system turn), then decode plainly; in
+             sentence scope (a paragraph, config.claim_scope), the gate grounding every sentence that
+             states something (has a claim token), whatever its doubt
   flare      FLARE's trigger (Jiang et al. 2023): decode a look-ahead sentence; if any token has
              p < theta, retrieve with the low-probability tokens masked and regenerate the sentence by
-             re-prefilling the whole prompt (no KV reuse)
+             re-prefilling the whole prompt (no KV reuse); in sentence scope its query names the subject
+             the way the gate's does, and it may retrieve paragraph_rounds times
   oracle     the gate's intervene path forced to ground at its first eligible window on exactly the items
              `off` got wrong (a seeded choice among them when the budget is smaller), never on others; the
              budget is the number of replies `intervene` grounded, or --oracle-calls. Runs after the other
@@ -31,6 +34,7 @@ from ..arms import Arm, Evidence, Query
 from ..backends import Sampling, SteerableBackend
 from ..config import Config, evidence_text
 from ..errors import InputError
+from ..gate.claims import subject_of
 from ..gate.grounding import arm_order, ground_round
 from ..gate.loop import generate
 from ..gate.prompting import PromptLayout, chat_messages
@@ -39,6 +43,7 @@ from ..gate.router import route
 from ..text import ends_sentence
 from .grading import grade
 from .labeling import guard_resume, prompt_for, read_items
+from .longform import grade_claims, is_longform, score_claims
 
 MODES = ("off", "detect", "intervene", "always", "flare", "oracle")
 FLARE_THETA = 0.4  # FLARE's probability threshold for a "low-confidence" token (paper default range 0.4-0.8)
@@ -136,13 +141,17 @@ def run_flare(
         decoded += len(tokens)
         prefilled += len(prompt)
         low = [i for i, p in enumerate(probs) if p < theta]
-        if low and retrievals < config.max_rounds:
+        if low and retrievals < (config.paragraph_rounds if config.sentence_scope else config.max_rounds):
             triggered = True
             retrievals += 1
             pieces = [backend.token_bytes(t).decode("utf-8", "replace") for t in tokens]
             masked = "".join("" if i in low else piece for i, piece in enumerate(pieces)).strip()
             r = route(masked, question, accepted)
             q = Query(span=masked, question=question, sentence=masked, span_class=r.span_class)
+            if config.sentence_scope:  # a paragraph: ask about the sentence, as the gate does
+                q = Query(
+                    masked, f"{subject_of(question)}: {masked}", masked, r.span_class, subject=subject_of(question)
+                )
             found, _ = ground_round(
                 arms,
                 arm_order(config, r.span_class, arms),
@@ -178,6 +187,11 @@ def oracle_config(config: Config) -> Config:
         max_rounds=min(config.max_rounds, 1),
         probe="off",
     )
+
+
+def always_config(config: Config) -> Config:
+    """Sentence scope: the gate grounding every sentence with a claim token (their doubt is never negative)."""
+    return config.replace(mode="intervene", sentence_threshold=ORACLE_THRESHOLD, paragraph_rounds=64)
 
 
 def check_modes(modes: Sequence[str], flare_theta: float = FLARE_THETA, oracle_calls: int | None = None) -> None:
@@ -306,9 +320,12 @@ def run_mode(
 ) -> Outcome:
     question, prefix = prompt_for(item)
     counted = {name: CountingArm(arm) for name, arm in arms.items()}
-    if mode in ("off", "detect", "intervene", "oracle"):
-        grounds = mode in ("intervene", "oracle")
-        run_config = oracle_config(config) if mode == "oracle" else config.replace(mode=mode)
+    gated = ("off", "detect", "intervene", "oracle") + (("always",) if config.sentence_scope else ())
+    if mode in gated:
+        grounds = mode in ("intervene", "oracle", "always")
+        run_config = {"oracle": oracle_config, "always": always_config}.get(mode, lambda c: c.replace(mode=mode))(
+            config
+        )
         result = generate(backend, question, run_config, counted if grounds else {}, assistant_prefix=prefix)
         extra = result.receipt.get("extra", {})
         triggered = bool(result.rounds) or bool(extra.get("would_trigger"))
@@ -410,16 +427,18 @@ def evaluate(
 
 def _row(item: dict, mode: str, outcome: Outcome, started: float) -> dict:
     """One line of results.jsonl: the same fields for every mode."""
-    graded = grade(outcome.reply, item)
+    claims = [g.verdict for g in grade_claims(outcome.reply, item)] if is_longform(item) else None
+    correct = all(v == "right" for v in claims) if claims is not None else grade(outcome.reply, item).correct
     return {
         "id": item["id"],
         "mode": mode,
-        "category": item.get("category"),
+        "category": item.get("category") or item.get("type"),
         "relation": item.get("relation"),
         "question": item["question"],
-        "answers": item["answers"],
+        "answers": item.get("answers") or [],
         "reply": outcome.reply,
-        "correct": graded.correct,
+        "correct": correct,  # a long-form reply: every claim right
+        **({"claims": claims, "relations": [c["relation"] for c in item["claims"]]} if claims is not None else {}),
         "grounding_calls": outcome.grounding_calls,
         "triggered": outcome.triggered,
         "tokens_decoded": outcome.tokens_decoded,
@@ -479,7 +498,30 @@ def summarise(rows: list[dict], modes: Sequence[str]) -> dict:
             "tokens_prefilled": sum(r.get("tokens_prefilled", 0) for r in rs.values()),
             "seconds": round(sum(r["seconds"] for r in rs.values()), 2),
         }
+        if all("claims" in r for r in rs.values()):
+            off_claims = {i: r["claims"] for i, r in off.items() if "claims" in r}
+            out["modes"][m]["claims"] = score_claims({i: r["claims"] for i, r in rs.items()}, off_claims).to_dict()
     return out
+
+
+def claims_table(summary: dict) -> list[str]:
+    """The long-form table: claim accuracy, precision, coverage and regressions per mode, with the cost."""
+    lines = [
+        "| mode | prompts | claims | claim accuracy | precision | coverage | regressions (share of claims) | "
+        "fixes | grounding calls | tokens decoded | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m, s in summary["modes"].items():
+        c = s.get("claims")
+        if c is None:
+            continue
+        precision = "–" if c["claim_precision"] is None else f"{c['claim_precision']:.3f}"
+        lines.append(
+            f"| {m} | {s['n']} | {c['claims']} | {c['claim_accuracy']:.3f} | {precision} | {c['coverage']:.3f} | "
+            f"{c['claim_regressions']} ({c['claim_regression_rate']:.1%}) | {c['claim_fixes']} | "
+            f"{s['grounding_calls']} | {s['tokens_decoded']} | {s['seconds']} |"
+        )
+    return lines
 
 
 def oracle_line(oracle: dict) -> str:
@@ -512,6 +554,8 @@ def write_report(summary: dict, rows: list[dict], out: Path, data, config: Confi
         )
     if "oracle" in summary:
         lines += ["", oracle_line(summary["oracle"])]
+    if any("claims" in s for s in summary["modes"].values()):
+        lines += ["", "Claim by claim (long-form grading, shared/data/README.md):", "", *claims_table(summary)]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     try:
         import matplotlib
@@ -522,9 +566,13 @@ def write_report(summary: dict, rows: list[dict], out: Path, data, config: Confi
         return
     modes = list(summary["modes"])
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-    axes[0].bar(modes, [summary["modes"][m]["accuracy"] for m in modes], color="#4c72b0")
+    longform = all("claims" in summary["modes"][m] for m in modes)
+    accuracy = [
+        summary["modes"][m]["claims"]["claim_accuracy"] if longform else summary["modes"][m]["accuracy"] for m in modes
+    ]
+    axes[0].bar(modes, accuracy, color="#4c72b0")
     axes[0].set_ylim(0, 1)
-    axes[0].set_title(f"accuracy · {Path(str(data)).stem}")
+    axes[0].set_title(f"{'claim accuracy' if longform else 'accuracy'} · {Path(str(data)).stem}")
     axes[1].bar(modes, [summary["modes"][m]["grounding_calls"] for m in modes], color="#dd8452")
     axes[1].set_title("grounding calls")
     fig.tight_layout()

@@ -43,8 +43,8 @@ def read_items(path: str | Path, limit: int | None = None) -> list[dict]:
                 item = json.loads(line)
             except json.JSONDecodeError as err:
                 raise InputError(f"{p}:{line_no} is not valid JSON ({err.msg}); fix or remove that line") from None
-            if not isinstance(item, dict) or "question" not in item or "answers" not in item:
-                raise InputError(f"{p}:{line_no} needs 'question' and 'answers' fields")
+            if not isinstance(item, dict) or "question" not in item or ("answers" not in item and "claims" not in item):
+                raise InputError(f"{p}:{line_no} needs 'question' and 'answers' (or long-form 'claims') fields")
             item.setdefault("id", f"{p.stem}-{line_no}")
             items.append(item)
             if limit and len(items) >= limit:

@@ -1,0 +1,109 @@
+"""Where a sentence's claim sits, and how doubtful it is: pure functions over a finished sentence.
+
+A paragraph's doubt is not in its opening ("Chad is a vast…" is uncertain about wording, not about a fact)
+but in the words that state something: numbers, and names the question did not give ("Its capital city,
+Koufcontou, …"). Those are a sentence's *claim tokens*; the sentence's doubt is the highest per-token
+value (entropy or surprise, the calibrated signal) among them, and a sentence without any states nothing
+to ground.
+
+The arms are asked about the sentence, with the conversation's subject in place of its pronouns and the
+claim words themselves left out: the model may have them wrong, and a wrong name would pull the search
+toward it ("Andorra la Mana"). What the rest of the sentence says ("capital", "official language") picks
+the evidence.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+from ..arms import Query, Scribe
+from ..text import NOT_NAMES, fold
+from .signals import CopyTracker
+
+# A word: letters (any script), digits, and the joiners inside names and numbers ("N'Djamena", "1,234").
+_WORD = re.compile(r"[^\W_](?:[\w'’.,-]*[^\W_])?")
+# The opening words of a request: never the subject ("Write a short paragraph about Chad").
+_REQUEST_WORDS = frozenset("write tell describe give explain list name summarise summarize".split())
+
+
+def _is_claim_word(word: str, first_in_sentence: bool) -> bool:
+    """A number, or a capitalised name that is not a sentence opener or a function word."""
+    if any(ch.isdigit() for ch in word):
+        return True
+    if not word[:1].isupper() or word.lower().strip(".") in NOT_NAMES:
+        return False
+    return not first_in_sentence
+
+
+def claim_words(sentence: str, question: str) -> list[tuple[int, int]]:
+    """(start, end) character spans of the sentence's claim words: numbers and names, none the question gave."""
+    given = CopyTracker(question).words
+    spans = []
+    for i, m in enumerate(_WORD.finditer(sentence)):
+        word = m.group()
+        if _is_claim_word(word, first_in_sentence=i == 0) and fold(word).strip(".,") not in given:
+            spans.append((m.start(), m.end()))
+    return spans
+
+
+def claim_token_flags(pieces: Sequence[str], question: str) -> list[bool]:
+    """For each token piece of one sentence, whether it holds part of a claim word."""
+    text = "".join(pieces)
+    spans = claim_words(text, question)
+    flags, at = [], 0
+    for piece in pieces:
+        start, end = at, at + len(piece)
+        flags.append(any(s < end and start < e for s, e in spans))
+        at = end
+    return flags
+
+
+def sentence_doubt(values: Sequence[float], flags: Sequence[bool]) -> float:
+    """The highest value among the claim tokens; -inf when the sentence has none (it states nothing)."""
+    held = [v for v, f in zip(values, flags, strict=True) if f and not math.isnan(v)]
+    return max(held) if held else -math.inf
+
+
+def subject_of(question: str) -> str:
+    """The names a question is about, in order ("Write a short paragraph about Chad: …" -> "Chad"):
+    its capitalised words, openers and function words left out."""
+    names = []
+    for i, m in enumerate(_WORD.finditer(question)):
+        word = m.group().strip(".,")
+        lowered = word.lower()
+        if not word[:1].isupper() or lowered in NOT_NAMES or (i == 0 and lowered in _REQUEST_WORDS):
+            continue
+        if word not in names:
+            names.append(word)
+    return " ".join(names)
+
+
+def without_claims(sentence: str, question: str) -> str:
+    """The sentence with its claim words taken out, whitespace collapsed."""
+    kept, at = [], 0
+    for start, end in claim_words(sentence, question):
+        kept.append(sentence[at:start])
+        at = end
+    kept.append(sentence[at:])
+    return " ".join("".join(kept).split())
+
+
+def sentence_arm_query(sentence: str, question: str, scribe: Scribe | None = None) -> Query:
+    """What the arms are asked about a doubtful sentence of a paragraph: the sentence, its subject named and
+    its claim words (which the model may have wrong) left out."""
+    return Query(
+        span=without_claims(sentence, question),
+        question=sentence_query(sentence, question),
+        sentence=sentence,
+        scribe=scribe,
+        subject=subject_of(question),
+    )
+
+
+def sentence_query(sentence: str, question: str) -> str:
+    """What the arms are asked about a doubtful sentence: the subject, then the sentence without its claims."""
+    subject = subject_of(question)
+    rest = without_claims(sentence, question)
+    return f"{subject}: {rest}" if subject else rest

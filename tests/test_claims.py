@@ -1,0 +1,96 @@
+"""Claim tokens, a sentence's doubt, its subject and the arms' query: pure functions over many cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from surprisegate.gate.claims import (
+    claim_token_flags,
+    claim_words,
+    sentence_doubt,
+    sentence_query,
+    subject_of,
+    without_claims,
+)
+
+CHAD = "Write a short paragraph about Chad: its capital, currency, official languages and neighbouring countries."
+
+
+def words(sentence: str, question: str = CHAD) -> list[str]:
+    return [sentence[s:e] for s, e in claim_words(sentence, question)]
+
+
+@pytest.mark.parametrize(
+    "sentence,expected",
+    [
+        ("Chad is a vast country in Africa.", ["Africa"]),  # the subject is given, the opener is no claim
+        ("Its capital city, Koufcontou, is large.", ["Koufcontou"]),
+        ("It has a population of 11 million.", ["11"]),
+        ("It has about 1,234,000 people.", ["1,234,000"]),
+        ("Its currency is the CFA franc.", ["CFA"]),
+        ("It is a member of the African Union.", ["African", "Union"]),
+        ("It is a beautiful place.", []),  # states nothing to ground
+        ("The country is known for its culture.", []),
+        ("In 1960 it became independent.", ["1960"]),  # a number opens it: still a claim
+        ("Koufcontou is its capital.", []),  # a name at the opening is not told from "The" here
+        ("N'Djamena is on the river; it borders Niger.", ["Niger"]),
+    ],
+)
+def test_claim_words(sentence, expected):
+    assert words(sentence) == expected
+
+
+@pytest.mark.parametrize(
+    "question,subject",
+    [
+        (CHAD, "Chad"),
+        ("Tell me about United Arab Emirates in a few sentences: which continent it is on", "United Arab Emirates"),
+        ("Tell me about the chemical element Hydrogen: its symbol", "Hydrogen"),
+        ("Write a few sentences about the US state of Alabama: its capital", "US Alabama"),
+        ("Describe Burkina Faso briefly, including its capital", "Burkina Faso"),
+        ("what is the capital of chad", ""),
+    ],
+)
+def test_subject_of(question, subject):
+    assert subject_of(question) == subject
+
+
+def test_the_query_names_the_subject_and_leaves_the_claims_out():
+    sentence = "Its capital city, Koufcontou, has 11 million people."
+    assert without_claims(sentence, CHAD) == "Its capital city, , has million people."
+    query = sentence_query(sentence, CHAD)
+    assert query.startswith("Chad: ") and "Koufcontou" not in query and "capital" in query
+
+
+def test_flags_follow_the_pieces_a_claim_word_spans():
+    pieces = [" Its", " capital", " is", " Kou", "fc", "ontou", ",", " Chad", "."]
+    assert claim_token_flags(pieces, CHAD) == [False, False, False, True, True, True, False, False, False]
+
+
+@given(st.lists(st.sampled_from([" It", " is", " Kou", "fc", " 19", "60", ".", " Paris", " the"]), max_size=12))
+def test_flags_have_one_per_piece_and_mark_only_claim_text(pieces):
+    flags = claim_token_flags(pieces, CHAD)
+    assert len(flags) == len(pieces)
+    text = "".join(pieces)
+    claimed = {i for s, e in claim_words(text, CHAD) for i in range(s, e)}
+    at = 0
+    for piece, flag in zip(pieces, flags, strict=True):
+        assert flag == any(i in claimed for i in range(at, at + len(piece)))
+        at += len(piece)
+
+
+@given(st.lists(st.tuples(st.floats(0, 20, allow_nan=False), st.booleans()), max_size=20))
+def test_doubt_is_the_highest_claim_value(pairs):
+    values, flags = [v for v, _ in pairs], [f for _, f in pairs]
+    doubt = sentence_doubt(values, flags)
+    claimed = [v for v, f in pairs if f]
+    assert doubt == (max(claimed) if claimed else -math.inf)
+
+
+def test_doubt_skips_missing_values():
+    assert sentence_doubt([math.nan, 2.0], [True, True]) == 2.0
+    assert sentence_doubt([math.nan], [True]) == -math.inf
