@@ -117,6 +117,13 @@ class Config:
         default=shipped_thresholds.SENTENCE_THRESHOLD,
         metadata={"help": "sentence scope: ground a sentence whose highest claim-token value (bits) exceeds this"},
     )
+    sentence_asked_only: bool = field(
+        default=True,
+        metadata={
+            "help": "sentence scope: judge only sentences that speak of something the question asked for (share "
+            "a content word with it, the subject's left out); off: every sentence with a claim token"
+        },
+    )
     paragraph_rounds: int = field(
         default=6, metadata={"help": "sentence scope: most grounding rounds per reply (one per sentence at most)"}
     )

@@ -352,3 +352,38 @@ def test_names_subject_is_whole_words():
     assert not names_subject("Mercury", "What is the atomic number of Zinc?")
     assert not names_subject("Iran", "What is the capital of Iraniana?")
     assert not names_subject(None, "anything") and not names_subject("  ", "anything")
+
+
+# A paragraph's sentence (claim_scope sentence): the subject finds the passage, the sentence picks from it.
+def sentence_query(sentence: str, subject: str = "Burkina Faso") -> Query:
+    from surprisegate.gate.claims import sentence_arm_query
+
+    question = f"Write a short paragraph about {subject}: its capital, currency and languages."
+    return sentence_arm_query(sentence, question)
+
+
+@pytest.mark.parametrize(
+    "sentence,expected",
+    [
+        ("Its capital city, Koudougou, is home to many markets.", "The capital of Burkina Faso is Ouagadougou."),
+        ("Its currency is the Burkina franc.", "The currency of Burkina Faso is the West African CFA Franc (XOF)."),
+        (
+            "People there speak Mossi as their main language.",
+            "Official languages of Burkina Faso include French, Fula.",
+        ),
+    ],
+)
+def test_a_sentence_gets_the_passage_sentence_of_its_own_claim(store, sentence, expected):
+    (first, *_) = MemoryArm(store).ground(sentence_query(sentence), later())
+    assert first.source == "memory:country:BF" and first.evidence == expected
+
+
+def test_a_sentence_stating_two_claims_gets_both_evidence_sentences(store):
+    (first, *_) = MemoryArm(store).ground(sentence_query("Its capital is Bobo, and its currency is the euro."), later())
+    assert first.evidence == (
+        "The capital of Burkina Faso is Ouagadougou. The currency of Burkina Faso is the West African CFA Franc (XOF)."
+    )
+
+
+def test_a_sentence_about_an_unknown_subject_gets_nothing(store):
+    assert MemoryArm(store).ground(sentence_query("Its capital is Poseidonia.", "Atlantis"), later()) == []

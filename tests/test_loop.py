@@ -780,8 +780,9 @@ def test_sentence_scope_grounds_the_doubtful_claim_not_the_opening():
     backend, events, done = run_paragraph(paragraph_cfg(), {"memory": arm})
     assert done.text == RIGHT_PARAGRAPH
     (trigger,) = [e for e in events if isinstance(e, Trigger)]
-    # The rewind starts at the sentence, after the kept opening, on a word boundary.
-    assert trigger.span_start == len(OPENING) and trigger.span_text.startswith(" Its capital is Wrongville.")
+    # The rewind starts at the sentence's first claim word, on a word boundary; the words before it stay.
+    kept = f"{OPENING} Its capital is "
+    assert trigger.span_start == len(kept) and trigger.span_text.startswith("Wrongville.")
     assert trigger.statistic == "sentence:surprise" and trigger.value == pytest.approx(bits(0.02))
     (query,) = arm.calls
     assert query.subject == "Testland" and "Wrongville" not in query.question and "capital" in query.question
@@ -808,7 +809,7 @@ def test_detect_in_sentence_scope_records_each_doubtful_sentence_and_changes_not
     _, _, detect = run_paragraph(paragraph_cfg(mode="detect"))
     assert off.text == detect.text == WRONG_PARAGRAPH
     (crossing,) = detect.result.would_trigger
-    assert crossing["span_start"] == len(OPENING)
+    assert crossing["span_start"] == len(f"{OPENING} Its capital is ")
 
 
 def test_a_reverted_sentence_stops_only_itself():
@@ -825,7 +826,7 @@ def test_a_reverted_sentence_stops_only_itself():
     # The capital's rewrite dropped its claim and went back; the currency sentence was still judged.
     assert [r["action"] for r in done.rounds] == ["reverted", "resumed_unmodified"]
     assert "lovely place" in done.rounds[0]["rewritten_text"]
-    assert [e.span_text.strip() for e in events if isinstance(e, Trigger)][1] == "Its currency is the Testmark."
+    assert [e.span_text.strip() for e in events if isinstance(e, Trigger)][1] == "Testmark."
 
 
 def test_paragraph_rounds_caps_a_reply():

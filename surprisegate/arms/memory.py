@@ -82,8 +82,9 @@ class MemoryArm:
         search_text, context = (question, claim) if question else (claim, "")
         if query.subject.strip():
             # A paragraph's sentence: the subject finds the passage, the sentence picks its sentence (its
-            # other words, such as a wrong name, cover no passage and would sink it below the floor).
-            search_text, context = query.subject.strip(), question
+            # other words, such as a wrong name, cover no passage: as search words or as re-ranking context
+            # they would sink it below the floor).
+            search_text, context = query.subject.strip(), ""
         if not search_text or time.monotonic() >= deadline:
             return []
         try:

@@ -19,13 +19,18 @@ import re
 from collections.abc import Sequence
 
 from ..arms import Query, Scribe
-from ..text import NOT_NAMES, fold
+from ..text import NOT_NAMES, QUERY_STOPWORDS, WORD, fold, stems
 from .signals import CopyTracker
 
 # A word: letters (any script), digits, and the joiners inside names and numbers ("N'Djamena", "1,234").
 _WORD = re.compile(r"[^\W_](?:[\w'’.,-]*[^\W_])?")
 # The opening words of a request: never the subject ("Write a short paragraph about Chad").
 _REQUEST_WORDS = frozenset("write tell describe give explain list name summarise summarize".split())
+# Words that shape a request rather than name a fact asked for ("briefly, including its capital").
+_REQUEST_SHAPE = frozenset(
+    "write tell describe give explain list summarise summarize short brief briefly paragraph paragraphs sentence "
+    "sentences few words including include includes roughly approximately about me please".split()
+)
 
 
 def _is_claim_word(word: str, first_in_sentence: bool) -> bool:
@@ -58,6 +63,30 @@ def claim_token_flags(pieces: Sequence[str], question: str) -> list[bool]:
         flags.append(any(s < end and start < e for s, e in spans))
         at = end
     return flags
+
+
+def asked_words(question: str) -> frozenset[str]:
+    """Stems of what the question asks about: its content words, the subject's and the request's left out
+    ("…about Chad: its capital, currency …" -> capital, currency, …)."""
+    words = [w for w in WORD.findall(fold(question)) if w not in QUERY_STOPWORDS and w not in _REQUEST_SHAPE]
+    return frozenset(stems(" ".join(words)) - stems(subject_of(question)))
+
+
+def speaks_of_asked(sentence: str, question: str) -> bool:
+    """Whether the sentence speaks of something the question asked for (shares a stem with asked_words):
+    "Its capital is Koufcontou." does, "It is a member of the African Union." does not."""
+    return bool(stems(sentence) & asked_words(question))
+
+
+def first_claim_token(pieces: Sequence[str], flags: Sequence[bool]) -> int:
+    """Index of the token a sentence's rewrite starts at: its first claim token when that token starts a word
+    (the words before it, "Its capital city, ", stay as written), else 0 (the sentence's start)."""
+    first = next((i for i, f in enumerate(flags) if f), None)
+    if first is None or first == 0:
+        return 0
+    before, piece = "".join(pieces[:first]), pieces[first]
+    starts_word = piece[:1].isspace() or not before or not before[-1].isalnum()
+    return first if starts_word else 0
 
 
 def sentence_doubt(values: Sequence[float], flags: Sequence[bool]) -> float:

@@ -289,7 +289,8 @@ class _ReplyLoop:
         chosen, record = ground_span(
             self.config, self.arms, self.router, self._query(), rounded_trigger(trigger), trigger.round, self.arm_cache
         )
-        earlier = list(self.rounds)
+        # Sentence scope: each round's evidence left with its sentence, so none of it is in the context now.
+        earlier = list(self.rounds) if self.policy.sentences is None else []
         self.rounds.append(record)  # in the receipt even if the backend fails during the rewind
         resumed = why_not_grounded(record, chosen, earlier)
         if resumed is not None:

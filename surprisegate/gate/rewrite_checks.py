@@ -191,6 +191,10 @@ def dropped_claim(original: str, rewrite: str, evidence: Iterable[str], question
     ("capital"): the relation it stated."""
     if claim_words(original, question) and not claim_words(rewrite, question):
         return "states no name or number any more (the sentence it replaces stated a claim)"
+    said, sourced = parse_numbers(rewrite), [n for e in evidence for n in parse_numbers(e)]
+    dropped = [n for n in parse_numbers(original) if not any(_same_number(n, m) for m in said)]
+    if dropped and not sourced:  # a number the evidence says nothing about: the rewrite should have kept it
+        return f"drops the number {dropped[0]} the sentence it replaces stated, which its evidence does not give"
     subject = stems(subject_of(question))  # the subject is in every sentence: it states nothing
     relation = stems(original) & set().union(*(stems(e) for e in evidence)) - subject - _STOP_STEMS
     kept = relation & stems(rewrite)

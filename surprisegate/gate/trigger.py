@@ -18,7 +18,7 @@ import numpy as np
 
 from ..config import Config
 from ..text import ends_sentence, sentence_end
-from .claims import claim_token_flags, sentence_doubt
+from .claims import claim_token_flags, first_claim_token, sentence_doubt, speaks_of_asked
 from .probe import TriggerProbe
 from .signals import CopyTracker, question_kind, signal_value
 from .surprise import RollingWindow
@@ -75,13 +75,15 @@ class SentenceJudge:
     every cut (`restart`), and a sentence whose start is `settled` (judged, grounded or rewritten) is not
     judged again: one round per sentence."""
 
-    def __init__(self, question: str, threshold: float, max_tokens: int) -> None:
+    def __init__(self, question: str, threshold: float, max_tokens: int, asked_only: bool = True) -> None:
         self.question, self.threshold, self.max_tokens = question, threshold, max_tokens
+        self.asked_only = asked_only  # only sentences that speak of what the question asked for
         self.start = 0  # reply index of the open sentence's first token
         self.pieces: list[str] = []
         self.values: list[float] = []
         self.settled: set[int] = set()
         self.judged: tuple[int, int, str] = (0, 0, "")  # the last judged sentence: reply [start, end), its text
+        self.rewind_at = 0  # where a rewrite of it begins: its first claim word (a word boundary), else its start
         self.doubt = -math.inf
 
     def push(self, index: int, piece: str, value: float) -> bool:
@@ -108,7 +110,11 @@ class SentenceJudge:
             return False
         self.settled.add(start)
         self.judged = (start, start + inside, "".join(pieces).strip())
-        self.doubt = sentence_doubt(values, claim_token_flags(pieces, self.question))
+        text = self.judged[2]
+        asked = not self.asked_only or speaks_of_asked(text, self.question)
+        flags = claim_token_flags(pieces, self.question)
+        self.doubt = sentence_doubt(values, flags) if asked else -math.inf
+        self.rewind_at = start + first_claim_token(pieces, flags)
         return self.doubt > self.threshold
 
     def restart(self, pieces: list[str], values: list[float], at: int) -> None:
@@ -161,7 +167,7 @@ class TriggerPolicy:
         self.window_max = 0.0  # highest eligible statistic over every token decoded
         # Sentence scope: every finished sentence judged on its claim tokens (no window, no probe).
         self.sentences = (
-            SentenceJudge(question, config.sentence_threshold, config.max_tokens)
+            SentenceJudge(question, config.sentence_threshold, config.max_tokens, config.sentence_asked_only)
             if config.sentence_scope and not copied_from
             else None
         )
@@ -262,7 +268,7 @@ class TriggerPolicy:
         """Reply index where a doubtful span begins: the window's oldest token, or after the probe judged the
         first sentence doubtful, its first token."""
         if self.sentences is not None:
-            return self.sentences.judged[0]
+            return self.sentences.rewind_at
         if self._probe_crossed:
             return self._judged_from
         return self.pushed_at[self.window.start]

@@ -191,7 +191,9 @@ def oracle_config(config: Config) -> Config:
 
 def always_config(config: Config) -> Config:
     """Sentence scope: the gate grounding every sentence with a claim token (their doubt is never negative)."""
-    return config.replace(mode="intervene", sentence_threshold=ORACLE_THRESHOLD, paragraph_rounds=64)
+    return config.replace(
+        mode="intervene", sentence_threshold=ORACLE_THRESHOLD, paragraph_rounds=64, sentence_asked_only=False
+    )
 
 
 def check_modes(modes: Sequence[str], flare_theta: float = FLARE_THETA, oracle_calls: int | None = None) -> None:
