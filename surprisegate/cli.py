@@ -22,6 +22,10 @@ from .runtime import assemble, check_memory
 from .terminal import TerminalView
 
 DEMO_QUESTION = "What is the capital of Burkina Faso?"
+DEMO_PARAGRAPH = (
+    "Write a short paragraph about Chad: its capital, currency, official languages and neighbouring countries."
+)
+DEMO_PARAGRAPH_TOKENS = 160
 
 
 def _say(message: str) -> None:
@@ -227,9 +231,11 @@ def read_chat(path: str) -> list:
 # ---------------------------------------------------------------------------------------------
 @main.command()
 @click.option("--question", default=DEMO_QUESTION, show_default=True)
+@click.option("--paragraph", default=DEMO_PARAGRAPH, show_default=True, help="A paragraph prompt ('' skips it).")
 @click.option("--receipts", "receipts_path", type=click.Path(dir_okay=False), default=None)
-def demo(question: str, receipts_path: str | None) -> None:
-    """The main job on the embedded default: the same question plain, then surprise-gated with memory."""
+def demo(question: str, paragraph: str, receipts_path: str | None) -> None:
+    """The main job on the embedded default: the same question plain, then surprise-gated with memory; then
+    a paragraph the same way (160 tokens: every sentence judged on its own claim)."""
     from .gate.receipts import ReceiptWriter
 
     receipts_file = Path(receipts_path) if receipts_path else home() / "demo-receipts.jsonl"
@@ -237,6 +243,14 @@ def demo(question: str, receipts_path: str | None) -> None:
     runtime = assemble(ConfigLayers(), "demo", say=_say, intervene=True, loading=loading)
     base, detect_only = runtime.config, runtime.thresholds is not None and runtime.thresholds.detect_only
     writer = ReceiptWriter(receipts_file)
+    runs = [(question, base)] + ([(paragraph, base.replace(max_tokens=DEMO_PARAGRAPH_TOKENS))] if paragraph else [])
+    for asked, config in runs:
+        _demo_pair(runtime, asked, config, detect_only, writer)
+    click.echo(f"receipts → {receipts_file}  (surprisegate receipts show {receipts_file})")
+
+
+def _demo_pair(runtime, question: str, base, detect_only: bool, writer) -> None:
+    """One prompt plain, then gated, streamed as it is written; then both replies and the gated one's rounds."""
     outcomes = {}
     for mode in ("off", "intervene"):
         # A model the environment chose, with no calibration: its second pass only detects (said above).
@@ -247,14 +261,16 @@ def demo(question: str, receipts_path: str | None) -> None:
         result = runtime.generate(question, config, on_event=view)
         writer.append(result.receipt)
         outcomes[mode] = result
-    rounds = outcomes["intervene"].rounds
     click.echo("\n── summary ──")
     click.echo(f"off:       {outcomes['off'].text}")
     click.echo(f"intervene: {outcomes['intervene'].text}")
-    for r in rounds:
+    for r in outcomes["intervene"].rounds:
         chosen = r.get("chosen") or {}
-        click.echo(f"round {r['round']}: {r['action']} — {r['reason']}; evidence: {chosen.get('evidence')!r}")
-    click.echo(f"receipts → {receipts_file}  (surprisegate receipts show {receipts_file})")
+        doubted = (r.get("trigger") or {}).get("span_text", "").strip()
+        click.echo(
+            f"round {r['round']}: {r['action']} — {r['reason']}; doubted: {doubted[:60]!r}; "
+            f"evidence: {chosen.get('evidence')!r}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------

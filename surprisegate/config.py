@@ -530,7 +530,7 @@ def file_values(path: str | Path) -> dict[str, Any]:
 
 
 # What a per-model calibration sets (model_calibrations.py); the rest of its file, if any, is not a calibration.
-CALIBRATED_KEYS = ("signal", "statistic", "window", "min_tokens", "threshold", "kind_thresholds")
+CALIBRATED_KEYS = ("signal", "statistic", "window", "min_tokens", "threshold", "kind_thresholds", "sentence_threshold")
 THRESHOLD_KEYS = ("threshold", "kind_thresholds")
 
 

@@ -124,15 +124,21 @@ def test_demo_command_wrong_then_right(tmp_path):
     pytest.importorskip("llama_cpp")
     out = sg("demo", home=tmp_path, timeout=600)
     assert out.returncode == 0, out.stderr
-    summary = out.stdout.split("── summary ──", 1)[1]
-    off_line = next(line for line in summary.splitlines() if line.startswith("off:"))
-    on_line = next(line for line in summary.splitlines() if line.startswith("intervene:"))
-    assert "Ouagadougou" not in off_line and "Ouagadougou" in on_line
+    question, paragraph = out.stdout.split("── summary ──")[1:]
+    for summary, right in ((question, "Ouagadougou"), (paragraph, "N'Djamena")):
+        off_line = next(line for line in summary.splitlines() if line.startswith("off:"))
+        on_line = next(line for line in summary.splitlines() if line.startswith("intervene:"))
+        assert right not in off_line and right in on_line
     receipts = [json.loads(line) for line in open(tmp_path / "demo-receipts.jsonl", encoding="utf-8")]
-    assert [r["mode"] for r in receipts] == ["off", "intervene"]
+    assert [r["mode"] for r in receipts] == ["off", "intervene", "off", "intervene"]
     round1 = receipts[1]["rounds"][0]
     assert round1["action"] == "rewound" and round1["chosen"]["source"].startswith("memory:")
     assert "Ouagadougou" in round1["chosen"]["evidence"]
+    # The paragraph: its wrong capital, mid-paragraph, grounded from the name on; the opening left alone.
+    capital = receipts[3]["rounds"][0]
+    assert capital["action"] == "rewound" and "N'Djamena" in capital["chosen"]["evidence"]
+    assert capital["trigger"]["span_text"].startswith("Koufcontou")
+    assert receipts[3]["reply"].startswith("Chad is a vast and diverse nation")
 
 
 def test_ask_streams_and_shows_the_intervention(factkb_memory):

@@ -333,3 +333,35 @@ def test_a_chat_api_runs_only_the_modes_it_can(tmp_path):
     check_backend_modes(["off", "detect", "intervene"], chat)  # the revise pass is its intervene
     with pytest.raises(InputError, match="flare,oracle need a steerable backend"):
         check_backend_modes(["off", "flare", "oracle"], chat)
+
+
+def test_a_paragraph_set_is_graded_claim_by_claim(tmp_path):
+    data = tmp_path / "long.jsonl"
+    item = {
+        "question": "Write a short paragraph about Testland: its capital and its currency.",
+        "claims": [
+            {"relation": "capital", "answers": ["Rightburg"]},
+            {"relation": "currency", "answers": ["Testmark"]},
+        ],
+    }
+    data.write_text("\n".join(json.dumps({"id": f"p{i}", **item}) for i in range(2)) + "\n")
+    opening = "Testland is a small and quiet country."
+
+    def paragraph(context):
+        reply = context.rsplit("<|im_start|>assistant\n", 1)[-1]
+        capital = "Rightburg" if "Rightburg" in reply or "Rightburg." in context else "Wrongville"
+        text = f"{opening} Its capital is {capital}. Its currency is the Testmark."
+        return plan(text, doubtful="Wrongville" if capital == "Wrongville" else "")
+
+    cfg = config().replace(max_tokens=160, sentence_threshold=3.0)
+    summary = evaluate(
+        data, ["off", "intervene", "always"], ScriptedBackend(paragraph), cfg, {"memory": Memory()}, tmp_path / "o"
+    )
+    off, gated, always = (summary["modes"][m]["claims"] for m in ("off", "intervene", "always"))
+    assert (off["right"], off["wrong"], off["claim_accuracy"], off["coverage"]) == (2, 2, 0.5, 1.0)
+    assert gated["claim_accuracy"] == 1.0 and gated["claim_fixes"] == 2 and gated["claim_regressions"] == 0
+    # always grounds the currency sentence too (a claim, however sure): more calls for the same claims.
+    assert always["claim_accuracy"] == 1.0
+    assert summary["modes"]["always"]["grounding_calls"] > summary["modes"]["intervene"]["grounding_calls"] == 2
+    report = (tmp_path / "o" / "report.md").read_text()
+    assert "Claim by claim" in report and "| intervene | 2 | 4 | 1.000 |" in report

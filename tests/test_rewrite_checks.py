@@ -14,6 +14,7 @@ from surprisegate.gate.rewrite_checks import (
     computed_answer,
     content_words,
     cut_short,
+    dropped_claim,
     expected_answer,
     fits_answer,
     rewrite_problem,
@@ -277,3 +278,48 @@ def test_answer_tail_leaves_the_answer_last(answer, other, word):
 )
 def test_computed_answer_is_the_one_number_a_tool_states(evidence, value):
     assert computed_answer(evidence) == (None if value is None else Fraction(value))
+
+
+# --------------------------------------------------------------------------------------------
+# a paragraph's rewritten sentence must still state its claim
+# --------------------------------------------------------------------------------------------
+CHAD_Q = "Write a short paragraph about Chad: its capital, currency and official languages."
+CAPITAL_EVIDENCE = ["The capital of Chad is N'Djamena."]
+
+
+@pytest.mark.parametrize(
+    "original,rewrite,evidence,problem",
+    [
+        ("Its capital city, Koufcontou, is large.", "Its capital city, N'Djamena, is large.", CAPITAL_EVIDENCE, None),
+        ("Its capital city, Koufcontou, is large.", "It is a lovely country.", CAPITAL_EVIDENCE, "no name or number"),
+        # The relation it stated ("capital") is gone, though a name is still given.
+        ("The capital of Chad is Koufcontou.", "Chad is in Africa.", CAPITAL_EVIDENCE, "no longer says"),
+        # A number the evidence says nothing about was dropped.
+        (
+            "Its capital is Koufcontou and it has 11 million people.",
+            "Its capital is N'Djamena.",
+            CAPITAL_EVIDENCE,
+            "drops the number 11000000",
+        ),
+        # ... but a number the evidence gives may replace it.
+        ("It has 11 million people.", "It has about 15.5 million people.", ["Chad has about 15,500,000 people."], None),
+        (
+            "Chad is a vast country.",
+            "Chad is a big country.",
+            CAPITAL_EVIDENCE,
+            None,
+        ),  # nothing claimed: nothing to drop
+    ],
+)
+def test_dropped_claim(original, rewrite, evidence, problem):
+    found = dropped_claim(original, rewrite, evidence, CHAD_Q)
+    assert (found is None) if problem is None else (found is not None and problem in found)
+
+
+@given(st.text(max_size=80), st.text(max_size=80))
+def test_dropped_claim_is_total(original, rewrite):
+    found = dropped_claim(original, rewrite, CAPITAL_EVIDENCE, CHAD_Q)
+    assert found is None or isinstance(found, str)
+    assert dropped_claim(original, original, CAPITAL_EVIDENCE, CHAD_Q) is None or "number" not in (
+        dropped_claim(original, original, CAPITAL_EVIDENCE, CHAD_Q) or ""
+    )

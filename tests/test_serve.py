@@ -916,3 +916,47 @@ def test_the_bench_asks_questions_with_distinct_answers_and_spots_mixed_replies(
     assert not mixed(outcome("I don't know."), answers)  # wrong is not mixed
     assert mixed(outcome(f"The answer is {a3}.", reply_id="id9"), answers)  # another request's receipt
     assert mixed(outcome(f"The answer is {a3}.", prompt=question(9)[0]), answers)
+
+
+# --------------------------------------------------------------------------------------------------
+# a paragraph (max_tokens >= 128: claim_scope auto is sentence scope), streamed sentence by sentence
+# --------------------------------------------------------------------------------------------------
+PARAGRAPH_Q = "Write a short paragraph about Testland: its capital and its currency."
+PARAGRAPH_WRONG = "Testland is a small and quiet country. Its capital is Wrongville. Its currency is the Testmark."
+PARAGRAPH_RIGHT = PARAGRAPH_WRONG.replace("Wrongville", "Rightburg")
+
+
+def script_paragraph(context: str):
+    reply = context.rsplit("<|im_start|>assistant\n", 1)[-1]
+    if "Rightburg" in reply or "Testland is Rightburg." in context:
+        return plan(PARAGRAPH_RIGHT)
+    return plan(PARAGRAPH_WRONG, doubtful="Wrongville")
+
+
+@pytest.fixture(scope="module")
+def paragraphs():
+    config = Config(mode="off", signal="surprise", system_prompt="", sentence_threshold=3.0).replace(kind_thresholds={})
+    srv = start(scripted_runtime(Sessions(script_paragraph), config, {"memory": StaticArm()}))
+    yield srv
+    srv.stop()
+
+
+def test_a_paragraph_streams_sentence_by_sentence_without_its_rewound_claim(paragraphs):
+    body = {"surprisegate": {"mode": "intervene"}}
+    chunks = list(ask(paragraphs, PARAGRAPH_Q, stream=True, max_tokens=160, extra_body=body))
+    pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert "".join(pieces) == PARAGRAPH_RIGHT and not any("Wrong" in p for p in pieces)
+    receipt = receipt_of(chunks[-1])
+    assert receipt["config"]["claim_scope"] == "auto" and receipt["config"]["max_tokens"] == 160
+    (first,) = receipt["rounds"]
+    assert first["action"] == "rewound" and first["trigger"]["span_text"].startswith("Wrongville")
+    # The client chose a paragraph's length, not the grounding: the rounds fit the server's budget.
+    assert receipt["config"]["paragraph_rounds"] * receipt["config"]["round_deadline_s"] <= Limits().max_grounding_s
+
+
+def test_a_short_answer_budget_keeps_the_reply_scope(paragraphs):
+    body = {"surprisegate": {"mode": "intervene"}}
+    short = ask(paragraphs, PARAGRAPH_Q, max_tokens=64, extra_body=body)
+    # Reply scope: the window rule over the reply, max_rounds per reply (the same claim, found by the window).
+    assert receipt_of(short)["config"]["max_tokens"] == 64
+    assert all(r["trigger"]["statistic"] != "sentence:surprise" for r in receipt_of(short)["rounds"])

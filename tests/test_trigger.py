@@ -71,3 +71,83 @@ def test_novel_signals_skip_tokens_copied_from_the_question():
     policy = TriggerPolicy(cfg(signal="novel", min_tokens=1), "Where is Ouagadougou?")
     value, crossed = policy.push(0, "Ouagadougou", 9.0, math.nan)
     assert math.isnan(value) and not crossed and policy.pushed_at == []
+
+
+# --------------------------------------------------------------------------------------------
+# sentence scope: the judge of every finished sentence
+# --------------------------------------------------------------------------------------------
+from surprisegate.gate.trigger import SentenceJudge  # noqa: E402
+
+CHAD = "Write a short paragraph about Chad: its capital and its currency."
+
+
+def feed(judge, pieces, values):
+    fired = []
+    for i, (p, v) in enumerate(zip(pieces, values, strict=True)):
+        if judge.push(i, p, v):
+            fired.append((judge.judged, judge.rewind_at, judge.doubt))
+    return fired
+
+
+def test_the_judge_fires_on_the_claim_of_a_sentence_that_speaks_of_what_was_asked():
+    pieces = [
+        "Chad",
+        " is",
+        " vast",
+        ".",
+        " Its",
+        " capital",
+        " is",
+        " Kou",
+        "fc",
+        "ontou",
+        ".",
+        " It",
+        " is",
+        " nice",
+        ".",
+    ]
+    values = [9.0, 9.0, 9.0, 0.1, 0.1, 0.1, 0.1, 4.0, 0.2, 0.2, 0.1, 0.1, 0.1, 9.0, 0.1]
+    judge = SentenceJudge(CHAD, threshold=2.0, max_tokens=160)
+    fired = feed(judge, pieces, values)
+    # The opening is uncertain but claims nothing; "It is nice." claims nothing either.
+    ((start, end, text), rewind_at, doubt) = fired[0]
+    assert len(fired) == 1 and (start, end, text) == (4, 11, "Its capital is Koufcontou.")
+    assert rewind_at == 7 and doubt == 4.0  # the rewrite begins at " Kou", a word start
+
+
+def test_a_sentence_off_the_question_is_not_judged_unless_asked_only_is_off():
+    pieces = [" It", " joined", " the", " African", " Union", ".", " Then"]
+    values = [0.1, 0.1, 0.1, 5.0, 0.1, 0.1, 0.1]
+    assert feed(SentenceJudge(CHAD, 2.0, 160), pieces, values) == []
+    assert len(feed(SentenceJudge(CHAD, 2.0, 160, asked_only=False), pieces, values)) == 1
+
+
+def test_a_settled_sentence_is_not_judged_again_after_a_restart():
+    pieces = [" Its", " capital", " is", " Kou", ".", " It"]
+    values = [0.1, 0.1, 0.1, 5.0, 0.1, 0.1]
+    judge = SentenceJudge(CHAD, 2.0, 160)
+    assert len(feed(judge, pieces, values)) == 1
+    # A revert puts the sentence back without the token that showed its end; the same end is not judged twice.
+    judge.restart(pieces[:5], values[:5], at=0)
+    assert judge.start == 0 and not judge.push(5, " It", 0.1)
+    # A rewind cut the reply back to the sentence's claim word: the rewrite is not judged either.
+    judge.restart(pieces[:3], values[:3], at=3)
+    assert judge.start == 0
+    assert not any(judge.push(i, p, 9.0) for i, p in enumerate([" Paris", ".", " It"], start=3))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.sampled_from([" Its", " capital", " is", " Kou", ".", " 12", "\n", " the", " currency"]), max_size=30)
+)
+def test_every_sentence_is_judged_once_and_in_order(pieces):
+    judge = SentenceJudge(CHAD, -1.0, 10_000)
+    starts = []
+    for i, p in enumerate(pieces):
+        before = set(judge.settled)
+        judge.push(i, p, 1.0)
+        starts += sorted(judge.settled - before)
+    judge.end_of_turn()
+    assert starts == sorted(starts) and len(starts) == len(set(starts))
+    assert all(0 <= s < max(1, len(pieces)) for s in starts)

@@ -237,7 +237,16 @@ class Generation:
 # --------------------------------------------------------------------------------------------
 # Config keys a client may see in its receipt: what a request may set, and its sampling. The rest (system
 # prompt, tool roots and allow-lists, model path, backend URI, templates, timeouts) is the operator's.
-CLIENT_CONFIG_KEYS = (*REQUEST_KEYS, "max_tokens", "temperature", "seed", "top_logprobs", "tail_cut")
+CLIENT_CONFIG_KEYS = (
+    *REQUEST_KEYS,
+    "max_tokens",
+    "temperature",
+    "seed",
+    "top_logprobs",
+    "tail_cut",
+    "claim_scope",
+    "paragraph_rounds",
+)
 REDACTED = "[server]"
 
 

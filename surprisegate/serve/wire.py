@@ -594,7 +594,12 @@ def sampling_overrides(body: dict, limits: Limits) -> dict[str, Any]:
 
 
 def request_config(
-    base: Config, overrides: dict[str, Any], top_logprobs: int, logprobs: bool, detect_only: bool
+    base: Config,
+    overrides: dict[str, Any],
+    top_logprobs: int,
+    logprobs: bool,
+    detect_only: bool,
+    grounding_budget_s: float | None = None,
 ) -> tuple[Config, tuple[str, ...]]:
     """The server's config under the request's changes, and notes on what the server adjusted."""
     changes = dict(overrides) | {"stream": "holdback"}
@@ -612,6 +617,17 @@ def request_config(
         # The model has no calibration: another model's thresholds would trigger at random (runtime.model_config).
         config = config.replace(mode="detect")
         notes.append("no calibration for this model: intervene ran as detect; pass surprisegate.threshold")
+    rounds = config.paragraph_rounds
+    if (
+        grounding_budget_s is not None
+        and config.sentence_scope
+        and rounds * config.round_deadline_s > grounding_budget_s
+    ):
+        # A paragraph-sized max_tokens turns on sentence scope (claim_scope auto): the client chose the length,
+        # not more grounding than the server grants one request.
+        fit = max(0, math.floor(grounding_budget_s / config.round_deadline_s + 1e-9))
+        config = config.replace(paragraph_rounds=fit)
+        notes.append(f"paragraph_rounds {rounds} -> {fit}: this server's grounding budget per request")
     if logprobs and config.mode == "off":
         # Detection only reads logprobs (DESIGN §1): the reply is the one `off` writes.
         config = config.replace(mode="detect")
@@ -741,5 +757,5 @@ def _gate_request(
     stream, include_usage = stream_flags(body)
     stop = stops(body)
     overrides = sampling_overrides(body, limits) | gate_overrides(body, limits, base)
-    config, notes = request_config(base, overrides, top, logprobs, detect_only)
+    config, notes = request_config(base, overrides, top, logprobs, detect_only, limits.max_grounding_s)
     return GateRequest(endpoint, messages, config, stream, include_usage, logprobs, top, stop, overrides, notes)

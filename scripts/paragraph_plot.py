@@ -1,0 +1,59 @@
+"""Plot the paragraph trade-off: claim accuracy against grounding calls per mode, one panel per eval folder.
+
+    python scripts/paragraph_plot.py results/paragraphs/smollm2 results/paragraphs/second_model \
+        --out results/paragraphs/tradeoff.png
+
+Each folder is an `surprisegate eval` output on a long-form set (its summary.json has per-mode claim scores).
+Beside each point: claim accuracy, coverage and regressions (share of claims).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def points(summary: dict) -> list[tuple[str, int, dict]]:
+    return [(mode, s["grounding_calls"], s["claims"]) for mode, s in summary["modes"].items() if "claims" in s]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folders", nargs="+")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(args.folders), figsize=(5.2 * len(args.folders), 4), squeeze=False)
+    for ax, folder in zip(axes[0], args.folders, strict=True):
+        summary = json.loads((Path(folder) / "summary.json").read_text())
+        config = json.loads((Path(folder) / "eval_config.json").read_text())
+        for mode, calls, c in points(summary):
+            ax.scatter([calls], [c["claim_accuracy"]], s=60)
+            ax.annotate(
+                f"{mode}\nacc {c['claim_accuracy']:.2f} · cov {c['coverage']:.2f} · "
+                f"regr {c['claim_regression_rate']:.1%}",
+                (calls, c["claim_accuracy"]),
+                textcoords="offset points",
+                xytext=(6, -4),
+                fontsize=8,
+            )
+        most = max((calls for _, calls, _ in points(summary)), default=1)
+        ax.set_xlim(-0.05 * most, 1.7 * most)  # room for the labels right of each point
+        ax.set_xlabel("grounding calls")
+        ax.set_ylabel("claim accuracy")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{Path(str(config.get('model', folder))).name[:40]}", fontsize=9)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=110)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
