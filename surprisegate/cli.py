@@ -811,6 +811,34 @@ def bench_http(backend_uri: str | None, context_tokens: int, tokens: int, repeat
     click.echo(json.dumps(out) if as_json else _pretty(out))
 
 
+@bench.command("paragraph")
+@click.option("--data", required=True, type=click.Path(dir_okay=False), help="Long-form prompts (JSONL, `question`).")
+@click.option("--memory", default="demo", show_default=True, help="Memory store for the gated replies.")
+@click.option("--prompts", default=20, show_default=True, type=int, help="A seeded sample of this many prompts.")
+@click.option("--max-tokens", default=160, show_default=True, type=int)
+@click.option("--model", default="", help="GGUF path; empty = embedded SmolLM2-135M.")
+@click.option("--json", "as_json", is_flag=True)
+def bench_paragraph_cmd(data: str, memory: str, prompts: int, max_tokens: int, model: str, as_json: bool) -> None:
+    """The pause a reader sees: time to the first token and the longest gap between shown sentences, off
+    against intervene on the same paragraph prompts; the extra gap a grounding round adds (goal p95 <= 150 ms)."""
+    import random
+
+    from .progress import progress_callback
+    from .research.bench_paragraph import bench_paragraph
+    from .research.labeling import read_items
+
+    items = read_items(data)
+    chosen = random.Random(0).sample(items, min(prompts, len(items)))
+    overrides = {"max_tokens": max_tokens} | ({"model": model} if model else {})
+    runtime = assemble(ConfigLayers(None, overrides), memory, False, None, _say, intervene=True)
+    with progress_callback("bench paragraph") as progress:
+        out = bench_paragraph(
+            runtime.backend, runtime.config, runtime.arms, [it["question"] for it in chosen], progress
+        )
+    out["model"] = runtime.backend.model_id
+    click.echo(json.dumps(out) if as_json else _pretty(out))
+
+
 @bench.command("memory")
 @click.option("--passages", "n_passages", default=100_000, show_default=True, type=int)
 @click.option("--queries", default=200, show_default=True, type=int)

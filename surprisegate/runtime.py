@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +59,18 @@ def _memory_arm(config: Config, target: str, say: Callable[[str], None]) -> Arm:
     from .store.open import open_memory
 
     path = str(demo_memory(quiet=False, say=say)) if target == "demo" else target
-    return MemoryArm(open_memory(path), floor=config.relevance_floor)
+    store = open_memory(path)
+    # The first search loads what searching needs (the embedder, the index pages): ~0.6 s here. Paid now,
+    # while the model loads, not inside the first reply's grounding round, where it is a pause a reader sees.
+    threading.Thread(target=_first_search, args=(store,), daemon=True, name="surprisegate-memory-warm").start()
+    return MemoryArm(store, floor=config.relevance_floor)
+
+
+def _first_search(store) -> None:
+    try:
+        store.search("warm up", k=1)
+    except Exception:  # noqa: BLE001 - a store that cannot search says so on the first real query, with its error
+        pass
 
 
 def _web_arm(config: Config, target: str, say: Callable[[str], None]) -> Arm:

@@ -110,3 +110,47 @@ def test_repeat_order_puts_every_arm_in_every_position_both_ways():
         for b in names:
             if a != b:
                 assert any(o.index(a) < o.index(b) for o in orders) and any(o.index(b) < o.index(a) for o in orders)
+
+
+# --------------------------------------------------------------------------------------------
+# bench paragraph: the pause a reader sees
+# --------------------------------------------------------------------------------------------
+from surprisegate.research.bench_paragraph import bench_paragraph, longest_gap  # noqa: E402
+
+
+@given(st.floats(0, 5), st.lists(st.floats(0, 5), max_size=10))
+def test_the_longest_gap_is_between_two_consecutive_shown_points(first, steps):
+    marks, at = [], first
+    for step in steps:
+        at += step
+        marks.append(at)
+    assert longest_gap(first, marks) == pytest.approx(max(steps, default=0.0), abs=1e-9)
+
+
+def test_bench_paragraph_runs_off_and_intervene_on_the_same_prompts():
+    from surprisegate.arms import Evidence
+    from surprisegate.config import Config
+
+    from scripted import ScriptedBackend, plan
+
+    wrong = "Testland is a small country. Its capital is Wrongville. Its currency is the Testmark."
+
+    def script(context):
+        reply = context.rsplit("<|im_start|>assistant\n", 1)[-1]
+        if "Rightburg" in reply or "Testland is Rightburg." in context:
+            return plan(wrong.replace("Wrongville", "Rightburg"))
+        return plan(wrong, doubtful="Wrongville")
+
+    class Memory:
+        name = "memory"
+
+        def ground(self, query, deadline):
+            return [Evidence("c", "The capital of Testland is Rightburg.", 0.9, "memory:x")]
+
+    config = Config(signal="surprise", system_prompt="", max_tokens=160, sentence_threshold=3.0, kind_thresholds={})
+    prompt = "Write a short paragraph about Testland: its capital and its currency."
+    out = bench_paragraph(ScriptedBackend(script), config, {"memory": Memory()}, [prompt, prompt, prompt])
+    assert out["prompts"] == 3 and out["grounded_prompts"] == 3 and out["extra_gap_ms"]["n"] == 3
+    for mode in ("off", "intervene"):
+        assert out["ms"][mode]["time_to_first_token"]["n"] == 3
+        assert out["ms"][mode]["longest_sentence_gap"]["p95"] >= out["ms"][mode]["longest_sentence_gap"]["p50"] >= 0
