@@ -33,17 +33,12 @@ def main(argv: list[str] | None = None) -> int:
         summary = json.loads((Path(folder) / "summary.json").read_text())
         config = json.loads((Path(folder) / "eval_config.json").read_text())
         for mode, calls, c in points(summary):
-            ax.scatter([calls], [c["claim_accuracy"]], s=60)
-            ax.annotate(
-                f"{mode}\nacc {c['claim_accuracy']:.2f} · cov {c['coverage']:.2f} · "
-                f"regr {c['claim_regression_rate']:.1%}",
-                (calls, c["claim_accuracy"]),
-                textcoords="offset points",
-                xytext=(6, -4),
-                fontsize=8,
+            label = (
+                f"{mode}: accuracy {c['claim_accuracy']:.2f}, coverage {c['coverage']:.2f}, "
+                f"regressions {c['claim_regression_rate']:.1%}"
             )
-        most = max((calls for _, calls, _ in points(summary)), default=1)
-        ax.set_xlim(-0.05 * most, 1.7 * most)  # room for the labels right of each point
+            ax.scatter([calls], [c["claim_accuracy"]], s=60, label=label)
+        ax.legend(fontsize=7, loc="lower right")
         ax.set_xlabel("grounding calls")
         ax.set_ylabel("claim accuracy")
         ax.set_ylim(0, 1)

@@ -115,7 +115,13 @@ def test_repeat_order_puts_every_arm_in_every_position_both_ways():
 # --------------------------------------------------------------------------------------------
 # bench paragraph: the pause a reader sees
 # --------------------------------------------------------------------------------------------
-from surprisegate.research.bench_paragraph import bench_paragraph, longest_gap  # noqa: E402
+from surprisegate.research.bench_paragraph import _quantiles, bench_paragraph, longest_gap  # noqa: E402
+
+
+@given(st.lists(st.floats(0, 10), min_size=1, max_size=30))
+def test_quantiles_are_ordered_whatever_the_order_of_the_values(values):
+    q = _quantiles(values)
+    assert min(values) * 1000 - 0.1 <= q["p50"] <= q["p95"] <= max(values) * 1000 + 0.1 and q["n"] == len(values)
 
 
 @given(st.floats(0, 5), st.lists(st.floats(0, 5), max_size=10))

@@ -51,9 +51,10 @@ def longest_gap(first: float, marks: Sequence[float]) -> float:
 def _quantiles(values: Sequence[float]) -> dict[str, float | None]:
     if not values:
         return {"p50": None, "p95": None, "n": 0}
+    ordered = sorted(values)  # percentile() reads a sorted sequence
     return {
-        "p50": round(percentile(values, 50) * 1000, 1),
-        "p95": round(percentile(values, 95) * 1000, 1),
+        "p50": round(percentile(ordered, 50) * 1000, 1),
+        "p95": round(percentile(ordered, 95) * 1000, 1),
         "n": len(values),
     }
 
