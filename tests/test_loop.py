@@ -834,3 +834,12 @@ def test_paragraph_rounds_caps_a_reply():
         paragraph_cfg(sentence_threshold=0.0, paragraph_rounds=1), {"memory": StaticArm("memory", [])}
     )
     assert len(done.rounds) == 1
+
+
+def test_an_unchecked_paragraph_rewrite_still_takes_its_evidence_out_when_its_sentence_ends():
+    # revert_unused_evidence off: nothing is checked, but the paragraph must not end on the evidence turn.
+    backend, _, done = run_paragraph(
+        paragraph_cfg(revert_unused_evidence=False), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}
+    )
+    assert done.text == RIGHT_PARAGRAPH and [r["action"] for r in done.rounds] == ["rewound"]
+    assert "Rightburg." not in backend.detokenize(backend.context).split("<|im_start|>assistant\n")[0]

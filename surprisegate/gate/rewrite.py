@@ -84,6 +84,7 @@ class RewriteCheck:
         evidence_leaves: Callable[[bool], None] = lambda at_end_of_turn: None,
     ) -> None:
         self.enabled, self.retries = config.revert_unused_evidence, config.retry_failed_rewrite
+        self.sentence_scope = config.sentence_scope
         self.answer_last = config.answer_last
         self.question = question
         self.reply, self.decoding, self.emitter, self.rounds = loop_state
@@ -98,7 +99,8 @@ class RewriteCheck:
 
     def before_round(self, span_start: int) -> Unchecked | None:
         """At a trigger, before its round: where a failed rewrite would go back to (the first of a chain)."""
-        if not self.enabled or self.pending is not None:
+        # Sentence scope follows every rewrite to its sentence's end even unchecked: its evidence leaves there.
+        if not (self.enabled or self.sentence_scope) or self.pending is not None:
             return None
         reply, context = self.reply, self.decoding.context
         return Unchecked(Snapshot.take(reply, len(reply.tokens) - 1, context), span_start, len(self.rounds))
@@ -128,6 +130,7 @@ class RewriteCheck:
         failed and went back, or a paragraph's sentence stood and its evidence left)."""
         assert self.pending is not None
         checked, problem = rewrite_verdict(self.reply, self.pending, self.question, final)
+        problem = problem if self.enabled else None  # unchecked (revert_unused_evidence off): it stands
         if problem is not None:
             yield from self._failed(problem, at_end_of_turn=False)
             return True
@@ -144,7 +147,7 @@ class RewriteCheck:
         """The model ended its turn: True when the reply is finished, False when a failed rewrite went back."""
         problem = None
         if self.pending is not None:
-            problem = rewrite_verdict(self.reply, self.pending, self.question, final=True)[1]
+            problem = rewrite_verdict(self.reply, self.pending, self.question, final=True)[1] if self.enabled else None
         if problem is None and self.pending is not None and self.pending.claim is not None:
             went_on, self.pending = self.pending.reply_went_on, None
             if went_on:  # the reply its sentence replaced went on: so does this one, without the evidence
