@@ -80,19 +80,23 @@ class MemoryArm:
         question = query.question.strip()
         claim = query.span.strip() or query.sentence.strip()
         search_text, context = (question, claim) if question else (claim, "")
-        if query.subject.strip():
+        subject = query.subject.strip()
+        if subject:
             # A paragraph's sentence: the subject finds the passage, the sentence picks its sentence (its
             # other words, such as a wrong name, cover no passage: as search words or as re-ranking context
             # they would sink it below the floor).
-            search_text, context = query.subject.strip(), ""
+            search_text, context = subject, ""
         if not search_text or time.monotonic() >= deadline:
             return []
         try:
             hits = self.store.search(search_text, k=self.k, context=context, deadline=deadline)
-            weights = self._word_weights(search_text) if hits else {}
-            if hits and query.subject.strip():  # the sentence's own words pick; the subject is in every sentence
-                subject = stems(query.subject)
-                weights = {w: v for w, v in self._word_weights(question).items() if w not in subject}
+            weights = (
+                {}
+                if not hits
+                else self._sentence_weights(question, subject)
+                if subject
+                else self._word_weights(search_text)
+            )
         except TimeoutError:
             return []
         except (sqlite3.Error, SurpriseGateError) as err:  # SQLite, or a Milvus server that went away
@@ -100,14 +104,13 @@ class MemoryArm:
 
         relation = relation_word(search_text)
         shape = answer_shape(search_text)
-        about_sentence = bool(query.subject.strip())
         evidence: list[Evidence] = []
         for hit in sorted(hits, key=lambda h: not names_subject(h.title, search_text)):  # stable: score order otherwise
             if time.monotonic() > deadline:
                 break
             if hit.score < self.floor:
                 continue
-            count = claim_count(hit.text, weights) if about_sentence else self.max_sentences
+            count = claim_count(hit.text, weights) if subject else self.max_sentences
             sentence = best_sentences(hit.text, weights, count, relation, shape)
             evidence.append(
                 Evidence(
@@ -125,6 +128,11 @@ class MemoryArm:
                 )
             )
         return evidence
+
+    def _sentence_weights(self, sentence: str, subject: str) -> dict[str, float]:
+        # The sentence's own words pick its passage sentence; the subject is in every one of them.
+        named = stems(subject)
+        return {w: v for w, v in self._word_weights(sentence).items() if w not in named}
 
     def _word_weights(self, question: str) -> dict[str, float]:
         # Rare words pick the sentence: "capital" beats "Burkina", which every sentence repeats.

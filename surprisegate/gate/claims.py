@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from ..arms import Query, Scribe
 from ..text import NOT_NAMES, QUERY_STOPWORDS, WORD, fold, stems
-from .signals import CopyTracker
+from .signals import question_words
 
 # A word: letters (any script), digits, and the joiners inside names and numbers ("N'Djamena", "1,234").
 _WORD = re.compile(r"[^\W_](?:[\w'’.,-]*[^\W_])?")
@@ -44,7 +44,7 @@ def _is_claim_word(word: str, first_in_sentence: bool) -> bool:
 
 def claim_words(sentence: str, question: str) -> list[tuple[int, int]]:
     """(start, end) character spans of the sentence's claim words: numbers and names, none the question gave."""
-    given = CopyTracker(question).words
+    given = question_words(question)
     spans = []
     for i, m in enumerate(_WORD.finditer(sentence)):
         word = m.group()
@@ -122,17 +122,6 @@ def without_claims(sentence: str, question: str) -> str:
 def sentence_arm_query(sentence: str, question: str, scribe: Scribe | None = None) -> Query:
     """What the arms are asked about a doubtful sentence of a paragraph: the sentence, its subject named and
     its claim words (which the model may have wrong) left out."""
-    return Query(
-        span=without_claims(sentence, question),
-        question=sentence_query(sentence, question),
-        sentence=sentence,
-        scribe=scribe,
-        subject=subject_of(question),
-    )
-
-
-def sentence_query(sentence: str, question: str) -> str:
-    """What the arms are asked about a doubtful sentence: the subject, then the sentence without its claims."""
-    subject = subject_of(question)
-    rest = without_claims(sentence, question)
-    return f"{subject}: {rest}" if subject else rest
+    subject, rest = subject_of(question), without_claims(sentence, question)
+    asked = f"{subject}: {rest}" if subject else rest  # the subject, then the sentence without its claims
+    return Query(span=rest, question=asked, sentence=sentence, scribe=scribe, subject=subject)

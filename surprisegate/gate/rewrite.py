@@ -129,8 +129,7 @@ class RewriteCheck:
         """Check the latest rewrite once its sentence is finished; True when the context was replaced (it
         failed and went back, or a paragraph's sentence stood and its evidence left)."""
         assert self.pending is not None
-        checked, problem = rewrite_verdict(self.reply, self.pending, self.question, final)
-        problem = problem if self.enabled else None  # unchecked (revert_unused_evidence off): it stands
+        checked, problem = self._verdict(final)
         if problem is not None:
             yield from self._failed(problem, at_end_of_turn=False)
             return True
@@ -145,9 +144,7 @@ class RewriteCheck:
 
     def end_of_turn(self) -> Generator[Event, None, bool]:
         """The model ended its turn: True when the reply is finished, False when a failed rewrite went back."""
-        problem = None
-        if self.pending is not None:
-            problem = rewrite_verdict(self.reply, self.pending, self.question, final=True)[1] if self.enabled else None
+        problem = self._verdict(final=True)[1] if self.pending is not None else None
         if problem is None and self.pending is not None and self.pending.claim is not None:
             went_on, self.pending = self.pending.reply_went_on, None
             if went_on:  # the reply its sentence replaced went on: so does this one, without the evidence
@@ -157,6 +154,12 @@ class RewriteCheck:
             return self.pending is None or not (yield from self._answer_last(fed=len(self.reply.tokens)))
         yield from self._failed(problem, at_end_of_turn=True)
         return False
+
+    def _verdict(self, final: bool) -> tuple[bool, str | None]:
+        """rewrite_verdict on the pending rewrite; unchecked (revert_unused_evidence off), a finished one stands."""
+        assert self.pending is not None
+        checked, problem = rewrite_verdict(self.reply, self.pending, self.question, final)
+        return checked, problem if self.enabled else None
 
     def on_fault(self, kind: str) -> Generator[Event, None, None]:
         """The backend failed: a rewrite not yet checked is dropped (only the reply goes back)."""

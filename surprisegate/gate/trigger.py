@@ -131,6 +131,15 @@ class SentenceJudge:
         self.settled = {i for i in self.settled if i <= self.start}
 
 
+def _open_sentence_start(text: str) -> int:
+    """Character index just past the last finished sentence of `text`, its whitespace included (text.
+    sentence_start skips that whitespace; the judge's sentences start at the token holding it)."""
+    start = 0
+    while (end := sentence_end(text, start)) is not None:
+        start = end
+    return start
+
+
 def _tokens_before(pieces: list[str], char: int) -> int:
     """How many leading pieces lie entirely before character `char` of their joined text."""
     at = 0
@@ -139,14 +148,6 @@ def _tokens_before(pieces: list[str], char: int) -> int:
             return i
         at += len(piece)
     return len(pieces)
-
-
-def _open_sentence_start(text: str) -> int:
-    """Character index where the last (open) sentence of `text` begins: just past the last finished one."""
-    start, at = 0, 0
-    while (end := sentence_end(text, at)) is not None:
-        start = at = end
-    return start
 
 
 class TriggerPolicy:
@@ -212,10 +213,14 @@ class TriggerPolicy:
         assert judge is not None
         value = sentence_value(self.config.signal, surprise, entropy)
         doubtful = judge.push(index, text, value)
-        if judge.judged[0] in judge.settled and judge.doubt > -math.inf:
-            self.window_max = max(self.window_max, judge.doubt)
-        self.crossing = (f"sentence:{self.config.signal}", judge.doubt, judge.threshold)
+        self.window_max = max(self.window_max, judge.doubt)  # -inf until a sentence with a claim was judged
+        self._sentence_crossing()
         return value, doubtful
+
+    def _sentence_crossing(self) -> None:
+        judge = self.sentences
+        assert judge is not None
+        self.crossing = (f"sentence:{self.config.signal}", judge.doubt, judge.threshold)
 
     def _judge_pending(self, index: int, text: str, stat: float | None, hidden: np.ndarray | None) -> bool:
         """Add a token to the pending first sentence; judge it once it has ended with an eligible window in it,
@@ -239,7 +244,7 @@ class TriggerPolicy:
         """The reply ended: judge a first sentence still pending (it may have no full stop)."""
         if self.sentences is not None:
             doubtful = self.sentences.end_of_turn()
-            self.crossing = (f"sentence:{self.config.signal}", self.sentences.doubt, self.sentences.threshold)
+            self._sentence_crossing()
             return doubtful
         if self.pending is None or self.pending.peak == -math.inf:
             return False

@@ -147,11 +147,10 @@ def run_flare(
             pieces = [backend.token_bytes(t).decode("utf-8", "replace") for t in tokens]
             masked = "".join("" if i in low else piece for i, piece in enumerate(pieces)).strip()
             r = route(masked, question, accepted)
-            q = Query(span=masked, question=question, sentence=masked, span_class=r.span_class)
-            if config.sentence_scope:  # a paragraph: ask about the sentence, as the gate does
-                q = Query(
-                    masked, f"{subject_of(question)}: {masked}", masked, r.span_class, subject=subject_of(question)
-                )
+            # A paragraph: ask about the sentence with its subject named, as the gate does.
+            subject = subject_of(question) if config.sentence_scope else ""
+            asked = f"{subject}: {masked}" if config.sentence_scope else question
+            q = Query(span=masked, question=asked, sentence=masked, span_class=r.span_class, subject=subject)
             found, _ = ground_round(
                 arms,
                 arm_order(config, r.span_class, arms),
