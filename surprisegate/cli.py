@@ -770,12 +770,15 @@ def bench() -> None:
 @bench.command("decode")
 @click.option("--tokens", default=64, show_default=True, type=int, help="Tokens per run: short runs, many of them.")
 @click.option("--repeats", default=40, show_default=True, type=int, help="Interleaved repeats of each arm.")
+@click.option(
+    "--paragraph", is_flag=True, help="A paragraph prompt in sentence scope (every sentence judged); use --tokens 160."
+)
 @click.option("--json", "as_json", is_flag=True)
-def bench_decode(tokens: int, repeats: int, as_json: bool) -> None:
+def bench_decode(tokens: int, repeats: int, paragraph: bool, as_json: bool) -> None:
     """detect-mode tokens/s ÷ plain llama-cpp-python greedy tokens/s, same model and prompt, with 95% intervals."""
     from .research.bench import bench_decode as run
 
-    out = run(n_tokens=tokens, repeats=repeats, progress=lambda m: click.echo(m, err=True))
+    out = run(n_tokens=tokens, repeats=repeats, progress=lambda m: click.echo(m, err=True), paragraph=paragraph)
     click.echo(json.dumps(out) if as_json else _pretty(out))
 
 

@@ -27,6 +27,7 @@ MODES = ("off", "detect", "intervene")
 STREAM_POLICIES = ("holdback", "emit")
 INJECTIONS = ("system_turn", "close_reopen", "inline")
 CLAIM_SCOPES = ("auto", "reply", "sentence")
+PARAGRAPH_GOES_ON = ("own_sentence", "rewrite")
 # claim_scope auto: a reply budget this large asks for a paragraph (every one-sentence result uses 64).
 PARAGRAPH_TOKENS = 128
 ARM_NAMES = ("memory", "web", "tool")
@@ -126,6 +127,21 @@ class Config:
     )
     paragraph_rounds: int = field(
         default=6, metadata={"help": "sentence scope: most grounding rounds per reply (one per sentence at most)"}
+    )
+    paragraph_goes_on: str = field(
+        default="rewrite",
+        metadata={
+            "help": "sentence scope, once a rewritten sentence stands: own_sentence: the rest is decoded after the "
+            "model's own sentence, so it reads as the model would have written it and only the claim changes | "
+            "rewrite: after the rewrite (the rest may go elsewhere and drop claims the model had right)"
+        },
+    )
+    rewrite_keeps_asked: bool = field(
+        default=False,
+        metadata={
+            "help": "sentence scope: a rewrite must still speak of every item the question asks for that the words "
+            "it replaces spoke of (else it is tried again, then dropped): fewer claims lost, fewer fixed"
+        },
     )
     round_deadline_s: float = field(
         default=2.0, metadata={"flag": "--deadline", "help": "hard deadline for a whole grounding round (s)"}
@@ -356,6 +372,7 @@ def _validate(c: Config) -> None:
     choice("injection", INJECTIONS)
     choice("tool_python_sandbox", ("auto", "bwrap", "rlimits"))
     choice("claim_scope", CLAIM_SCOPES)
+    choice("paragraph_goes_on", PARAGRAPH_GOES_ON)
     if not 0 <= c.paragraph_rounds <= 64:
         _fail("paragraph_rounds", c.paragraph_rounds, "use a whole number between 0 and 64, e.g. 6", "argument")
     if not math.isfinite(c.sentence_threshold):

@@ -36,6 +36,17 @@ def test_bench_decode_small():
 
 
 @pytest.mark.slow
+def test_bench_decode_paragraph_judges_sentences_and_decodes_the_same_tokens():
+    pytest.importorskip("llama_cpp")
+    from surprisegate.research.bench import PARAGRAPH_PROMPT, bench_decode
+
+    out = bench_decode(n_tokens=48, repeats=1, paragraph=True)
+    assert out["benchmark"] == "decode_paragraph" and out["claim_scope"] == "sentence"
+    assert out["prompt"] == PARAGRAPH_PROMPT and out["same_tokens"] is True  # the judge only reads, never steers
+    assert out["tokens_per_run"]["detect"] == out["tokens_per_run"]["plain"] > 0
+
+
+@pytest.mark.slow
 def test_bench_rewind_small():
     pytest.importorskip("llama_cpp")
     from surprisegate.research.bench import bench_rewind

@@ -9,6 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from surprisegate.gate.claims import (
+    asked_items,
+    asked_words,
     claim_token_flags,
     claim_words,
     sentence_arm_query,
@@ -94,3 +96,31 @@ def test_doubt_is_the_highest_claim_value(pairs):
 def test_doubt_skips_missing_values():
     assert sentence_doubt([math.nan, 2.0], [True, True]) == 2.0
     assert sentence_doubt([math.nan], [True]) == -math.inf
+
+
+@pytest.mark.parametrize(
+    "question, items",
+    [
+        (
+            "Write a short paragraph about Chad: its capital, its currency, its official languages and the countries "
+            "it borders.",
+            [{"capital"}, {"currency"}, {"official", "language"}, {"country", "border"}],
+        ),
+        (
+            "Tell me about the chemical element Fluorine: its symbol, its atomic number and the year it was "
+            "discovered.",
+            [{"chemical", "element"}, {"symbol"}, {"atomic", "number"}, {"year", "discover"}],
+        ),
+        ("What is the capital and currency of Chad?", [{"capital"}, {"currency"}]),
+        ("Tell me about Chad.", []),
+    ],
+)
+def test_asked_items_are_the_parts_of_the_question_list(question, items):
+    assert [set(i) for i in asked_items(question)] == items
+
+
+@given(st.text(max_size=120))
+def test_asked_items_are_asked_words_and_never_repeat(question):
+    items = asked_items(question)
+    assert all(item and item <= asked_words(question) for item in items)
+    assert len(set(items)) == len(items)

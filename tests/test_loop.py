@@ -843,3 +843,84 @@ def test_an_unchecked_paragraph_rewrite_still_takes_its_evidence_out_when_its_se
     )
     assert done.text == RIGHT_PARAGRAPH and [r["action"] for r in done.rounds] == ["rewound"]
     assert "Rightburg." not in backend.detokenize(backend.context).split("<|im_start|>assistant\n")[0]
+
+
+BRIDGES_PARAGRAPH = f"{OPENING} Its capital is Rightburg. It is a city of bridges."
+
+
+def script_diverging(context: str):
+    """A paragraph whose rest depends on the capital in its context: after Rightburg the model writes about
+    bridges and never states the currency; after its own Wrongville it states the currency."""
+    reply = context.rsplit("<|im_start|>assistant\n", 1)[-1]
+    if "Rightburg" in reply or "Rightburg." in context:
+        return plan(BRIDGES_PARAGRAPH)
+    return script_paragraph(context)
+
+
+@pytest.mark.parametrize("goes_on, text", [("own_sentence", RIGHT_PARAGRAPH), ("rewrite", BRIDGES_PARAGRAPH)])
+def test_a_patched_sentence_leaves_the_rest_of_the_paragraph_as_the_model_wrote_it(goes_on, text):
+    arms = {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}
+    _, _, off = run_paragraph(paragraph_cfg(mode="off"), script=script_diverging)
+    backend, events, done = run_paragraph(paragraph_cfg(paragraph_goes_on=goes_on), arms, script_diverging)
+    assert done.text == text and [r["went_on_from"] for r in done.rounds] == [goes_on]
+    if goes_on == "own_sentence":
+        # Only the claim changed: the rest is off's, and the context holds the model's own sentence, no evidence.
+        assert done.text == off.text.replace("Wrongville", "Rightburg")
+        context = backend.detokenize(backend.context)
+        assert "Its capital is Wrongville. Its currency" in context and "Rightburg" not in context
+    shown = "".join(e.text for e in events if isinstance(e, Token))
+    assert shown == text and "Wrongville" not in shown
+
+
+def test_a_patch_in_place_is_not_made_where_the_sentences_end_differently():
+    # The model's own sentence ends with a line break, the rewrite with a stop: the rest cannot join both.
+    def script(context: str):
+        reply = context.rsplit("<|im_start|>assistant\n", 1)[-1]
+        if "Rightburg" in reply or "Rightburg." in context:
+            return plan(RIGHT_PARAGRAPH)
+        return plan(f"{OPENING} Its capital is Wrongville\nIts currency is the Testmark.", doubtful="Wrongville")
+
+    config = paragraph_cfg(paragraph_goes_on="own_sentence")
+    _, _, done = run_paragraph(config, {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, script)
+    assert done.text == RIGHT_PARAGRAPH and [r["went_on_from"] for r in done.rounds] == ["rewrite"]
+
+
+def test_the_sentence_after_a_patch_is_judged_even_when_the_rewrite_ends_on_an_initial():
+    # "Port F." does not end a sentence by the text rule (an initial), but the patched sentence ended there:
+    # the model's own next sentence, a doubtful currency, must still be judged.
+    port = Evidence(
+        claim="capital of Testland", evidence="The capital of Testland is Port F.", confidence=0.9, source="memory:x"
+    )
+    wrong = f"{OPENING} Its capital is Wrongville. Its currency is the Wrongmark."
+
+    def script(context: str):
+        reply = context.rsplit("<|im_start|>assistant\n", 1)[-1]
+        if "Port F." in context and "Wrongville" not in reply:
+            return plan(f"{OPENING} Its capital is Port F.")  # the rewrite ends the turn
+        out = plan(wrong, doubtful="Wrongville")
+        at = wrong.index("Wrongmark")
+        return [(c, 0.02) if at <= i < at + 9 else (c, p) for i, (c, p) in enumerate(out)]
+
+    config = paragraph_cfg(paragraph_goes_on="own_sentence")
+    _, events, done = run_paragraph(config, {"memory": StaticArm("memory", [port])}, script)
+    triggers = [e.span_text.strip() for e in events if isinstance(e, Trigger)]
+    assert triggers == ["Wrongville.", "Wrongmark."]
+    assert done.text.startswith(f"{OPENING} Its capital is Port F. Its currency is the ")
+
+
+@pytest.mark.parametrize("keeps_asked", [False, True])
+def test_rewrite_keeps_asked_drops_a_rewrite_that_stops_speaking_of_an_asked_item(keeps_asked):
+    wrong = f"{OPENING} Its capital is Wrongville, and its currency is the Testmark."
+    bridges = f"{OPENING} Its capital is Rightburg, a city of bridges."
+
+    def script(context: str):
+        reply = context.rsplit("<|im_start|>assistant\n", 1)[-1]
+        if "Rightburg" in reply or "Rightburg." in context:
+            return plan(bridges)
+        return plan(wrong, doubtful="Wrongville")
+
+    config = paragraph_cfg(rewrite_keeps_asked=keeps_asked, retry_failed_rewrite=False)
+    _, _, done = run_paragraph(config, {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, script)
+    # The rewrite fixed the capital but no longer speaks of the currency the question asks for.
+    assert done.text == (wrong if keeps_asked else bridges)
+    assert done.rounds[0]["action"] == ("reverted" if keeps_asked else "rewound")

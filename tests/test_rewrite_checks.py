@@ -293,7 +293,7 @@ CAPITAL_EVIDENCE = ["The capital of Chad is N'Djamena."]
         ("Its capital city, Koufcontou, is large.", "Its capital city, N'Djamena, is large.", CAPITAL_EVIDENCE, None),
         ("Its capital city, Koufcontou, is large.", "It is a lovely country.", CAPITAL_EVIDENCE, "no name or number"),
         # The relation it stated ("capital") is gone, though a name is still given.
-        ("The capital of Chad is Koufcontou.", "Chad is in Africa.", CAPITAL_EVIDENCE, "no longer says"),
+        ("The capital of Chad is Koufcontou.", "Chad is in Africa.", CAPITAL_EVIDENCE, "no longer"),
         # A number the evidence says nothing about was dropped.
         (
             "Its capital is Koufcontou and it has 11 million people.",
@@ -313,6 +313,46 @@ CAPITAL_EVIDENCE = ["The capital of Chad is N'Djamena."]
 )
 def test_dropped_claim(original, rewrite, evidence, problem):
     found = dropped_claim(original, rewrite, evidence, CHAD_Q)
+    assert (found is None) if problem is None else (found is not None and problem in found)
+
+
+CURRENCY_EVIDENCE = ["The currency of Chad is the Central African CFA franc."]
+
+
+@pytest.mark.parametrize(
+    "original,rewrite,kept,problem",
+    [
+        # A second asked-for item of the sentence went with the rewrite of the first.
+        (
+            "Its currency is the pound, and its official languages are French and Arabic.",
+            "Its currency is the Central African CFA franc, which is used widely.",
+            len("Its currency is the "),
+            "language/official",
+        ),
+        (
+            "Its currency is the pound, and its official languages are French and Arabic.",
+            "Its currency is the Central African CFA franc, and its official languages are French and Arabic.",
+            len("Its currency is the "),
+            None,
+        ),
+        # Words before the rewind point are in both: "official" there does not speak of the languages.
+        (
+            "Its official currency is the pound.",
+            "Its official currency is the CFA franc.",
+            len("Its official currency is the "),
+            None,
+        ),
+        # Speaking of an item in other words of the same request is enough: "official" for the languages.
+        (
+            "Its currency is the pound, and its official languages are French.",
+            "Its currency is the CFA franc, and French is official.",
+            len("Its currency is the "),
+            None,
+        ),
+    ],
+)
+def test_a_rewrite_may_not_drop_an_item_the_question_asks_for(original, rewrite, kept, problem):
+    found = dropped_claim(original, rewrite, CURRENCY_EVIDENCE, CHAD_Q, kept)
     assert (found is None) if problem is None else (found is not None and problem in found)
 
 

@@ -72,6 +72,21 @@ def asked_words(question: str) -> frozenset[str]:
     return frozenset(stems(" ".join(words)) - stems(subject_of(question)))
 
 
+# The parts of a question's list of requests: "its capital, its currency and the year it became a state".
+_LIST_PARTS = re.compile(r"[,;:?]|\band\b|\bor\b", re.IGNORECASE)
+
+
+def asked_items(question: str) -> list[frozenset[str]]:
+    """What the question asks for, item by item: the asked stems of each part of its list ("…: its capital,
+    its currency and the year it became a state" -> {capital}, {currency}, {year, became, state})."""
+    asked, items = asked_words(question), []
+    for part in _LIST_PARTS.split(question):
+        item = frozenset(stems(part) & asked)
+        if item and item not in items:
+            items.append(item)
+    return items
+
+
 def speaks_of_asked(sentence: str, question: str) -> bool:
     """Whether the sentence speaks of something the question asked for (shares a stem with asked_words):
     "Its capital is Koufcontou." does, "It is a member of the African Union." does not."""

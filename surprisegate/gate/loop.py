@@ -29,12 +29,13 @@ from ..text import current_sentence
 from .claims import sentence_arm_query
 from .events import Done, Event, Grounding, Rewind, Trigger
 from .grounding import ground_span, why_not_grounded
+from .patch import OwnWords
 from .probe import TriggerProbe, resolve_probe
 from .prompting import ReplyPrompt, conversation, last_user_turn
 from .receipts import ConvergenceRecord, rounded_trigger
 from .reply import Decoding, Emitter, Reply, StopStrings
 from .result import ReplyResult, build_receipt, rounded, surprise_summary
-from .rewrite import RewriteCheck
+from .rewrite import RewriteCheck, Unchecked
 from .scribe import SessionScribe
 from .trigger import TriggerPolicy
 
@@ -133,6 +134,7 @@ class _ReplyLoop:
         )
         self.arm_cache: dict = {}  # per reply: (arm, question, class) -> evidence list
         self.injected_total = 0
+        self.own_words = OwnWords(config.paragraph_goes_on == "own_sentence")  # the reply as the context holds it
         self.finish_reason = "length"
         self.fault: dict[str, Any] | None = None  # the backend failed mid-reply: what happened (receipt "fault")
         rounds = config.paragraph_rounds if config.sentence_scope else config.max_rounds
@@ -229,28 +231,29 @@ class _ReplyLoop:
             return used < self.config.paragraph_rounds
         return used < self.config.max_rounds and not self.rewrites.reverted
 
-    def _evidence_leaves(self, at_end_of_turn: bool) -> None:
-        """Sentence scope: a rewritten sentence stood its check, so its evidence leaves the context and the
-        reply goes on from the prompt and the reply as written, the way the model wrote the rest. Left in, the
-        evidence turn reads as an answered question: the model stopped after the one sentence. Only the reply
-        is fed again (the prompt before the evidence stays cached). At an end of turn the reply went on from,
-        that end is banned once: the rewrite, often the evidence's own words, reads as a whole answer."""
+    def _evidence_leaves(self, at_end_of_turn: bool, stood: Unchecked) -> None:
+        """Sentence scope: a rewrite stood, so its evidence leaves the context (patch.py) and the reply goes on
+        after the model's own sentence or after the rewrite. A turn's end it went on from is banned once."""
         assert self.prompt is not None
-        tokens = self.prompt.tokens + self.reply.tokens
+        patched = self.own_words.patch_in(self.reply, stood, self.backend.token_bytes, self.emitter.emitted)
+        self.rewrites.latest_rewound().stood("own_sentence" if patched else "rewrite")
+        tokens = self.prompt.tokens + self.own_words.of(self.reply.tokens, len(self.reply.tokens))
         self.decoding.continue_from(tokens, banned=self.eos if at_end_of_turn else frozenset())
         self.decoding.replace(tokens, self.prompt.turn_start)
+        if patched:
+            self._start_over_from(len(self.reply.tokens), opens_sentence=True)  # "symbol F." ended one
 
-    def _start_over_from(self, n: int) -> None:
+    def _start_over_from(self, n: int, opens_sentence: bool = False) -> None:
         """The reply was cut back to `n` tokens: the window starts afresh and emit streaming resumes there."""
-        reply = self.reply
-        pieces = [p.decode("utf-8", "replace") for p in reply.pieces]
-        self.policy.restart(pieces, reply.surprises, reply.entropies, n)
+        pieces = [p.decode("utf-8", "replace") for p in self.reply.pieces]
+        self.policy.restart(pieces, self.reply.surprises, self.reply.entropies, n, opens_sentence)
         self.emitter.restart(self.reply, n)
 
     # --- a trigger and its round ------------------------------------------------------------------
     def _on_trigger(self) -> Generator[Event, None, bool]:
         """Record (detect) or act on (intervene) a crossing; True when the reply was rewound."""
         trigger = self._trigger()
+        own_sentence = self.policy.sentences.own_claim(self.reply.tokens) if self.policy.sentences else []
         if not self.intervening:
             self.would_trigger.append(rounded_trigger(trigger))
             self.policy.reset()
@@ -265,7 +268,7 @@ class _ReplyLoop:
         claim = self._query() if self.policy.sentences is not None else None
         self.rewrites.opened(before, trigger.span_start, record.evidence or "", self.decoding.context, computed, claim)
         if claim is not None and self.rewrites.pending is not None:
-            self.rewrites.pending.reply_went_on = not self.at_end_of_turn
+            self.rewrites.pending.replaces(own_sentence, reply_went_on=not self.at_end_of_turn)
         self.injected_total += record.tokens_injected
         self._start_over_from(len(self.reply.tokens))
         return True
@@ -330,7 +333,7 @@ class _ReplyLoop:
         injection = self.config.injection
         keep = context.turn_start if injection == "system_turn" else len(context.tokens) - (span_len - 1)
         injected = evidence_text(self.config, chosen)
-        kept_reply = reply.tokens[: trigger.span_start]
+        kept_reply = self.own_words.of(reply.tokens, trigger.span_start)  # a patched sentence as the model wrote it
         segment, refeed, turn_start = prompt.segment(self.backend.tokenize, injected, injection, keep, kept_reply)
         new_context = context.tokens[:keep] + segment + refeed
         # A paragraph's rewrite must write its sentence: with the evidence in a fresh turn the model may end it at once.

@@ -373,6 +373,7 @@ class ConvergenceRecord:
     already_grounded: bool = False  # resumed because the same evidence was injected in an earlier round
     retries: list[dict[str, Any]] = field(default_factory=list)  # one more try of a failed rewrite: problem, text, how
     rewritten_text: str | None = None  # a reverted round: the rewrite that was dropped
+    went_on_from: str | None = None  # a paragraph rewrite that stood went on after: own_sentence | rewrite
     # A server backend: how the resume after the rewind reached the server, and the prompt tokens its cache served.
     prompt_path: str | None = None  # "token-ids" | "text"
     cached_tokens: int | None = None
@@ -398,6 +399,10 @@ class ConvergenceRecord:
         """Its evidence is already in (round `round_no`): the reason it resumes."""
         self.already_grounded = True
         return f"evidence already {what} in round {round_no}"
+
+    def stood(self, went_on_from: str) -> None:
+        """A paragraph's rewrite stood; the reply went on after the model's own sentence or after the rewrite."""
+        self.went_on_from = went_on_from
 
     def rewind(self, source: str, dropped: tuple[int, str], injected: tuple[int, str], how: RewindReport) -> None:
         """The span (count, text) left the context and the evidence segment (count, text) went in."""
@@ -483,6 +488,7 @@ class ConvergenceRecord:
             **({"already_grounded": True} if self.already_grounded else {}),
             **({"retries": to_jsonable(self.retries)} if self.retries else {}),
             **({"rewritten_text": self.rewritten_text} if self.rewritten_text is not None else {}),
+            **({"went_on_from": self.went_on_from} if self.went_on_from is not None else {}),
             **({"prompt_path": self.prompt_path} if self.prompt_path is not None else {}),
             **({"cached_tokens": self.cached_tokens} if self.cached_tokens is not None else {}),
         }

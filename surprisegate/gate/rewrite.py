@@ -41,6 +41,11 @@ class Unchecked:
     tail_banned: tuple[int, frozenset[int]] = (-1, frozenset())  # (reply index, tokens banned there)
     claim: Query | None = None  # sentence scope: what the arms were asked about the sentence it replaces
     reply_went_on: bool = False  # sentence scope: the reply went on after the sentence it replaces
+    own_sentence: list[int] = field(default_factory=list)  # sentence scope: the model's tokens it replaces
+
+    def replaces(self, own_sentence: list[int], reply_went_on: bool) -> None:
+        """Sentence scope: the model's own tokens this rewrite replaces, and whether its reply went on after them."""
+        self.own_sentence, self.reply_went_on = list(own_sentence), reply_went_on
 
 
 def checked_sentence(reply: Reply, unchecked: Unchecked, final: bool) -> tuple[int, str] | None:
@@ -54,7 +59,9 @@ def checked_sentence(reply: Reply, unchecked: Unchecked, final: bool) -> tuple[i
     return start, text[start:end]
 
 
-def rewrite_verdict(reply: Reply, unchecked: Unchecked, question: str, final: bool) -> tuple[bool, str | None]:
+def rewrite_verdict(
+    reply: Reply, unchecked: Unchecked, question: str, final: bool, keeps_asked: bool = False
+) -> tuple[bool, str | None]:
     """(checked, problem) for the sentence holding the latest rewrite: (False, None) while it is open;
     once finished, the reason it must be dropped (`rewrite_problem`) or None when it stands. A rewritten
     sentence of a paragraph is checked against what it was asked about, and must still state its claim."""
@@ -65,7 +72,9 @@ def rewrite_verdict(reply: Reply, unchecked: Unchecked, question: str, final: bo
     if claim is None:
         return True, rewrite_problem(checked[1], unchecked.evidence, question)
     problem = rewrite_problem(checked[1], unchecked.evidence, claim.question)
-    return True, problem or dropped_claim(claim.sentence, checked[1], unchecked.evidence, question)
+    # The words before the rewind, in both sentences; with keeps_asked, the asked-for items past them are checked.
+    kept = len(reply.text(unchecked.check_from)) - checked[0] if keeps_asked else None
+    return True, problem or dropped_claim(claim.sentence, checked[1], unchecked.evidence, question, kept)
 
 
 class RewriteCheck:
@@ -81,10 +90,10 @@ class RewriteCheck:
         loop_state: tuple[Reply, Decoding, Emitter, list[ConvergenceRecord]],
         eos: frozenset[int],
         start_over: Callable[[int], None],
-        evidence_leaves: Callable[[bool], None] = lambda at_end_of_turn: None,
+        evidence_leaves: Callable[[bool, Unchecked], None] = lambda at_end_of_turn, stood: None,
     ) -> None:
         self.enabled, self.retries = config.revert_unused_evidence, config.retry_failed_rewrite
-        self.sentence_scope = config.sentence_scope
+        self.sentence_scope, self.keeps_asked = config.sentence_scope, config.rewrite_keeps_asked
         self.answer_last = config.answer_last
         self.question = question
         self.reply, self.decoding, self.emitter, self.rounds = loop_state
@@ -138,7 +147,7 @@ class RewriteCheck:
                 return True
             stood, self.pending = self.pending, None  # it drew on its evidence and answers the question: it stands
             if stood.claim is not None:
-                self.evidence_leaves(False)
+                self.evidence_leaves(False, stood)
                 return True
         return False
 
@@ -146,9 +155,10 @@ class RewriteCheck:
         """The model ended its turn: True when the reply is finished, False when a failed rewrite went back."""
         problem = self._verdict(final=True)[1] if self.pending is not None else None
         if problem is None and self.pending is not None and self.pending.claim is not None:
-            went_on, self.pending = self.pending.reply_went_on, None
+            stood, self.pending = self.pending, None
+            went_on = stood.reply_went_on
             if went_on:  # the reply its sentence replaced went on: so does this one, without the evidence
-                self.evidence_leaves(True)
+                self.evidence_leaves(True, stood)
             return not went_on
         if problem is None:
             return self.pending is None or not (yield from self._answer_last(fed=len(self.reply.tokens)))
@@ -158,7 +168,7 @@ class RewriteCheck:
     def _verdict(self, final: bool) -> tuple[bool, str | None]:
         """rewrite_verdict on the pending rewrite; unchecked (revert_unused_evidence off), a finished one stands."""
         assert self.pending is not None
-        checked, problem = rewrite_verdict(self.reply, self.pending, self.question, final)
+        checked, problem = rewrite_verdict(self.reply, self.pending, self.question, final, self.keeps_asked)
         return checked, problem if self.enabled else None
 
     def on_fault(self, kind: str) -> Generator[Event, None, None]:
@@ -189,13 +199,13 @@ class RewriteCheck:
         reply.cut(cut)
         u.tail_cuts, u.tail_banned = u.tail_cuts + 1, (cut, banned)
         self.start_over(cut)
-        rewound = self._latest_rewound()
+        rewound = self.latest_rewound()
         how = "cut at the clause boundary after the computed answer, its first token banned"
         rewound.retry("restated other numbers after its computed answer", failed, how)
         yield Rewind(rewound.round, shown, failed, 0)
         return True
 
-    def _latest_rewound(self) -> ConvergenceRecord:
+    def latest_rewound(self) -> ConvergenceRecord:
         """The round whose rewrite is being checked."""
         return next(r for r in reversed(self.rounds) if r.action == "rewound")
 
@@ -217,7 +227,7 @@ class RewriteCheck:
         u.tried_again = True
         start = u.check_from
         failed = reply.tail(start)
-        rewound = self._latest_rewound()  # the round whose rewrite failed
+        rewound = self.latest_rewound()  # the round whose rewrite failed
         if at_end_of_turn and cut_short(failed, u.evidence):
             how = "continued past the end of turn"
             self.decoding.continue_from(self.decoding.context.tokens, banned=self.eos)

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable
 from fractions import Fraction
 
-from surprisegate.gate.claims import claim_words, subject_of
+from surprisegate.gate.claims import asked_items, claim_words, subject_of
 from surprisegate.gate.signals import YES_NO_START
 from surprisegate.text import EVIDENCE_STOPWORDS, normalise, parse_numbers, sentence_end, stems
 
@@ -184,22 +184,35 @@ def rewrite_problem(sentence: str, evidence: Iterable[str], question: str = "") 
     return None
 
 
-def dropped_claim(original: str, rewrite: str, evidence: Iterable[str], question: str) -> str | None:
+def dropped_claim(
+    original: str, rewrite: str, evidence: Iterable[str], question: str, kept: int | None = None
+) -> str | None:
     """Why a rewritten sentence of a paragraph drops the claim of the one it replaces, or None: it must still
     name something or give a number the question did not ("The capital is Koufcontou." -> "Chad is a country
     in Africa." stops stating a capital), and keep the words the original shared with its evidence
-    ("capital"): the relation it stated."""
+    ("capital"): the relation it stated, and speak of every item the question asks for that the original spoke
+    of past the `kept` characters both start with, when given (config.rewrite_keeps_asked: a rewrite of "… the
+    pound, and its official languages are Arabic." from "pound" may not drop the languages)."""
     if claim_words(original, question) and not claim_words(rewrite, question):
         return "states no name or number any more (the sentence it replaces stated a claim)"
     said, sourced = parse_numbers(rewrite), [n for e in evidence for n in parse_numbers(e)]
     dropped = [n for n in parse_numbers(original) if not any(_same_number(n, m) for m in said)]
     if dropped and not sourced:  # a number the evidence says nothing about: the rewrite should have kept it
         return f"drops the number {dropped[0]} the sentence it replaces stated, which its evidence does not give"
+    said_stems, rewrite_stems = stems(original), stems(rewrite)
+    was_said, now_said = stems(original[kept or 0 :]), stems(rewrite[kept or 0 :])  # past the words both start with
+    lost = (
+        [item for item in asked_items(question) if item & was_said and not item & now_said] if kept is not None else []
+    )
+    if lost:  # "…, and its capital is Portsmouth." -> "… the 13th state." stops stating a capital
+        return (
+            f"no longer speaks of {'/'.join(sorted(lost[0]))}, which the sentence it replaces did and the question asks"
+        )
     subject = stems(subject_of(question))  # the subject is in every sentence: it states nothing
-    relation = stems(original) & set().union(*(stems(e) for e in evidence)) - subject - _STOP_STEMS
-    kept = relation & stems(rewrite)
-    if relation and 2 * len(kept) < len(relation):  # half may go: a rewrite words things its own way
-        return f"no longer says what the sentence it replaces said ({', '.join(sorted(relation - kept))})"
+    relation = said_stems & set().union(*(stems(e) for e in evidence)) - subject - _STOP_STEMS
+    held = relation & rewrite_stems
+    if relation and 2 * len(held) < len(relation):  # half may go: a rewrite words things its own way
+        return f"no longer says what the sentence it replaces said ({', '.join(sorted(relation - held))})"
     return None
 
 

@@ -117,12 +117,16 @@ class SentenceJudge:
         self.rewind_at = start + first_claim_token(pieces, flags)
         return self.doubt > self.threshold
 
-    def restart(self, pieces: list[str], values: list[float], at: int) -> None:
+    def own_claim(self, tokens: list[int]) -> list[int]:
+        """The last judged sentence's tokens from its rewind point (its first claim word) to its end."""
+        return list(tokens[self.rewind_at : self.judged[1]])
+
+    def restart(self, pieces: list[str], values: list[float], at: int, opens: bool = False) -> None:
         """The reply was cut back (a rewind, retry or revert) to these tokens, decoding going on from reply
         index `at`: the open sentence is the one holding `at` (a sentence starts there when the text before
-        it has ended one); sentences that were cut away are forgotten."""
+        it has ended one, or `opens` says so: a patched sentence ended there); sentences cut away are forgotten."""
         before = "".join(pieces[:at])
-        if at == 0 or ends_sentence(before):
+        if at == 0 or opens or ends_sentence(before):
             self.start = min(at, len(pieces))
         else:
             start_char = _open_sentence_start(before)
@@ -297,13 +301,16 @@ class TriggerPolicy:
             return self.pushed_at[0] if self.pushed_at else n_reply
         return self.pushed_at[self.window.start] if len(self.window) else n_reply
 
-    def restart(self, pieces: list[str], surprises: list[float], entropies: list[float], at: int) -> None:
+    def restart(
+        self, pieces: list[str], surprises: list[float], entropies: list[float], at: int, opens: bool = False
+    ) -> None:
         """The reply was cut back to these tokens (a rewind, retry or revert): the window starts afresh; in
-        sentence scope the open sentence is read back from them (the judged one stays settled)."""
+        sentence scope the open sentence is read back from them (the judged one stays settled; `opens`: a
+        sentence starts at `at`)."""
         self.reset(word_dropped=True)
         if self.sentences is not None:
             values = [sentence_value(self.config.signal, s, h) for s, h in zip(surprises, entropies, strict=True)]
-            self.sentences.restart(pieces, values, at)
+            self.sentences.restart(pieces, values, at, opens)
 
     def reset(self, word_dropped: bool = False) -> None:
         """Start the window afresh (after a round, or when the reply was cut back). A first sentence still

@@ -24,6 +24,10 @@ from ..gate.prompting import PromptLayout, chat_messages
 from ..gate.surprise import percentile
 
 DECODE_PROMPT = "Write a long, detailed essay about the history of the Roman Empire, from its founding to its fall."
+# `bench decode --paragraph`: the issue's paragraph, decoded in sentence scope (every sentence judged).
+PARAGRAPH_PROMPT = (
+    "Write a short paragraph about Chad: its capital, currency, official languages and neighbouring countries."
+)
 
 
 def _noop(_: str) -> None:
@@ -73,14 +77,14 @@ def machine_note(n_threads: int | None) -> dict[str, Any]:
     }
 
 
-def _detect_run(backend, config: Config) -> tuple[list[int], float]:
+def _detect_run(backend, config: Config, prompt: str = DECODE_PROMPT) -> tuple[list[int], float]:
     """The decode prompt through the loop (detect mode): the visible token ids and the seconds taken."""
     from ..gate.events import Done, Token
     from ..gate.loop import stream
 
     out: list[int] = []
     t0 = time.perf_counter()
-    for ev in stream(backend, DECODE_PROMPT, config):
+    for ev in stream(backend, prompt, config):
         if isinstance(ev, Token):
             out.append(-1 if ev.token_id is None else ev.token_id)  # steerable backends always give ids
         elif isinstance(ev, Done):
@@ -88,14 +92,18 @@ def _detect_run(backend, config: Config) -> tuple[list[int], float]:
     return out, time.perf_counter() - t0
 
 
-def bench_decode(n_tokens: int = 64, repeats: int = 40, progress: Callable[[str], None] = _noop) -> dict:
+def bench_decode(
+    n_tokens: int = 64, repeats: int = 40, progress: Callable[[str], None] = _noop, paragraph: bool = False
+) -> dict:
+    """`paragraph`: the paragraph prompt in sentence scope, each finished sentence judged on its claim tokens."""
     from ..backends.llamacpp import LlamaCppBackend, from_llamacpp
 
     backend = from_llamacpp(None, n_ctx=2048)
     assert isinstance(backend, LlamaCppBackend)  # sessions=1: the one-context backend
     llama = backend._llama
-    config = Config(mode="detect", max_tokens=n_tokens, max_rounds=0, system_prompt="")
-    layout = PromptLayout.from_template(backend.chat_prompt, chat_messages(DECODE_PROMPT))
+    prompt, scope = (PARAGRAPH_PROMPT, "sentence") if paragraph else (DECODE_PROMPT, "reply")
+    config = Config(mode="detect", max_tokens=n_tokens, max_rounds=0, system_prompt="", claim_scope=scope)
+    layout = PromptLayout.from_template(backend.chat_prompt, chat_messages(prompt))
     prompt_tokens = layout.body_tokens(backend.tokenize) + layout.open_tokens(backend.tokenize)
 
     def plain() -> tuple[list[int], float]:
@@ -111,14 +119,14 @@ def bench_decode(n_tokens: int = 64, repeats: int = 40, progress: Callable[[str]
         return out, time.perf_counter() - t0
 
     def detect() -> tuple[list[int], float]:
-        return _detect_run(backend, config)
+        return _detect_run(backend, config, prompt)
 
     # The probe's layer tap on a second copy (its context is made anew with the callback), hidden states
     # read at every step as they are when `probe = "auto"` finds a probe for the model.
     tapped, tapped_config = _tapped_copy(config)
 
     def detect_tapped() -> tuple[list[int], float]:
-        return _detect_run(tapped, tapped_config)
+        return _detect_run(tapped, tapped_config, prompt)
 
     runs: dict[str, tuple[Callable[[], tuple[list[int], float]], list[float]]] = {
         "plain": (plain, []),
@@ -142,7 +150,9 @@ def bench_decode(n_tokens: int = 64, repeats: int = 40, progress: Callable[[str]
     detect_ci = paired_ratio_interval(runs["detect"][1], runs["plain"][1])
     tapped_ci = paired_ratio_interval(runs["detect_tapped"][1], runs["plain"][1])
     return {
-        "benchmark": "decode",
+        "benchmark": "decode_paragraph" if paragraph else "decode",
+        "prompt": prompt,
+        "claim_scope": scope,
         "ratio": detect_ci["ratio"],
         "ratio_95ci": [detect_ci["low"], detect_ci["high"]],
         "target": ">= 0.97 at the interval's lower bound",
