@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from surprisegate.arms import Arm, Evidence, Query
-from surprisegate.arms.memory import DEFAULT_FLOOR, MemoryArm, best_sentences, relation_word
+from surprisegate.arms.memory import DEFAULT_FLOOR, MemoryArm, best_sentences, claim_count, relation_word
 from surprisegate.errors import ArmError, ConfigError
 from surprisegate.local.demo_kb import ensure_demo_memory
 from surprisegate.store.sqlite import Hit, SQLiteMemory
+from surprisegate.text import light_stem
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -387,3 +388,24 @@ def test_a_sentence_stating_two_claims_gets_both_evidence_sentences(store):
 
 def test_a_sentence_about_an_unknown_subject_gets_nothing(store):
     assert MemoryArm(store).ground(sentence_query("Its capital is Poseidonia.", "Atlantis"), later()) == []
+
+
+PASSAGE = (
+    "The capital of Chad is N'Djamena. The currency of Chad is the Central African CFA franc. "
+    "The official languages of Chad are French and Arabic. Chad borders Libya, Sudan and Niger."
+)
+
+
+@pytest.mark.parametrize(
+    "words, n",
+    [
+        (["capital"], 1),
+        (["capital", "currency"], 2),
+        (["capital", "currency", "languages"], 3),
+        (["capital", "currency", "languages", "borders"], 3),  # at most 3
+        (["volcano"], 1),  # none held: still the best one
+    ],
+)
+def test_claim_count_asks_for_one_sentence_per_claim_up_to_three(words, n):
+    weights = {light_stem(word): 1.0 for word in words}
+    assert claim_count(PASSAGE, weights) == n

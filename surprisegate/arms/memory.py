@@ -145,9 +145,11 @@ class MemoryArm:
         return weights
 
 
-def claim_count(passage: str, weights: dict[str, float], most: int = 2) -> int:
+def claim_count(passage: str, weights: dict[str, float], most: int = 3) -> int:
     """How many passage sentences a paragraph's sentence asks about: those holding one of its words (a
-    sentence may state two claims, "Its capital is X, and its official language is Y"), at least 1."""
+    sentence may state several claims, "Its capital is X, its currency Y and its language Z"), 1 to `most`.
+    Two at most left a three-claim sentence one claim short: 3 measured 0.528 against 0.503 claim accuracy on
+    60 longform_dev prompts (README Paragraphs)."""
     held = [stems(s) for s in split_sentences(passage)]
     return max(1, min(most, sum(1 for h in held if any(stem in h for stem in weights))))
 
