@@ -1,6 +1,6 @@
 """Plot the paragraph trade-off: claim accuracy against grounding calls per mode, one panel per eval folder.
 
-    python scripts/paragraph_plot.py results/paragraphs/smollm2 results/paragraphs/second_model \
+    python scripts/paragraph_plot.py results/paragraphs/smollm2 results/second_model/paragraphs/longform_dev \
         --out results/paragraphs/tradeoff.png
 
 Each folder is an `surprisegate eval` output on a long-form set (its summary.json has per-mode claim scores).
