@@ -253,11 +253,11 @@ class _ReplyLoop:
     def _on_trigger(self) -> Generator[Event, None, bool]:
         """Record (detect) or act on (intervene) a crossing; True when the reply was rewound."""
         trigger = self._trigger()
-        own_sentence = self.policy.sentences.own_claim(self.reply.tokens) if self.policy.sentences else []
         if not self.intervening:
             self.would_trigger.append(rounded_trigger(trigger))
             self.policy.reset()
             return False
+        own_sentence = self.policy.sentences.own_claim(self.reply.tokens) if self.policy.sentences else []
         yield trigger
         before = self.rewrites.before_round(trigger.span_start)
         record = yield from self._round(trigger)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ..text import sentence_end
 from .reply import Reply
 from .rewrite import Unchecked
+from .trigger import tokens_before
 
 STOPS = frozenset(".!?")
 
@@ -22,14 +23,7 @@ def sentence_tokens(pieces: list[str]) -> int:
     """How many leading `pieces` hold the sentence they begin: those wholly before its end (the token that
     showed the end may open the next sentence), or all of them while it is still open."""
     end = sentence_end("".join(pieces))
-    if end is None:
-        return len(pieces)
-    at = 0
-    for i, piece in enumerate(pieces):
-        if at + len(piece) > end:
-            return i
-        at += len(piece)
-    return len(pieces)
+    return len(pieces) if end is None else tokens_before(pieces, end)  # the judge's own rule for its sentences
 
 
 def junction(text: str) -> str:

@@ -199,24 +199,25 @@ def dropped_claim(
     dropped = [n for n in parse_numbers(original) if not any(_same_number(n, m) for m in said)]
     if dropped and not sourced:  # a number the evidence says nothing about: the rewrite should have kept it
         return f"drops the number {dropped[0]} the sentence it replaces stated, which its evidence does not give"
-    said_stems, rewrite_stems = stems(original), stems(rewrite)
-    was_said, now_said = stems(original[kept or 0 :]), stems(rewrite[kept or 0 :])  # past the words both start with
-    lost = (
-        [item for item in asked_items(question) if item & was_said and not item & now_said] if kept is not None else []
-    )
+    lost = None if kept is None else _asked_item_lost(original, rewrite, question, kept)
     if lost:  # "…, and its capital is Portsmouth." -> "… the 13th state." stops stating a capital
-        return (
-            f"no longer speaks of {'/'.join(sorted(lost[0]))}, which the sentence it replaces did and the question asks"
-        )
+        return f"no longer speaks of {'/'.join(sorted(lost))}, which the sentence it replaces did and the question asks"
     subject = stems(subject_of(question))  # the subject is in every sentence: it states nothing
-    relation = said_stems & set().union(*(stems(e) for e in evidence)) - subject - _STOP_STEMS
-    held = relation & rewrite_stems
+    relation = stems(original) & set().union(*(stems(e) for e in evidence)) - subject - _STOP_STEMS
+    held = relation & stems(rewrite)
     if relation and 2 * len(held) < len(relation):  # half may go: a rewrite words things its own way
         return f"no longer says what the sentence it replaces said ({', '.join(sorted(relation - held))})"
     return None
 
 
 _STOP_STEMS = frozenset(EVIDENCE_STOPWORDS)
+
+
+def _asked_item_lost(original: str, rewrite: str, question: str, kept: int) -> frozenset[str] | None:
+    """The first item the question asks for that the original spoke of past the `kept` characters both start
+    with, and the rewrite no longer does (None: every one is still spoken of)."""
+    was_said, now_said = stems(original[kept:]), stems(rewrite[kept:])
+    return next((item for item in asked_items(question) if item & was_said and not item & now_said), None)
 
 
 def cut_short(rewrite: str, evidence: Iterable[str]) -> bool:

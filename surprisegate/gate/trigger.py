@@ -93,7 +93,7 @@ class SentenceJudge:
         text = "".join(self.pieces)
         end = sentence_end(text)
         if end is not None:
-            inside = _tokens_before(self.pieces, end)  # the token that showed the end may open the next one
+            inside = tokens_before(self.pieces, end)  # the token that showed the end may open the next one
             return self._close(inside, next_start=self.start + inside)
         if index + 1 >= self.max_tokens:
             return self._close(len(self.pieces), next_start=index + 1)
@@ -130,7 +130,7 @@ class SentenceJudge:
             self.start = min(at, len(pieces))
         else:
             start_char = _open_sentence_start(before)
-            self.start = _tokens_before(pieces, start_char) if start_char else 0
+            self.start = tokens_before(pieces, start_char) if start_char else 0
         self.pieces, self.values = list(pieces[self.start :]), list(values[self.start :])
         self.settled = {i for i in self.settled if i <= self.start}
 
@@ -144,7 +144,7 @@ def _open_sentence_start(text: str) -> int:
     return start
 
 
-def _tokens_before(pieces: list[str], char: int) -> int:
+def tokens_before(pieces: list[str], char: int) -> int:
     """How many leading pieces lie entirely before character `char` of their joined text."""
     at = 0
     for i, piece in enumerate(pieces):
