@@ -8,13 +8,15 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from surprisegate.arms import Arm, Evidence, Query
 from surprisegate.arms.memory import DEFAULT_FLOOR, MemoryArm, best_sentences, claim_count, relation_word
 from surprisegate.errors import ArmError, ConfigError
 from surprisegate.local.demo_kb import ensure_demo_memory
 from surprisegate.store.sqlite import Hit, SQLiteMemory
-from surprisegate.text import light_stem
+from surprisegate.text import light_stem, split_sentences
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -409,3 +411,30 @@ PASSAGE = (
 def test_claim_count_asks_for_one_sentence_per_claim_up_to_three(words, n):
     weights = {light_stem(word): 1.0 for word in words}
     assert claim_count(PASSAGE, weights) == n
+
+
+TURKMENISTAN = (
+    "Turkmenistan is a country or territory in Asia. The capital of Turkmenistan is Ashgabat. "
+    "The international calling code of Turkmenistan is +993. People from Turkmenistan are called Turkmen."
+)
+
+
+def test_each_chosen_sentence_counts_only_the_words_the_others_lack():
+    # "called" repeats the calling code's word: once that sentence is in, the capital's adds more.
+    weights = {light_stem(w): w_ for w, w_ in [("capital", 1.0), ("calling", 2.0), ("code", 1.0)]}
+    assert best_sentences(TURKMENISTAN, weights, 2) == (
+        "The capital of Turkmenistan is Ashgabat. The international calling code of Turkmenistan is +993."
+    )
+    weights = {light_stem(w): w_ for w, w_ in [("capital", 1.0), ("calling", 3.0), ("country", 0.5)]}
+    assert best_sentences(TURKMENISTAN, weights, 3) == (
+        "Turkmenistan is a country or territory in Asia. The capital of Turkmenistan is Ashgabat. "
+        "The international calling code of Turkmenistan is +993."
+    )
+
+
+@given(st.lists(st.sampled_from(["capital", "calling", "code", "country", "people", "asia", "volcano"]), max_size=6))
+def test_asking_for_more_sentences_keeps_the_ones_chosen_for_fewer(words):
+    weights = {light_stem(w): 1.0 + i for i, w in enumerate(words)}
+    chosen = [set(split_sentences(best_sentences(TURKMENISTAN, weights, count))) for count in (1, 2, 3, 4)]
+    assert [len(c) for c in chosen] == [1, 2, 3, 4]
+    assert all(fewer <= more for fewer, more in zip(chosen, chosen[1:], strict=False))

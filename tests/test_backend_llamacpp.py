@@ -131,6 +131,55 @@ def test_a_layer_tap_leaves_the_logits_alone_and_its_state_follows_the_context(l
     np.testing.assert_allclose(tapped_backend.hidden_state(), states[N - K], atol=1e-3)
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_a_paused_tap_keeps_no_state_and_leaves_the_logits_alone(native, monkeypatch):
+    from surprisegate.backends import layer_tap
+    from surprisegate.backends.capabilities import PausableTap
+    from surprisegate.backends.llamacpp import from_llamacpp
+
+    if not native:
+        monkeypatch.setattr(layer_tap, "native_callback", lambda: None)
+    backend = from_llamacpp(None, n_ctx=1024)
+    backend.tap_layer(17)
+    assert isinstance(backend, PausableTap) and backend._tap.native == native
+    prompt = prompt_tokens(backend, "Write a sentence about the sea.")
+
+    def decode(paused: range) -> tuple[list[int], list[np.ndarray | None]]:
+        backend.reset()
+        logits = backend.append(prompt)
+        tokens, states = [], []
+        for i in range(6):
+            backend.read_hidden(i not in paused)
+            if i in paused:
+                assert backend.hidden_state() is None  # what it kept is no longer current
+            tokens.append(int(np.argmax(logits)))
+            logits = backend.append([tokens[-1]])
+            state = backend.hidden_state()
+            states.append(None if state is None else np.array(state, copy=True))
+        return tokens, states
+
+    tokens, states = decode(paused=range(0))
+    paused_tokens, paused_states = decode(paused=range(1, 3))
+    assert paused_tokens == tokens  # the tap only reads, paused or not
+    assert paused_states[1] is None and paused_states[2] is None  # a paused tap keeps nothing
+    for i in (0, 3, 4, 5):  # on again: the state a tap that never paused had there
+        np.testing.assert_array_equal(paused_states[i], states[i])
+
+
+def test_a_session_reads_the_tap_only_for_a_decode_that_asks_for_states(tapped_backend):
+    from surprisegate.backends import Sampling
+
+    prompt = prompt_tokens(tapped_backend, "Name a river.")
+    try:
+        for hidden in (False, True, False):
+            steps = tapped_backend.session().steps(prompt, Sampling(scored=True, hidden=hidden))
+            first = next(steps)
+            assert (first.hidden is not None) == hidden
+            assert tapped_backend._tap._native_state.paused == (not hidden)
+    finally:
+        tapped_backend.read_hidden(True)
+
+
 def test_the_compiled_tap_and_the_python_tap_read_the_same_state(tapped_backend, monkeypatch):
     from surprisegate.backends import layer_tap
     from surprisegate.backends.llamacpp import from_llamacpp

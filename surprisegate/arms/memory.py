@@ -49,18 +49,27 @@ def best_sentences(
 
     `weights` maps stemmed question words to weights. Sentences holding the stemmed `relation` word
     (e.g. "currency") come first, then those holding text of the `answer_shape` the question asks for
-    (a year), then by weight; ties go to the earlier sentence.
+    (a year), then by the weight of the words no sentence chosen before holds; ties go to the earlier one.
     """
     sentences = split_sentences(passage) or [passage]
+    held = [stems(s) for s in sentences]
+    covered: set[str] = set()
 
     def rank_key(index: int) -> tuple[bool, bool, float, int]:
-        held = stems(sentences[index])
-        weight = sum(weight for stem, weight in weights.items() if stem in held)
+        # Only words no chosen sentence holds count: "People from X are called Y." adds nothing once "The
+        # international calling code of X …" is in, and the capital's sentence goes in before it.
+        weight = sum(weight for stem, weight in weights.items() if stem in held[index] and stem not in covered)
         shaped = answer_shape is None or bool(answer_shape.search(sentences[index]))
-        return (relation not in held, not shaped, -weight, index)
+        return (relation not in held[index], not shaped, -weight, index)
 
-    best = sorted(range(len(sentences)), key=rank_key)[:count]
-    return " ".join(sentences[index] for index in sorted(best))
+    chosen: list[int] = []
+    rest = list(range(len(sentences)))
+    while rest and len(chosen) < count:
+        best = min(rest, key=rank_key)
+        chosen.append(best)
+        rest.remove(best)
+        covered |= held[best]
+    return " ".join(sentences[index] for index in sorted(chosen))
 
 
 class MemoryArm:

@@ -29,6 +29,7 @@ from ..gate.surprise import surprise_and_entropy, surprise_bits, top_logprobs, t
 from .capabilities import (
     ContextSize,
     HiddenStates,
+    PausableTap,
     RequestLog,
     SequenceStates,
     Tappable,
@@ -46,6 +47,7 @@ __all__ = [
     "LocalBackend",
     "LocalModel",
     "LocalSession",
+    "PausableTap",
     "RequestLog",
     "Sampling",
     "Session",
@@ -293,6 +295,7 @@ class LocalSession:
         self._last: tuple[int, str] = (0, "trim")
         # Whether steps can carry a hidden state, asked once (an isinstance on a protocol costs ~10 us).
         self._hidden: HiddenStates | None = model if isinstance(model, HiddenStates) else None
+        self._tap: PausableTap | None = model if isinstance(model, PausableTap) else None
         model.reset()  # the cache is this session's now; an older session of this model is superseded
         # A mark on the caller's model object, which the LocalModel protocol does not declare.
         setattr(model, "_surprisegate_session", self)  # noqa: B010
@@ -325,6 +328,8 @@ class LocalSession:
         banned: frozenset[int] = frozenset(),
     ) -> Steps:
         self._check_current()
+        if self._tap is not None:  # a tap no step reads splits no graph; the prefill's last state is read too
+            self._tap.read_hidden(sampling.hidden and sampling.scored)
         # Eager: the context is fed (and `last_continue` set) here; the returned iterator only decodes.
         logits = self._continue_from(list(tokens), len(tokens) if batch_until is None else batch_until)
         return self._decode(logits, sampling, banned)

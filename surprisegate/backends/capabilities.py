@@ -9,6 +9,7 @@ Some give more. Each extra is one small protocol here, and the code that needs i
 |---|---|---|---|
 | `Tappable` | `tap_layer(layer)` | llama.cpp in process, one context | runtime.tap_probe_layer |
 | `HiddenStates` | `tapped_layer`, `hidden_state()` | the same | gate.loop (the trigger probe), LocalSession |
+| `PausableTap` | `read_hidden(on)` | llama.cpp in process | LocalSession (a decode no probe reads pauses the tap) |
 | `SequenceStates` | `n_layer`, `sequence_states(seqs, layers)`, `recording_states(layers)` | the same | calibrate |
 | `ContextSize` | `n_ctx` | llama.cpp in process, the servers | serve's check_context |
 | `VocabSize` | `n_vocab` | llama.cpp in process, the servers | labeling (bounds a top-k entropy) |
@@ -49,6 +50,15 @@ class HiddenStates(Protocol):
 
     def hidden_state(self) -> np.ndarray | None:
         """The tapped layer's state at the position the logits describe; None without a tap or when stale."""
+        ...
+
+
+@runtime_checkable
+class PausableTap(Protocol):
+    """A model whose tap can be paused while no step reads its hidden state: the tap then costs nothing."""
+
+    def read_hidden(self, on: bool) -> None:
+        """Whether the decodes from now on keep the tapped layer's state."""
         ...
 
 

@@ -13,11 +13,12 @@ struct surprisegate_tap {
     int64_t width;            /* its row length (n_embd) */
     float *out;               /* width floats: the last position's row */
     int32_t fresh;            /* set once a decode has written out */
+    int32_t paused;           /* nonzero: keep nothing, and split no graph */
 };
 
 bool surprisegate_tap_eval(struct ggml_tensor *t, bool ask, void *user_data) {
     struct surprisegate_tap *tap = (struct surprisegate_tap *)user_data;
-    if (strncmp(t->name, tap->name, GGML_MAX_NAME) != 0) {
+    if (tap->paused || strncmp(t->name, tap->name, GGML_MAX_NAME) != 0) {
         return !ask; /* not wanted; once computed, go on */
     }
     if (ask) {

@@ -66,6 +66,7 @@ class _NativeTapState(ctypes.Structure):
         ("width", ctypes.c_int64),
         ("out", ctypes.POINTER(ctypes.c_float)),
         ("fresh", ctypes.c_int32),
+        ("paused", ctypes.c_int32),
     ]
 
 
@@ -79,13 +80,14 @@ class LayerTap:
         self._name_z = self.name + b"\0"  # compared with the tensor's name bytes, its terminator included
         self.state = np.zeros(width, dtype=np.float32)
         self._fresh = False  # a decode has written `state` since the tap was installed (Python callback)
+        self._paused = False  # keep nothing (Python callback)
         self.native = native is not None
         self.user_data: int | None = None
         if native is None:
             self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_tensor)  # kept alive with the tap
         else:
             out = self.state.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-            self._native_state = _NativeTapState(self.name, width, out, 0)  # kept alive with the tap
+            self._native_state = _NativeTapState(self.name, width, out, 0, 0)  # kept alive with the tap
             self.user_data = ctypes.addressof(self._native_state)
             self.callback = ctypes.cast(native.surprisegate_tap_eval, llama_cpp.ggml_backend_sched_eval_callback)
 
@@ -94,9 +96,19 @@ class LayerTap:
         """Whether a decode has written `state` since the tap was installed."""
         return bool(self._native_state.fresh) if self.native else self._fresh
 
+    def pause(self, paused: bool = True) -> None:
+        """Keep no state until unpaused: the scheduler then runs each graph whole, as without a tap (a decode
+        whose state no probe reads need not pay for it). The state kept before is no longer current."""
+        if self.native:
+            self._native_state.paused = int(paused)
+            self._native_state.fresh = 0 if paused else self._native_state.fresh
+        else:
+            self._paused = paused
+            self._fresh = False if paused else self._fresh
+
     def _on_tensor(self, tensor: int, ask: bool, _user_data: int) -> bool:
         # Called for every node of every decode: the name is read as raw bytes first (the cheapest test).
-        if ctypes.string_at(tensor + _NAME_OFFSET, len(self._name_z)) != self._name_z:
+        if self._paused or ctypes.string_at(tensor + _NAME_OFFSET, len(self._name_z)) != self._name_z:
             return not ask  # not wanted; once computed, go on
         if ask:
             return True

@@ -266,6 +266,11 @@ class LlamaCppBackend(_ModelTokens, LocalBackend):
             raise BackendError(f"layers {short} gave {len(states[short[0]])} rows for {len(tokens)} tokens")
         return states
 
+    def read_hidden(self, on: bool) -> None:
+        """Whether the decodes from now on keep the tapped layer's state (off: the tap costs nothing)."""
+        if self._tap is not None:
+            self._tap.pause(not on)
+
     def hidden_state(self) -> np.ndarray | None:
         """The tapped layer's state at the last fed position (a view valid until the next append), or None
         without a tap or when a trim made it stale."""
