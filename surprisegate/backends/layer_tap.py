@@ -101,10 +101,12 @@ class LayerTap:
         whose state no probe reads need not pay for it). The state kept before is no longer current."""
         if self.native:
             self._native_state.paused = int(paused)
-            self._native_state.fresh = 0 if paused else self._native_state.fresh
+            if paused:
+                self._native_state.fresh = 0
         else:
             self._paused = paused
-            self._fresh = False if paused else self._fresh
+            if paused:
+                self._fresh = False
 
     def _on_tensor(self, tensor: int, ask: bool, _user_data: int) -> bool:
         # Called for every node of every decode: the name is read as raw bytes first (the cheapest test).

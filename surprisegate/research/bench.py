@@ -121,8 +121,8 @@ def bench_decode(
     def detect() -> tuple[list[int], float]:
         return _detect_run(backend, config, prompt)
 
-    # The probe's layer tap on a second copy (its context is made anew with the callback), hidden states
-    # read at every step as they are when `probe = "auto"` finds a probe for the model.
+    # The probe's layer tap on a second copy (its context is made anew with the callback), as `probe = "auto"`
+    # sets it up: states read at every step where the probe judges (reply scope), the tap paused in sentence scope.
     tapped, tapped_config = _tapped_copy(config)
 
     def detect_tapped() -> tuple[list[int], float]:
@@ -174,7 +174,7 @@ def bench_decode(
 
 def _tapped_copy(config: Config) -> tuple[Any, Config]:
     """A second copy of the embedded model with the shipped probe's layer tapped, and the config that
-    makes the loop read its hidden states."""
+    turns the probe on (the loop reads hidden states where the probe judges, reply scope)."""
     from ..backends.llamacpp import LlamaCppBackend, from_llamacpp
     from ..gate.probe import resolve_probe
 
