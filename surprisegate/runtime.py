@@ -157,7 +157,7 @@ def tap_probe_layer(backend: Backend, config: Config) -> None:
     from .backends import Tappable
     from .gate.probe import resolve_probe
 
-    probe = resolve_probe(config.probe, backend.model_id)
+    probe = resolve_probe(config.probe, backend.model_id, config.sentence_scope)
     if probe is None:
         return  # 'off', or 'auto' and no probe ships for this model
     if isinstance(backend, Tappable) and config.sessions == 1:

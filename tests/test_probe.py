@@ -244,3 +244,59 @@ def test_the_shipped_probe_judges_fact_questions_only(shared_data):
     for name, expect_any in (("factqa_dev", True), ("arith_dev", False), ("halueval_qa_dev", False)):
         kinds = {question_kind(json.loads(line)["question"]) for line in open(shared_data / f"{name}.jsonl")}
         assert bool(kinds & shipped.kinds) is expect_any, name
+
+
+def test_sentence_scope_resolves_the_shipped_sentence_probe_and_never_a_calibrate_fit(tmp_path, monkeypatch):
+    from surprisegate.gate.probe import SENTENCE_KIND
+
+    embedded = "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    shipped = resolve_probe("auto", embedded, sentence=True)
+    assert shipped.kinds == {SENTENCE_KIND} and shipped.name.endswith(".sentence.npz")
+    assert shipped.applies_to(SENTENCE_KIND) and not resolve_probe("auto", embedded).applies_to(SENTENCE_KIND)
+    assert shipped_probe_path("no-such-model.gguf", sentence=True) is None
+    assert resolve_probe("auto", "no-such-model.gguf", sentence=True) is None
+    # calibrate's fit is a first-sentence probe: it does not stand in for a sentence probe
+    monkeypatch.setenv("SURPRISEGATE_HOME", str(tmp_path))
+    own = tmp_path / "calibrations" / "smollm2-135m-instruct.q4_1.gguf--full.probe.npz"
+    own.parent.mkdir()
+    probe(model="SmolLM2-135M-Instruct.Q4_1.gguf").save(own)
+    assert resolve_probe("auto", embedded, sentence=True).sha256 == shipped.sha256
+    assert resolve_probe("off", embedded, sentence=True) is None
+
+
+@pytest.mark.slow
+def test_in_the_loop_the_sentence_probe_scores_what_its_fit_replays():
+    """Online (the loop decoding with the tap on) and offline (scripts/sentence_probe.py: one pass over prompt +
+    reply, replayed through the judge) the sentence probe fires on the same sentences with the same scores."""
+    pytest.importorskip("llama_cpp")
+    from surprisegate.backends.llamacpp import from_llamacpp
+    from surprisegate.gate.loop import generate
+    from surprisegate.gate.trigger import SentenceJudge, sentence_value
+    from surprisegate.research.probe_fit import prompt_tokens, step_states
+
+    backend = from_llamacpp(None, n_ctx=2048)
+    probe = resolve_probe("auto", backend.model_id, sentence=True)
+    backend.tap_layer(probe.layer)
+    config = Config(mode="detect", claim_scope="sentence", max_tokens=100, probe="auto")
+    question = (
+        "Write a short paragraph about Andorra: its capital, its currency, its official languages and the countries "
+        "it borders."
+    )
+    result = generate(backend, question, config).result
+    online = {t["token_index"]: t for t in result.would_trigger}
+    assert online and {t["statistic"] for t in online.values()} == {"sentence:probe"}
+    prompt = prompt_tokens(backend, {"question": question}, config)
+    states = backend.sequence_states([prompt + list(result.token_ids)], [probe.layer])[0]
+    steps = step_states(states, len(prompt), len(result.token_ids))[probe.layer]
+    judge = SentenceJudge(question, config.sentence_threshold, config.max_tokens, probe=probe)
+    offline = {}
+    for i, token in enumerate(result.token_ids):
+        piece = backend.token_bytes(token).decode("utf-8", "replace")
+        value = sentence_value(config.signal, result.token_surprises[i], result.token_entropies[i])
+        if judge.push(i, piece, value, steps[i]):
+            offline[i] = judge.probe_score
+    if result.finish_reason == "stop" and judge.end_of_turn():  # the last sentence, judged at the end of the turn
+        offline[len(result.token_ids) - 1] = judge.probe_score
+    assert sorted(offline) == sorted(online)
+    for i, score in offline.items():
+        assert online[i]["value"] == pytest.approx(score, abs=0.05)

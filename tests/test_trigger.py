@@ -151,3 +151,66 @@ def test_every_sentence_is_judged_once_and_in_order(pieces):
     judge.end_of_turn()
     assert starts == sorted(starts) and len(starts) == len(set(starts))
     assert all(0 <= s < max(1, len(pieces)) for s in starts)
+
+
+# ---- a sentence probe (kind "sentence"): the judge weighs the doubt with the sentence's mean state ----
+import numpy as np  # noqa: E402
+
+from surprisegate.gate.probe import SENTENCE_KIND, TriggerProbe  # noqa: E402
+
+CAPITAL = [" Its", " capital", " is", " Kou", ".", " It"]
+CAPITAL_VALUES = [0.1, 0.1, 0.1, 5.0, 0.1, 0.1]
+
+
+def state_probe(kinds=frozenset({SENTENCE_KIND})) -> TriggerProbe:
+    """Scores only the first state dimension (margin weight 0): a sentence fires when its mean state's x > 0."""
+    zero = np.zeros(2, dtype=np.float32)
+    return TriggerProbe("m.gguf", 3, kinds, zero, zero + 1, 0.0, np.array([1.0, 0.0], np.float32), 0.0, 0.0)
+
+
+def push_with_states(judge, pieces, values, x):
+    return [
+        judge.push(i, p, v, np.array([x, 9.0], np.float32)) for i, (p, v) in enumerate(zip(pieces, values, strict=True))
+    ]
+
+
+@pytest.mark.parametrize("x, fires", [(1.0, True), (-1.0, False)])
+def test_a_sentence_probe_decides_where_it_has_the_states(x, fires):
+    judge = SentenceJudge(CHAD, 2.0, 160, probe=state_probe())
+    verdicts = push_with_states(judge, CAPITAL, CAPITAL_VALUES, x)
+    # The doubt (5.0) is over the threshold either way; the state alone decides.
+    assert verdicts == [False] * 5 + [fires] and judge.doubt == 5.0  # " It" showed the end
+    assert judge.probe_score == pytest.approx(x)
+
+
+def test_without_states_or_a_claim_the_threshold_decides():
+    judge = SentenceJudge(CHAD, 2.0, 160, probe=state_probe())
+    assert feed(judge, CAPITAL, CAPITAL_VALUES) and judge.probe_score is None  # no states: the threshold
+    off_topic = SentenceJudge(CHAD, -1.0, 160, probe=state_probe())
+    pushed = push_with_states(off_topic, [" It", " joined", " the", " Union", ".", " It"], [5.0] * 6, 1.0)
+    assert not any(pushed) and off_topic.probe_score is None  # speaks of nothing asked: never grounded
+
+
+def test_a_restart_forgets_the_states_of_tokens_cut_away():
+    judge = SentenceJudge(CHAD, 2.0, 160, probe=state_probe())
+    push_with_states(judge, CAPITAL[:3], CAPITAL_VALUES[:3], 1.0)
+    judge.restart(CAPITAL[:2], CAPITAL_VALUES[:2], at=2)
+    assert sorted(judge.states) == [0, 1]
+    # The tokens decoded after the cut bring their own states: their mean with the kept ones decides.
+    later = zip(CAPITAL[2:], CAPITAL_VALUES[2:], strict=True)
+    verdicts = [judge.push(i, p, v, np.array([-5.0, 0.0], np.float32)) for i, (p, v) in enumerate(later, start=2)]
+    assert not any(verdicts) and judge.probe_score == pytest.approx((1 + 1 - 5 - 5 - 5) / 5)
+
+
+def test_the_policy_gives_a_probe_only_to_the_scope_it_was_fitted_on():
+    from surprisegate.gate.signals import question_kind
+
+    paragraph = cfg(claim_scope="sentence", max_tokens=160)
+    sentence_probe, first_probe = state_probe(), state_probe(frozenset({question_kind(CHAD)}))
+    policy = TriggerPolicy(paragraph, CHAD, probe=sentence_probe)
+    assert policy.probe is sentence_probe and policy.sentences.probe is sentence_probe and policy.pending is None
+    for i, (p, v) in enumerate(zip(CAPITAL, CAPITAL_VALUES, strict=True)):
+        policy.push(i, p, v, v, np.array([1.0, 0.0], np.float32))
+    assert policy.crossing == ("sentence:probe", pytest.approx(1.0), 0.0) and policy.probe_score == pytest.approx(1.0)
+    assert TriggerPolicy(paragraph, CHAD, probe=first_probe).probe is None  # a first-sentence probe: the threshold
+    assert TriggerPolicy(cfg(claim_scope="reply"), CHAD, probe=sentence_probe).probe is None

@@ -371,7 +371,7 @@ def _probe_for(backend: SteerableBackend, config: Config) -> TriggerProbe | None
     tapped = backend.tapped_layer if isinstance(backend, HiddenStates) else None
     if tapped is None:  # servers, cloud APIs, several sessions: nothing to look up per reply
         return None
-    probe = resolve_probe(config.probe, backend.model_id)
+    probe = resolve_probe(config.probe, backend.model_id, config.sentence_scope)
     return probe if probe is not None and probe.layer == tapped else None
 
 

@@ -28,8 +28,9 @@ import numpy as np
 
 from ..errors import ConfigError
 
-PROBES = "probes"  # package data folder: <model file name>.npz
+PROBES = "probes"  # package data folder: <model file name>.npz (first sentence), .sentence.npz (every sentence)
 FORMAT = 1
+SENTENCE_KIND = "sentence"  # a probe with this kind judges every sentence of a paragraph (claim_scope sentence)
 
 
 @dataclass(frozen=True, eq=False)
@@ -121,9 +122,10 @@ def _load(path: str, _mtime: int) -> TriggerProbe:
         ) from None
 
 
-def shipped_probe_path(model_id: str) -> Path | None:
-    """The probe that ships for this model file (by file name), if any."""
-    name = Path(model_id).name
+def shipped_probe_path(model_id: str, sentence: bool = False) -> Path | None:
+    """The probe that ships for this model file (by file name), if any: its first-sentence probe, or with
+    `sentence` the one that judges every sentence of a paragraph."""
+    name = Path(model_id).name + (".sentence" if sentence else "")
     candidate = resources.files("surprisegate") / "data" / PROBES / f"{name}.npz"
     return Path(str(candidate)) if candidate.is_file() else None
 
@@ -137,12 +139,16 @@ def user_probe_path(model_id: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def resolve_probe(setting: str, model_id: str) -> TriggerProbe | None:
+def resolve_probe(setting: str, model_id: str, sentence: bool = False) -> TriggerProbe | None:
     """The probe a config's `probe` setting names for a model: 'off' none, 'auto' the one `calibrate --backend`
     fitted for it, else the shipped one (none if neither), else the file at that path (it must have been
-    fitted on this model)."""
+    fitted on this model). `sentence` (claim_scope sentence): 'auto' names the shipped sentence probe
+    (`calibrate` fits none), and a path is used as given (its kinds say which scope it judges)."""
     if setting == "off":
         return None
+    if setting == "auto" and sentence:
+        path = shipped_probe_path(model_id, sentence=True)
+        return load_probe(path) if path is not None else None
     if setting == "auto":
         path = user_probe_path(model_id) or shipped_probe_path(model_id)
         return load_probe(path) if path is not None else None

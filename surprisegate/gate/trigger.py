@@ -19,7 +19,7 @@ import numpy as np
 from ..config import Config
 from ..text import ends_sentence, sentence_end
 from .claims import claim_token_flags, first_claim_token, sentence_doubt, speaks_of_asked
-from .probe import TriggerProbe
+from .probe import SENTENCE_KIND, TriggerProbe
 from .signals import CopyTracker, question_kind, signal_value
 from .surprise import RollingWindow
 
@@ -71,13 +71,26 @@ class SentenceJudge:
     """Sentence scope (config.claim_scope): every finished sentence of the reply is judged once, on its claim
     tokens (claims.py): its doubt is their highest per-token value, and a doubt above `threshold` grounds it.
 
+    With a sentence probe (probe.py, kind "sentence") and hidden states, a sentence with a claim token is
+    judged by the probe instead: its doubt's margin over `threshold` weighed with the mean state of its tokens.
+
     It tracks the open sentence (the reply's last, from `start`); the loop restarts it from the reply after
     every cut (`restart`), and a sentence whose start is `settled` (judged, grounded or rewritten) is not
     judged again: one round per sentence."""
 
-    def __init__(self, question: str, threshold: float, max_tokens: int, asked_only: bool = True) -> None:
+    def __init__(
+        self,
+        question: str,
+        threshold: float,
+        max_tokens: int,
+        asked_only: bool = True,
+        probe: TriggerProbe | None = None,
+    ) -> None:
         self.question, self.threshold, self.max_tokens = question, threshold, max_tokens
         self.asked_only = asked_only  # only sentences that speak of what the question asked for
+        self.probe = probe
+        self.states: dict[int, np.ndarray] = {}  # reply index -> the hidden state that chose it (with a probe)
+        self.probe_score: float | None = None  # the probe's score of the last judged sentence
         self.start = 0  # reply index of the open sentence's first token
         self.pieces: list[str] = []
         self.values: list[float] = []
@@ -86,8 +99,10 @@ class SentenceJudge:
         self.rewind_at = 0  # where a rewrite of it begins: its first claim word (a word boundary), else its start
         self.doubt = -math.inf
 
-    def push(self, index: int, piece: str, value: float) -> bool:
+    def push(self, index: int, piece: str, value: float, hidden: np.ndarray | None = None) -> bool:
         """Add reply token `index`; True when it closed a sentence (or the reply's budget) that is doubtful."""
+        if self.probe is not None and hidden is not None:
+            self.states[index] = hidden.astype(np.float32)  # a copy: the backend's view is reused
         self.pieces.append(piece)
         self.values.append(value)
         text = "".join(self.pieces)
@@ -115,7 +130,17 @@ class SentenceJudge:
         flags = claim_token_flags(pieces, self.question)
         self.doubt = sentence_doubt(values, flags) if asked else -math.inf
         self.rewind_at = start + first_claim_token(pieces, flags)
-        return self.doubt > self.threshold
+        return self._doubtful(start, start + inside)
+
+    def _doubtful(self, start: int, end: int) -> bool:
+        """The verdict on reply tokens [start, end): the probe's where it has their states, else the threshold's."""
+        self.probe_score = None
+        states = [self.states[i] for i in range(start, end) if i in self.states]
+        if self.probe is None or not states or self.doubt == -math.inf:
+            return self.doubt > self.threshold
+        mean: np.ndarray = np.stack(states).mean(axis=0, dtype=np.float64)
+        self.probe_score = self.probe.score(self.doubt - self.threshold, mean)
+        return self.probe_score > self.probe.cut
 
     def own_claim(self, tokens: list[int]) -> list[int]:
         """The last judged sentence's tokens from its rewind point (its first claim word) to its end."""
@@ -133,6 +158,7 @@ class SentenceJudge:
             self.start = tokens_before(pieces, start_char) if start_char else 0
         self.pieces, self.values = list(pieces[self.start :]), list(values[self.start :])
         self.settled = {i for i in self.settled if i <= self.start}
+        self.states = {i: h for i, h in self.states.items() if i < at}  # later ones are decoded anew
 
 
 def _open_sentence_start(text: str) -> int:
@@ -171,15 +197,19 @@ class TriggerPolicy:
         self.copies = CopyTracker(question + " " + copied_from) if config.signal.startswith("novel") else None
         self.window_max = 0.0  # highest eligible statistic over every token decoded
         # Sentence scope: every finished sentence judged on its claim tokens (no window, no probe).
+        sentence_scope = config.sentence_scope and not copied_from
+        # A probe judges what it was fitted on: every sentence (kind "sentence"), or this kind's first sentence.
+        applies = probe is not None and probe.applies_to(SENTENCE_KIND if sentence_scope else self.kind)
+        self.probe = probe if applies and not copied_from else None
         self.sentences = (
-            SentenceJudge(question, config.sentence_threshold, config.max_tokens, config.sentence_asked_only)
-            if config.sentence_scope and not copied_from
+            SentenceJudge(
+                question, config.sentence_threshold, config.max_tokens, config.sentence_asked_only, self.probe
+            )
+            if sentence_scope
             else None
         )
-        if self.sentences is not None:
-            probe = None
-        self.probe = probe if probe is not None and probe.applies_to(self.kind) and not copied_from else None
-        self.pending: _PendingSentence | None = _PendingSentence() if self.probe is not None else None
+        first_sentence = self.probe is not None and self.sentences is None
+        self.pending: _PendingSentence | None = _PendingSentence() if first_sentence else None
         self.probe_score: float | None = None  # the probe's score of the first sentence, once judged
         self.judged: tuple[float, np.ndarray] | None = None  # what it judged: (window margin, mean state)
         self._judged_from = 0  # reply index where the judged sentence began
@@ -198,7 +228,7 @@ class TriggerPolicy:
         """Add reply token `index`; return (window statistic after it, whether the reply should be grounded now:
         an eligible window crossed, or the probe judged the finished first sentence doubtful)."""
         if self.sentences is not None:
-            return self._push_sentence(index, text, surprise, entropy)
+            return self._push_sentence(index, text, surprise, entropy, hidden)
         copied = self.copies.push(text) if self.copies else False
         pushed = signal_value(self.config.signal, surprise, entropy, copied)
         if pushed is None:  # novel signals skip tokens copied from the question
@@ -212,11 +242,13 @@ class TriggerPolicy:
             return value, self._judge_pending(index, text, value if is_eligible else None, hidden)
         return value, is_eligible and self._window_crossed(value)
 
-    def _push_sentence(self, index: int, text: str, surprise: float, entropy: float) -> tuple[float, bool]:
+    def _push_sentence(
+        self, index: int, text: str, surprise: float, entropy: float, hidden: np.ndarray | None
+    ) -> tuple[float, bool]:
         judge = self.sentences
         assert judge is not None
         value = sentence_value(self.config.signal, surprise, entropy)
-        doubtful = judge.push(index, text, value)
+        doubtful = judge.push(index, text, value, hidden)
         self.window_max = max(self.window_max, judge.doubt)  # -inf until a sentence with a claim was judged
         self._sentence_crossing()
         return value, doubtful
@@ -224,7 +256,11 @@ class TriggerPolicy:
     def _sentence_crossing(self) -> None:
         judge = self.sentences
         assert judge is not None
-        self.crossing = (f"sentence:{self.config.signal}", judge.doubt, judge.threshold)
+        if judge.probe_score is not None and judge.probe is not None:
+            self.probe_score = judge.probe_score
+            self.crossing = ("sentence:probe", judge.probe_score, judge.probe.cut)
+        else:
+            self.crossing = (f"sentence:{self.config.signal}", judge.doubt, judge.threshold)
 
     def _judge_pending(self, index: int, text: str, stat: float | None, hidden: np.ndarray | None) -> bool:
         """Add a token to the pending first sentence; judge it once it has ended with an eligible window in it,

@@ -174,13 +174,14 @@ def bench_decode(
 
 def _tapped_copy(config: Config) -> tuple[Any, Config]:
     """A second copy of the embedded model with the shipped probe's layer tapped, and the config that
-    turns the probe on (the loop reads hidden states where the probe judges, reply scope)."""
+    turns the probe on (the loop reads hidden states where the probe judges: the first sentence in reply
+    scope, every sentence in sentence scope)."""
     from ..backends.llamacpp import LlamaCppBackend, from_llamacpp
     from ..gate.probe import resolve_probe
 
     tapped = from_llamacpp(None, n_ctx=2048)
     assert isinstance(tapped, LlamaCppBackend)  # sessions=1: the one-context backend, which taps a layer
-    probe = resolve_probe("auto", tapped.model_id)
+    probe = resolve_probe("auto", tapped.model_id, config.sentence_scope)
     if probe is None:
         raise RuntimeError(f"no probe ships for {tapped.model_id}; the tapped run needs one")
     tapped.tap_layer(probe.layer)
