@@ -88,9 +88,10 @@ class Config:
         default="auto",
         metadata={
             "flag": True,
-            "help": "trigger probe on the model's hidden states for the first sentence: off | auto (the one that "
-            "ships for the loaded model, if any) | PATH.npz (scripts/fit_probe.py); in-process llama.cpp with one "
-            "session only, elsewhere the window rule decides",
+            "help": "trigger probe on the model's hidden states for the first sentence (in sentence scope: for "
+            "every sentence): off | auto (the one that ships for the loaded model, if any) | PATH.npz "
+            "(scripts/fit_probe.py, scripts/sentence_probe.py); in-process llama.cpp with one session only, "
+            "elsewhere the window rule (sentence scope: the sentence threshold) decides",
         },
     )
     top_logprobs: int = field(

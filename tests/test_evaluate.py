@@ -365,3 +365,11 @@ def test_a_paragraph_set_is_graded_claim_by_claim(tmp_path):
     assert summary["modes"]["always"]["grounding_calls"] > summary["modes"]["intervene"]["grounding_calls"] == 2
     report = (tmp_path / "o" / "report.md").read_text()
     assert "Claim by claim" in report and "| intervene | 2 | 4 | 1.000 |" in report
+
+
+def test_always_grounds_every_claim_sentence_with_no_probe_to_judge_them():
+    from surprisegate.research.evaluate import always_config
+
+    always = always_config(Config(max_tokens=160, probe="auto"))
+    assert always.mode == "intervene" and always.probe == "off" and always.sentence_scope
+    assert always.sentence_threshold < 0 and not always.sentence_asked_only

@@ -8,6 +8,10 @@ With a trigger probe (probe.py) for the question's kind and hidden states from t
 first sentence is judged whole instead, once it ends (or the reply does): the probe weighs its highest
 window's margin over the threshold with the mean hidden state of its tokens, and a doubtful sentence is
 rewound from its start. Later sentences go back to the window rule.
+
+In sentence scope (paragraphs) there is no window: every finished sentence is judged on its claim tokens
+(SentenceJudge), by the sentence threshold or, with a sentence probe (kind "sentence") and hidden states,
+by that probe.
 """
 
 from __future__ import annotations
@@ -196,7 +200,7 @@ class TriggerPolicy:
         # Which tokens merely copy the question (or a cloze prefix): the "novel" signals skip them.
         self.copies = CopyTracker(question + " " + copied_from) if config.signal.startswith("novel") else None
         self.window_max = 0.0  # highest eligible statistic over every token decoded
-        # Sentence scope: every finished sentence judged on its claim tokens (no window, no probe).
+        # Sentence scope: every finished sentence judged on its claim tokens (no window; a sentence probe, if any).
         sentence_scope = config.sentence_scope and not copied_from
         # A probe judges what it was fitted on: every sentence (kind "sentence"), or this kind's first sentence.
         applies = probe is not None and probe.applies_to(SENTENCE_KIND if sentence_scope else self.kind)

@@ -189,9 +189,14 @@ def oracle_config(config: Config) -> Config:
 
 
 def always_config(config: Config) -> Config:
-    """Sentence scope: the gate grounding every sentence with a claim token (their doubt is never negative)."""
+    """Sentence scope: the gate grounding every sentence with a claim token (their doubt is never negative; no
+    probe, which would judge them)."""
     return config.replace(
-        mode="intervene", sentence_threshold=ORACLE_THRESHOLD, paragraph_rounds=64, sentence_asked_only=False
+        mode="intervene",
+        sentence_threshold=ORACLE_THRESHOLD,
+        paragraph_rounds=64,
+        sentence_asked_only=False,
+        probe="off",
     )
 
 
