@@ -10,8 +10,11 @@ none). A judged sentence with a claim token that speaks of what was asked is a c
 never fire); it is labelled `wrong` when it states an asked relation without its gold answer.
 
 Features: the doubt's margin over the shipped threshold (unpenalised, as the first-sentence probe's window
-margin) and the mean state over the sentence's tokens ("sentence") or its claim tokens ("claim"). Layer,
-feature and L2 strength are chosen by 5-fold cross-validated AUROC on half A; the cut on half A's
+margin) and the mean state over the sentence's tokens ("sentence") or its claim tokens ("claim"). The layer
+is the first-sentence probe's where one ships (`--layer first`, the default: the runtime taps one layer,
+which then serves both scopes), or chosen among a few through the stack (`--layer candidates`, also where
+no first-sentence probe ships), or given; the layer and the L2 strength by 5-fold cross-validated AUROC on
+half A; the cut on half A's
 cross-fitted scores catches as many of half A's wrong sentences as the threshold does. Half B: the probe at
 that cut against the threshold, sentences fired (each one a grounding call) by label, and a paired bootstrap
 of the sentences fired at equal recall. `--write` saves the half-A fit as the probe the loop loads in
@@ -39,7 +42,7 @@ from fit_sentence_threshold import halves, sentence_label
 from surprisegate.config import Config
 from surprisegate.gate.claims import claim_token_flags
 from surprisegate.gate.loop import generate
-from surprisegate.gate.probe import SENTENCE_KIND
+from surprisegate.gate.probe import SENTENCE_KIND, resolve_probe
 from surprisegate.gate.trigger import SentenceJudge, sentence_value
 from surprisegate.research.labeling import read_items
 from surprisegate.research.probe_fit import (
@@ -126,10 +129,22 @@ def sentence_rows(items, replies, backend, config: Config, layers: list[int]) ->
     return rows
 
 
-def cached_rows(path: Path, compute) -> list[dict]:
+def probe_layers(backend, layer: str) -> list[int]:
+    """The layers to choose among: a number given; 'first': the layer of the model's first-sentence probe where
+    one ships (one tap then serves both scopes: a server's replies may be short or paragraphs, and the runtime
+    taps one layer); 'candidates', or 'first' with none shipped: a few through the stack."""
+    if layer.isdigit():
+        return [int(layer)]
+    first = resolve_probe("auto", backend.model_id) if layer == "first" else None
+    return [first.layer] if first is not None else candidate_layers(backend.n_layer)
+
+
+def cached_rows(path: Path, layers: list[int], compute) -> list[dict]:
     """The candidate rows, kept in `path` between runs (states of every layer: not for the repository)."""
     if path.exists():
-        return pickle.loads(path.read_bytes())
+        rows = pickle.loads(path.read_bytes())
+        if rows and all(("sentence", layer) in rows[0] for layer in layers):
+            return rows
     rows = compute()
     path.write_bytes(pickle.dumps(rows))
     return rows
@@ -189,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="")
     ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--layer", default="first", help="first | candidates | a layer number (see probe_layers)")
     ap.add_argument("--write", default="", help="save the probe fitted on half A here (a .npz the loop reads)")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -196,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     items = read_items(args.data)
     config = Config(mode="detect", max_tokens=args.max_tokens, model=args.model, claim_scope="sentence", probe="off")
     backend = load_backend(config)
-    layers = candidate_layers(backend.n_layer)
+    layers = probe_layers(backend, args.layer)
     replies = decode(items, config, backend, out / "replies.jsonl")
-    rows = cached_rows(out / "states.pkl", lambda: sentence_rows(items, replies, backend, config, layers))
+    rows = cached_rows(out / "states.pkl", layers, lambda: sentence_rows(items, replies, backend, config, layers))
     threshold = config.sentence_threshold
     a = [r for r in rows if r["half"] == "A"]
     b = [r for r in rows if r["half"] == "B"]

@@ -66,9 +66,10 @@ def test_the_default_probe_taps_its_layer_on_one_session_only():
         backend = TappableBackend()
         runtime.tap_probe_layer(backend, config)
         assert backend.tapped == []
-    paragraph = TappableBackend()  # sentence scope: the sentence probe's layer
+    paragraph = TappableBackend()  # sentence scope: the sentence probe's layer, the first-sentence probe's too
     runtime.tap_probe_layer(paragraph, Config(claim_scope="sentence"))
-    assert paragraph.tapped == [resolve_probe("auto", TappableBackend.model_id, sentence=True).layer] == [13]
+    sentence_probe = resolve_probe("auto", TappableBackend.model_id, sentence=True)
+    assert paragraph.tapped == [sentence_probe.layer] == [shipped.layer]  # one tap serves both scopes
     other = TappableBackend()
     other.model_id = "some-other-model.gguf"  # no probe ships for it: the window rule, quietly
     runtime.tap_probe_layer(other, Config())
