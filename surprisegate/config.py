@@ -137,6 +137,15 @@ class Config:
             "rewrite: after the rewrite (the rest may go elsewhere and drop claims the model had right)"
         },
     )
+    paragraph_loop_guard: int = field(
+        default=3,
+        metadata={
+            "help": "sentence scope, paragraph_goes_on = rewrite: sentences watched after a rewrite the paragraph "
+            "went on from; one that repeats an earlier sentence since the rewrite sends the paragraph back to the "
+            "model's own sentence (patch in place) and it is written again from there; held back while watched | "
+            "0: off"
+        },
+    )
     rewrite_keeps_asked: bool = field(
         default=False,
         metadata={
@@ -374,6 +383,8 @@ def _validate(c: Config) -> None:
     choice("tool_python_sandbox", ("auto", "bwrap", "rlimits"))
     choice("claim_scope", CLAIM_SCOPES)
     choice("paragraph_goes_on", PARAGRAPH_GOES_ON)
+    if not 0 <= c.paragraph_loop_guard <= 64:
+        _fail("paragraph_loop_guard", c.paragraph_loop_guard, "use a whole number between 0 and 64, e.g. 3", "argument")
     if not 0 <= c.paragraph_rounds <= 64:
         _fail("paragraph_rounds", c.paragraph_rounds, "use a whole number between 0 and 64, e.g. 6", "argument")
     if not math.isfinite(c.sentence_threshold):

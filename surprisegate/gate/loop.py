@@ -29,10 +29,11 @@ from ..text import current_sentence
 from .claims import sentence_arm_query
 from .events import Done, Event, Grounding, Rewind, Trigger
 from .grounding import ground_span, why_not_grounded
-from .patch import OwnWords
+from .patch import OwnWords, patchable
 from .probe import TriggerProbe, resolve_probe
 from .prompting import ReplyPrompt, conversation, last_user_turn
 from .receipts import ConvergenceRecord, rounded_trigger
+from .repetition import RepetitionGuard
 from .reply import Decoding, Emitter, Reply, StopStrings
 from .result import ReplyResult, build_receipt, rounded, surprise_summary
 from .rewrite import RewriteCheck, Unchecked
@@ -135,6 +136,7 @@ class _ReplyLoop:
         self.arm_cache: dict = {}  # per reply: (arm, question, class) -> evidence list
         self.injected_total = 0
         self.own_words = OwnWords(config.paragraph_goes_on == "own_sentence")  # the reply as the context holds it
+        self.guard = RepetitionGuard(config.paragraph_loop_guard if not self.own_words.enabled else 0)
         self.finish_reason = "length"
         self.fault: dict[str, Any] | None = None  # the backend failed mid-reply: what happened (receipt "fault")
         rounds = config.paragraph_rounds if config.sentence_scope else config.max_rounds
@@ -167,6 +169,8 @@ class _ReplyLoop:
                 continue  # a failed rewrite went back (or is tried again)
             value, crossed = self._measure(step)
             reply.add(step, value)
+            if (yield from self._went_into_repetition()):
+                continue  # the paragraph went on from a rewrite into a loop: written again from the model's own words
             if crossed and self._may_trigger() and (yield from self._on_trigger()):
                 continue  # rewound: the next step continues after the injected evidence
             if self.rewrites.pending is not None and (
@@ -221,8 +225,8 @@ class _ReplyLoop:
         n = len(self.reply.tokens)
         can_rewind = self.intervening and self._rounds_left(len(self.rounds))
         final_upto = self.policy.first_rewindable(n) if can_rewind else n
-        held = self.rewrites.held_from
-        return final_upto if held is None else min(final_upto, held)
+        held = [at for at in (self.rewrites.held_from, self.guard.held_from) if at is not None]
+        return min([final_upto, *held])
 
     def _rounds_left(self, used: int) -> bool:
         """Per reply (reply scope: none after a revert), or in sentence scope one per sentence (the judge's)
@@ -234,14 +238,36 @@ class _ReplyLoop:
     def _evidence_leaves(self, at_end_of_turn: bool, stood: Unchecked) -> None:
         """Sentence scope: a rewrite stood, so its evidence leaves the context (patch.py) and the reply goes on
         after the model's own sentence or after the rewrite. A turn's end it went on from is banned once."""
-        assert self.prompt is not None
-        patched = self.own_words.patch_in(self.reply, stood, self.backend.token_bytes, self.emitter.emitted)
-        self.rewrites.latest_rewound().stood("own_sentence" if patched else "rewrite")
-        tokens = self.prompt.tokens + self.own_words.of(self.reply.tokens, len(self.reply.tokens))
-        self.decoding.continue_from(tokens, banned=self.eos if at_end_of_turn else frozenset())
-        self.decoding.replace(tokens, self.prompt.turn_start)
+        end = patchable(self.reply, stood, self.backend.token_bytes, self.emitter.emitted)
+        patched, record = self.own_words.patch_in(self.reply, stood, end), self.rewrites.latest_rewound()
+        record.stood("own_sentence" if patched else "rewrite")
+        if not patched and end is not None:  # watched: a loop after it goes back to the model's own sentence
+            self.guard.watch_from(self.reply, stood.check_from, stood.own_sentence, end, record)
+        self._go_on(banned=self.eos if at_end_of_turn else frozenset())
         if patched:
             self._start_over_from(len(self.reply.tokens), opens_sentence=True)  # "symbol F." ended one
+
+    def _went_into_repetition(self) -> Generator[Event, None, bool]:
+        """The paragraph went on from a rewrite into repeating itself: the model's own sentence goes back into
+        the context there (patch in place) and the rest is written again from it; True when cut back."""
+        back = self.guard.repeated(self.reply)
+        if back is None:
+            return False
+        shown, dropped = self.emitter.shown_after(back.end), self.reply.tail(back.end)
+        self.own_words.patch(self.reply.tokens, back.start, back.own, back.end)
+        self.reply.cut(back.end)
+        self._go_on(frozenset())
+        self._start_over_from(back.end, opens_sentence=True)
+        back.record.went_back(dropped)
+        yield Rewind(back.record.round, shown, dropped, 0)
+        return True
+
+    def _go_on(self, banned: frozenset[int]) -> None:
+        """Decoding goes on after the reply as the context holds it (own_words), no evidence in it."""
+        assert self.prompt is not None
+        tokens = self.prompt.tokens + self.own_words.of(self.reply.tokens, len(self.reply.tokens))
+        self.decoding.continue_from(tokens, banned=banned)
+        self.decoding.replace(tokens, self.prompt.turn_start)
 
     def _start_over_from(self, n: int, opens_sentence: bool = False) -> None:
         """The reply was cut back to `n` tokens: the window starts afresh and emit streaming resumes there."""
@@ -252,7 +278,7 @@ class _ReplyLoop:
     # --- a trigger and its round ------------------------------------------------------------------
     def _on_trigger(self) -> Generator[Event, None, bool]:
         """Record (detect) or act on (intervene) a crossing; True when the reply was rewound."""
-        trigger = self._trigger()
+        trigger = _trigger_of(self)
         if not self.intervening:
             self.would_trigger.append(rounded_trigger(trigger))
             self.policy.reset()
@@ -264,8 +290,9 @@ class _ReplyLoop:
         if record.action != "rewound":
             self.policy.reset()  # after a round (acted on or not) the window starts afresh
             return False
+        self.guard.stop()  # a rewrite after the watched one: the text is changing anyway
         computed = record.span_class == "computable"
-        claim = self._query() if self.policy.sentences is not None else None
+        claim = _arm_query(self) if self.policy.sentences is not None else None
         self.rewrites.opened(before, trigger.span_start, record.evidence or "", self.decoding.context, computed, claim)
         if claim is not None and self.rewrites.pending is not None:
             self.rewrites.pending.replaces(own_sentence, reply_went_on=not self.at_end_of_turn)
@@ -273,24 +300,17 @@ class _ReplyLoop:
         self._start_over_from(len(self.reply.tokens))
         return True
 
-    def _trigger(self) -> Trigger:
-        """The crossing the policy just saw, as the event and the round's trigger."""
-        statistic, value, bar = self.policy.crossing
-        return Trigger(
-            token_index=len(self.reply.tokens) - 1,
-            statistic=statistic,
-            value=value,
-            threshold=bar,
-            span_start=self.policy.span_start,
-            span_text=self.reply.tail(self.policy.span_start),
-            round=len(self.rounds) + len(self.would_trigger) + 1,
-        )
-
     def _round(self, trigger: Trigger) -> Generator[Event, None, ConvergenceRecord]:
         """One grounding round: route, ask the arms, and rewind with the evidence or resume unmodified."""
         started = time.monotonic()
         chosen, record = ground_span(
-            self.config, self.arms, self.router, self._query(), rounded_trigger(trigger), trigger.round, self.arm_cache
+            self.config,
+            self.arms,
+            self.router,
+            _arm_query(self),
+            rounded_trigger(trigger),
+            trigger.round,
+            self.arm_cache,
         )
         # Sentence scope: each round's evidence left with its sentence, so none of it is in the context now.
         earlier = list(self.rounds) if self.policy.sentences is None else []
@@ -306,21 +326,6 @@ class _ReplyLoop:
         yield from self._rewind(record, trigger, chosen)
         record.finish(started)
         return record
-
-    def _query(self) -> Query:
-        """What the arms are asked: the doubtful words, the question, and the sentence so far (a cloze
-        prefix the assistant turn started with included)."""
-        assert self.prompt is not None
-        if self.policy.sentences is not None:
-            return sentence_arm_query(self.policy.sentences.judged[2], self.question, self.scribe)
-        prefix = b"".join(self.backend.token_bytes(t) for t in self.prompt.prefix).decode("utf-8", "replace")
-        asked_from, asked_to = self.policy.query_span(len(self.reply.tokens))
-        return Query(
-            span=self.reply.between(asked_from, asked_to).strip(),
-            question=self.question,
-            sentence=current_sentence(prefix + self.reply.text()),
-            scribe=self.scribe,
-        )
 
     def _rewind(self, record: ConvergenceRecord, trigger: Trigger, chosen: Evidence) -> Iterator[Event]:
         """Drop the span, inject the evidence and re-feed the kept prefix. The span's tokens always leave
@@ -350,6 +355,36 @@ class _ReplyLoop:
             chosen.source, (span_len, dropped_text), (injected_tokens, injected), self.decoding.rewind_report()
         )
         yield Rewind(trigger.round, self.emitter.shown_after(trigger.span_start), dropped_text, injected_tokens)
+
+
+def _trigger_of(loop: _ReplyLoop) -> Trigger:
+    """The crossing the policy just saw, as the event and the round's trigger."""
+    statistic, value, bar = loop.policy.crossing
+    return Trigger(
+        token_index=len(loop.reply.tokens) - 1,
+        statistic=statistic,
+        value=value,
+        threshold=bar,
+        span_start=loop.policy.span_start,
+        span_text=loop.reply.tail(loop.policy.span_start),
+        round=len(loop.rounds) + len(loop.would_trigger) + 1,
+    )
+
+
+def _arm_query(loop: _ReplyLoop) -> Query:
+    """What the arms are asked: the doubtful words, the question, and the sentence so far (a cloze
+    prefix the assistant turn started with included)."""
+    assert loop.prompt is not None
+    if loop.policy.sentences is not None:
+        return sentence_arm_query(loop.policy.sentences.judged[2], loop.question, loop.scribe)
+    prefix = b"".join(loop.backend.token_bytes(t) for t in loop.prompt.prefix).decode("utf-8", "replace")
+    asked_from, asked_to = loop.policy.query_span(len(loop.reply.tokens))
+    return Query(
+        span=loop.reply.between(asked_from, asked_to).strip(),
+        question=loop.question,
+        sentence=current_sentence(prefix + loop.reply.text()),
+        scribe=loop.scribe,
+    )
 
 
 def _sampling(config: Config, scored: bool, hidden: bool) -> Sampling:

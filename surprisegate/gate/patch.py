@@ -58,16 +58,24 @@ class OwnWords:
         """The shown reply's tokens [start, end) replace the model's own sentence tokens `own` from `start`."""
         self.tokens, self.upto = self.of(shown, start) + list(own), end
 
-    def patch_in(self, reply: Reply, stood: Unchecked, token_bytes: Callable[[int], bytes], shown: int) -> bool:
-        """Show the rewrite that `stood`, keep the model's own sentence it replaces in the context:
-        True when patched. The shown reply ends with the rewrite's sentence (the token that showed its end is
-        decoded again, after the model's own); not when the two end differently (a stop against a line
-        break), or when more than the sentence was already `shown` (emit streaming)."""
-        start, own = stood.check_from, stood.own_sentence
-        end = start + sentence_tokens([p.decode("utf-8", "replace") for p in reply.pieces[start:]])
-        own_text = b"".join(token_bytes(t) for t in own).decode("utf-8", "replace")
-        if not self.enabled or not own or junction(own_text) != junction(reply.between(start, end)) or shown > end:
+    def patch_in(self, reply: Reply, stood: Unchecked, end: int | None) -> bool:
+        """Show the rewrite that `stood`, keep the model's own sentence it replaces in the context: True when
+        patched (`end`: `patchable`'s, None when it cannot be)."""
+        if not self.enabled or end is None:
             return False
-        self.patch(reply.tokens, start, own, end)
+        self.patch(reply.tokens, stood.check_from, stood.own_sentence, end)
         reply.cut(end)
         return True
+
+
+def patchable(reply: Reply, stood: Unchecked, token_bytes: Callable[[int], bytes], shown: int) -> int | None:
+    """Where the sentence holding the rewrite that `stood` ends (reply index), when it can be patched in place:
+    the shown reply then ends with the rewrite's sentence (the token that showed its end is decoded again,
+    after the model's own). None when the two end differently (a stop against a line break), or when more than
+    the sentence was already `shown` (emit streaming)."""
+    start, own = stood.check_from, stood.own_sentence
+    end = start + sentence_tokens([p.decode("utf-8", "replace") for p in reply.pieces[start:]])
+    own_text = b"".join(token_bytes(t) for t in own).decode("utf-8", "replace")
+    if not own or junction(own_text) != junction(reply.between(start, end)) or shown > end:
+        return None
+    return end

@@ -374,6 +374,7 @@ class ConvergenceRecord:
     retries: list[dict[str, Any]] = field(default_factory=list)  # one more try of a failed rewrite: problem, text, how
     rewritten_text: str | None = None  # a reverted round: the rewrite that was dropped
     went_on_from: str | None = None  # a paragraph rewrite that stood went on after: own_sentence | rewrite
+    went_back_from: str | None = None  # the loop a paragraph went into after the rewrite, dropped (repetition.py)
     # A server backend: how the resume after the rewind reached the server, and the prompt tokens its cache served.
     prompt_path: str | None = None  # "token-ids" | "text"
     cached_tokens: int | None = None
@@ -403,6 +404,11 @@ class ConvergenceRecord:
     def stood(self, went_on_from: str) -> None:
         """A paragraph's rewrite stood; the reply went on after the model's own sentence or after the rewrite."""
         self.went_on_from = went_on_from
+
+    def went_back(self, dropped: str) -> None:
+        """The paragraph went on from the rewrite into repeating itself (`dropped`): it goes on from the model's
+        own sentence instead, the rewrite still shown."""
+        self.went_on_from, self.went_back_from = "own_sentence", dropped
 
     def rewind(self, source: str, dropped: tuple[int, str], injected: tuple[int, str], how: RewindReport) -> None:
         """The span (count, text) left the context and the evidence segment (count, text) went in."""
@@ -489,6 +495,7 @@ class ConvergenceRecord:
             **({"retries": to_jsonable(self.retries)} if self.retries else {}),
             **({"rewritten_text": self.rewritten_text} if self.rewritten_text is not None else {}),
             **({"went_on_from": self.went_on_from} if self.went_on_from is not None else {}),
+            **({"went_back_from": self.went_back_from} if self.went_back_from is not None else {}),
             **({"prompt_path": self.prompt_path} if self.prompt_path is not None else {}),
             **({"cached_tokens": self.cached_tokens} if self.cached_tokens is not None else {}),
         }

@@ -24,6 +24,7 @@ __all__ = [
     "cut_short",
     "expected_answer",
     "fits_answer",
+    "miscased_code",
     "rewrite_problem",
     "uses_evidence",
 ]
@@ -175,10 +176,31 @@ def fits_answer(sentence: str, question: str) -> bool:
     return bool(parse_numbers(sentence)) or bool(_MONTH_OR_ERA.search(sentence))
 
 
+_LETTERS = re.compile(r"[^\W\d_]+")
+
+
+def miscased_code(sentence: str, evidence: Iterable[str]) -> tuple[str, str] | None:
+    """(as written, as the evidence has it) for a code the sentence writes in another case than its evidence:
+    an all-capitals word of 2-5 letters on either side ("Va" for the evidence's "VA", "FE" for "Fe").
+    Codes and symbols are case-sensitive; a word in capitals elsewhere is not a code. None: every one matches."""
+    written = {w.casefold(): w for w in _LETTERS.findall(sentence)}
+    for text in evidence:
+        for word in _LETTERS.findall(text):
+            said = written.get(word.casefold())
+            if said is None or said == word or not 2 <= len(word) <= 5:
+                continue
+            if word.isupper() or said.isupper():
+                return said, word
+    return None
+
+
 def rewrite_problem(sentence: str, evidence: Iterable[str], question: str = "") -> str | None:
     """Why a rewritten sentence must be dropped, or None when it stands."""
     if not uses_evidence(sentence, evidence, question):
         return "used none of the evidence's own words or numbers"
+    miscased = miscased_code(sentence, evidence)
+    if miscased is not None:
+        return f"writes the evidence's {miscased[1]!r} as {miscased[0]!r} (codes and symbols are case-sensitive)"
     if not fits_answer(sentence, question):
         return f"does not answer what was asked (the question asks for a {expected_answer(question)})"
     return None
