@@ -872,6 +872,64 @@ def test_a_patched_sentence_leaves_the_rest_of_the_paragraph_as_the_model_wrote_
     assert shown == text and "Wrongville" not in shown
 
 
+LOOPING_PARAGRAPH = f"{OPENING} Its capital is Rightburg." + " It is a city of many old bridges and towers." * 3
+
+
+def script_looping(context: str):
+    """After Rightburg the model loses its plan and repeats itself; after its own Wrongville it states the currency."""
+    reply = context.rsplit("<|im_start|>assistant\n", 1)[-1]
+    if "Rightburg" in reply or "Rightburg." in context:
+        return plan(LOOPING_PARAGRAPH)
+    return script_paragraph(context)
+
+
+@pytest.mark.parametrize("guard", [3, 0])
+def test_a_paragraph_that_loops_after_a_rewrite_goes_on_from_the_models_own_sentence(guard):
+    arms = {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}
+    _, _, off = run_paragraph(paragraph_cfg(mode="off"), script=script_looping)
+    backend, events, done = run_paragraph(paragraph_cfg(paragraph_loop_guard=guard), arms, script_looping)
+    shown = "".join(e.text for e in events if isinstance(e, Token))
+    (record,) = done.rounds
+    if guard == 0:  # off: the loop stands
+        assert done.text == shown and LOOPING_PARAGRAPH.startswith(done.text)  # to max_tokens
+        assert done.text.count("old bridges") == 2 and record["went_on_from"] == "rewrite"
+        return
+    # The rewrite stays, the rest is what the model wrote without the round; the loop was never shown.
+    assert done.text == shown == off.text.replace("Wrongville", "Rightburg") == RIGHT_PARAGRAPH
+    assert record["went_on_from"] == "own_sentence" and "bridges" in record["went_back_from"]
+    assert "bridges" not in shown and any(isinstance(e, Rewind) and "bridges" in e.dropped_text for e in events)
+    context = backend.detokenize(backend.context)
+    assert "Its capital is Wrongville. Its currency" in context and "bridges" not in context
+
+
+def test_a_paragraph_that_goes_on_from_a_rewrite_without_a_loop_is_shown_once_the_watch_ends():
+    # Past the watched sentences the text is no longer held: it streams sentence by sentence again.
+    facts = [
+        "The river Testa runs north.",
+        "Its people speak Testish.",
+        "Most towns sit by the sea.",
+        "The winters are long and dark.",
+        "Its flag is blue and green.",
+    ]
+    long_tail = f"{OPENING} Its capital is Rightburg. " + " ".join(facts)
+
+    def script(context: str):
+        reply = context.rsplit("<|im_start|>assistant\n", 1)[-1]
+        return plan(long_tail) if "Rightburg" in reply or "Rightburg." in context else script_paragraph(context)
+
+    backend = ScriptedBackend(script)
+    config = paragraph_cfg(paragraph_loop_guard=2, max_tokens=400)
+    shown, fed_when_shown = "", {}
+    for event in stream(backend, PARAGRAPH_Q, config, {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}):
+        if isinstance(event, Token):
+            shown += event.text
+            fed_when_shown.setdefault(sum(fact in shown for fact in facts), len(backend.context))
+        done = event
+    assert done.text == shown == long_tail and done.rounds[0]["went_on_from"] == "rewrite"
+    # The third sentence after the rewrite's was shown while the model was still writing the rest.
+    assert fed_when_shown[3] < len(backend.context)
+
+
 def test_a_patch_in_place_is_not_made_where_the_sentences_end_differently():
     # The model's own sentence ends with a line break, the rewrite with a stop: the rest cannot join both.
     def script(context: str):

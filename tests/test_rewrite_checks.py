@@ -17,6 +17,7 @@ from surprisegate.gate.rewrite_checks import (
     dropped_claim,
     expected_answer,
     fits_answer,
+    miscased_code,
     rewrite_problem,
     uses_evidence,
 )
@@ -363,3 +364,27 @@ def test_dropped_claim_is_total(original, rewrite):
     assert dropped_claim(original, original, CAPITAL_EVIDENCE, CHAD_Q) is None or "number" not in (
         dropped_claim(original, original, CAPITAL_EVIDENCE, CHAD_Q) or ""
     )
+
+
+VA = "Virginia is a U.S. state with postal abbreviation VA."
+
+
+@pytest.mark.parametrize(
+    "sentence, evidence, expected",
+    [
+        ('The two-letter postal abbreviation is "Va".', VA, ("Va", "VA")),
+        ("Its chemical symbol is FE.", "The chemical symbol of iron is Fe.", ("FE", "Fe")),
+        ('The postal abbreviation is "VA".', VA, None),
+        ("the capital of Chad is N'Djamena.", "The capital of Chad is N'Djamena.", None),  # sentence case is no code
+        ("Its currency is the Euro (EUR).", "The currency of Greece is the Euro (EUR).", None),
+        ("Its symbol is Fe.", "The chemical symbol of iron is Fe.", None),
+        ("It became a state in 1788.", VA, None),
+    ],
+)
+def test_miscased_code(sentence, evidence, expected):
+    assert miscased_code(sentence, [evidence]) == expected
+
+
+def test_a_rewrite_that_writes_a_code_in_another_case_is_dropped():
+    problem = rewrite_problem('The two-letter postal abbreviation is "Va".', [VA], "Write about Virginia.")
+    assert problem is not None and "'VA'" in problem and "'Va'" in problem

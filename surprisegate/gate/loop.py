@@ -241,25 +241,21 @@ class _ReplyLoop:
         end = patchable(self.reply, stood, self.backend.token_bytes, self.emitter.emitted)
         patched, record = self.own_words.patch_in(self.reply, stood, end), self.rewrites.latest_rewound()
         record.stood("own_sentence" if patched else "rewrite")
-        if not patched and end is not None:  # watched: a loop after it goes back to the model's own sentence
-            self.guard.watch_from(self.reply, stood.check_from, stood.own_sentence, end, record)
+        self.guard.watch_from(self.reply, stood, None if patched else end, record)  # unless patched: watched
         self._go_on(banned=self.eos if at_end_of_turn else frozenset())
         if patched:
             self._start_over_from(len(self.reply.tokens), opens_sentence=True)  # "symbol F." ended one
 
     def _went_into_repetition(self) -> Generator[Event, None, bool]:
-        """The paragraph went on from a rewrite into repeating itself: the model's own sentence goes back into
-        the context there (patch in place) and the rest is written again from it; True when cut back."""
-        back = self.guard.repeated(self.reply)
+        """A rewrite led into a loop: patched in place and written again from the model's own words; True if so."""
+        back = self.guard.repeated(self.reply)  # its round's record holds the loop dropped
         if back is None:
             return False
-        shown, dropped = self.emitter.shown_after(back.end), self.reply.tail(back.end)
-        self.own_words.patch(self.reply.tokens, back.start, back.own, back.end)
-        self.reply.cut(back.end)
+        shown = self.emitter.shown_after(back.end)
+        self.own_words.put_back(self.reply, back.start, back.own, back.end)
         self._go_on(frozenset())
         self._start_over_from(back.end, opens_sentence=True)
-        back.record.went_back(dropped)
-        yield Rewind(back.record.round, shown, dropped, 0)
+        yield Rewind(back.record.round, shown, back.record.went_back_from or "", 0)
         return True
 
     def _go_on(self, banned: frozenset[int]) -> None:

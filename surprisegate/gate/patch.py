@@ -63,9 +63,13 @@ class OwnWords:
         patched (`end`: `patchable`'s, None when it cannot be)."""
         if not self.enabled or end is None:
             return False
-        self.patch(reply.tokens, stood.check_from, stood.own_sentence, end)
-        reply.cut(end)
+        self.put_back(reply, stood.check_from, stood.own_sentence, end)
         return True
+
+    def put_back(self, reply: Reply, start: int, own: list[int], end: int) -> None:
+        """Patch the shown reply's [start, end) with the model's own tokens `own` and cut the reply at `end`."""
+        self.patch(reply.tokens, start, own, end)
+        reply.cut(end)
 
 
 def patchable(reply: Reply, stood: Unchecked, token_bytes: Callable[[int], bytes], shown: int) -> int | None:

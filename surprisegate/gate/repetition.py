@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ..text import fold, sentence_end, sentence_start
 from .receipts import ConvergenceRecord
 from .reply import Reply
+from .rewrite import Unchecked
 
 _WORD = re.compile(r"\w+")
 # A sentence repeats another when both have this many distinct words and share this much of their union.
@@ -72,9 +73,11 @@ class RepetitionGuard:
         """Reply index from which nothing may be shown yet (None: nothing watched)."""
         return None if self.watch is None else self.watch.end
 
-    def watch_from(self, reply: Reply, start: int, own: list[int], end: int, record: ConvergenceRecord) -> None:
-        """A rewrite of reply tokens [start, end) stood and the paragraph goes on after it."""
-        if self.horizon <= 0 or not own:
+    def watch_from(self, reply: Reply, stood: Unchecked, end: int | None, record: ConvergenceRecord) -> None:
+        """A rewrite that `stood` (its sentence ending at reply index `end`) and the paragraph goes on after it;
+        `end` None: it cannot be patched in place (patch.patchable), or already was."""
+        start, own = stood.check_from, stood.own_sentence
+        if self.horizon <= 0 or not own or end is None:
             return
         text = reply.text()
         self.watch = Watch(start, list(own), end, sentence_start(text, len(reply.text(start))), record)
@@ -85,7 +88,8 @@ class RepetitionGuard:
 
     def repeated(self, reply: Reply) -> Watch | None:
         """After a token: the watch to patch in place when the sentence it just finished repeats one since the
-        rewrite's (the watch ends then), else None; past `horizon` sentences the watch ends unused."""
+        rewrite's (the watch ends, its round's record told what is dropped), else None; past `horizon`
+        sentences the watch ends unused."""
         w = self.watch
         if w is None:
             return None
@@ -98,6 +102,7 @@ class RepetitionGuard:
         w.seen = len(sentences)
         if repeats(sentences[-1], sentences[:-1]) is not None:
             self.watch = None
+            w.record.went_back(reply.tail(w.end))
             return w
         if len(sentences) > self.horizon:  # the rewrite's sentence and `horizon` after it went on without a loop
             self.watch = None
