@@ -379,6 +379,12 @@ VA = "Virginia is a U.S. state with postal abbreviation VA."
         ("Its currency is the Euro (EUR).", "The currency of Greece is the Euro (EUR).", None),
         ("Its symbol is Fe.", "The chemical symbol of iron is Fe.", None),
         ("It became a state in 1788.", VA, None),
+        (
+            "Its currency is the Mexican Peso (Mxn).",
+            "The currency of Mexico is the Mexican Peso (MXN).",
+            ("Mxn", "MXN"),
+        ),
+        ('The BFG is found in "Doom".', "DOOM is a 1993 game by id Software.", None),  # a styled name, no code
     ],
 )
 def test_miscased_code(sentence, evidence, expected):

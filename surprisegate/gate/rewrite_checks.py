@@ -181,13 +181,14 @@ _LETTERS = re.compile(r"[^\W\d_]+")
 
 def miscased_code(sentence: str, evidence: Iterable[str]) -> tuple[str, str] | None:
     """(as written, as the evidence has it) for a code the sentence writes in another case than its evidence:
-    an all-capitals word of 2-5 letters on either side ("Va" for the evidence's "VA", "FE" for "Fe").
-    Codes and symbols are case-sensitive; a word in capitals elsewhere is not a code. None: every one matches."""
+    an all-capitals word of 2-3 letters on either side ("Va" for the evidence's "VA", "FE" for "Fe", "Mxn" for
+    "MXN"). Codes and symbols are case-sensitive; a longer word in capitals is a name's styling ("DOOM" written
+    "Doom" is the same game), and a word in sentence case is no code. None: every one matches."""
     written = {w.casefold(): w for w in _LETTERS.findall(sentence)}
     for text in evidence:
         for word in _LETTERS.findall(text):
             said = written.get(word.casefold())
-            if said is None or said == word or not 2 <= len(word) <= 5:
+            if said is None or said == word or not 2 <= len(word) <= 3:
                 continue
             if word.isupper() or said.isupper():
                 return said, word
