@@ -190,7 +190,7 @@ def miscased_code(sentence: str, evidence: Iterable[str]) -> tuple[str, str] | N
             said = written.get(word.casefold())
             if said is None or said == word or not 2 <= len(word) <= 3:
                 continue
-            if word.isupper() or said.isupper():
+            if said != said.lower() and (word.isupper() or said.isupper()):  # all lower: a host name, a path
                 return said, word
     return None
 
