@@ -78,6 +78,7 @@ _STOP = re.compile(SENTENCE_STOP)
 _END = re.compile(SENTENCE_STOP + r"(?=\s|$)")
 # Text still being written: "3." may become "3.14", so only whitespace after the stop (or a line break) ends it.
 _END_WHILE_WRITING = re.compile(SENTENCE_STOP + r"(?=\s)|\n")
+_STOP_CHARACTERS = (".", "!", "?", "\n")  # every end _END_WHILE_WRITING finds is one of these
 # Text that has reached a sentence end, however much whitespace follows it.
 _ENDS_HERE = re.compile(r"(?:" + SENTENCE_STOP + r"|\n)\s*$")
 # Splitting prose: a stop, whitespace, and a next sentence that opens as one: a capital, perhaps after a
@@ -103,6 +104,17 @@ def sentence_end(text: str, start: int = 0) -> int | None:
     the sentence is open: the stop needs whitespace after it ("3." may become "3.14"); a line break ends one."""
     m = _END_WHILE_WRITING.search(text, start)
     return m.end() if m else None
+
+
+def sentence_end_after(text: str, searched: int) -> int | None:
+    """sentence_end(text) for text whose first `searched` characters held no end when searched: an end the
+    new characters make is a stop at or after character searched - 1 (a stop whose whitespace just came),
+    and the look-behinds still see the characters before it. Token by token this searches a few characters,
+    not the whole open sentence again, and none at all where no stop or line break came."""
+    start = max(0, searched - 1)
+    if not any(stop in text[start:] for stop in _STOP_CHARACTERS):
+        return None
+    return sentence_end(text, start)
 
 
 def sentence_start(text: str, index: int) -> int:

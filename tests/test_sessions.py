@@ -315,9 +315,9 @@ class RecordingSampling(Sampling):
         self.logits: list[np.ndarray] = []
         RECORDER.sampling = self
 
-    def step(self, logits, token, piece):
+    def step(self, logits, token, piece, stats=None, hidden=None):
         self.logits.append(np.array(logits, dtype=np.float32, copy=True))
-        return super().step(logits, token, piece)
+        return super().step(logits, token, piece, stats, hidden)
 
 
 def run_reply(backend, item, config):

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from surprisegate.errors import InputError
+from surprisegate.gate import surprise
 from surprisegate.gate.surprise import (
     RollingWindow,
     aggregates,
@@ -223,3 +224,81 @@ def test_topk_entropy_bad_input_names_the_argument_and_the_fix(top, vocab, match
         topk_entropy_bounds(top, vocab)
     with pytest.raises(ValueError):  # InputError is a ValueError
         topk_entropy(top, vocab)
+
+
+def _float64_signals(logits: np.ndarray, token: int) -> tuple[float, float]:
+    x = logits.astype(np.float64)
+    m = x.max()
+    e = np.exp(x - m)
+    z = e.sum()
+    return (math.log(z) - (x[token] - m)) / math.log(2), (math.log(z) - (e @ (x - m)) / z) / math.log(2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 70_000), st.floats(0.1, 40.0), st.integers(0, 2**32 - 1))
+def test_the_compiled_softmax_stats_and_numpy_give_the_same_choice_and_signals(size, scale, seed):
+    """The per-token stats in C (native.py) and their numpy twin choose the same token and agree with a float64
+    reference to ~1e-6 bits, at every vocabulary length (the kernel's 16 lanes, 1024-value blocks, a tail)."""
+    from surprisegate.native import softmax_stats_library
+
+    if softmax_stats_library() is None:
+        pytest.skip("no C compiler here: only the numpy twin runs")
+    rng = np.random.default_rng(seed)
+    logits = (rng.standard_normal(size) * scale).astype(np.float32)
+    logits[rng.integers(size)] += np.float32(rng.uniform(0, 30))  # a confident step as well as a flat one
+    token = int(rng.integers(size))
+    native, twin = surprise.softmax_stats(logits), surprise.numpy_softmax_stats(logits)
+    assert native.argmax == twin.argmax == int(logits.argmax())
+    assert native.max == twin.max
+    assert native[2:] == pytest.approx(twin[2:], rel=2e-5, abs=1e-30)
+    got = surprise_and_entropy(logits, token)
+    want = _float64_signals(logits, token)
+    assert got[0] == pytest.approx(want[0], abs=2e-5)
+    assert got[1] == pytest.approx(want[1], abs=2e-5)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_masked_logits_count_as_nothing_in_either_twin(native, monkeypatch):
+    """A -inf logit (a masked token) adds nothing: the entropy is that of the tokens left, not NaN."""
+    from surprisegate import native as native_module
+
+    if not native:
+        monkeypatch.setattr(native_module, "softmax_stats_library", lambda: None)
+    elif native_module.softmax_stats_library() is None:
+        pytest.skip("no C compiler here")
+    logits = np.zeros(40, dtype=np.float32)
+    logits[:36] = -np.inf  # four equally likely tokens left: 2 bits of entropy, 2 bits of surprise each
+    surprise_bits_, entropy = surprise_and_entropy(logits, 38)
+    assert surprise_bits_ == pytest.approx(2.0, abs=1e-6)
+    assert entropy == pytest.approx(2.0, abs=1e-6)
+
+
+def test_float64_and_strided_logits_take_the_numpy_twin_and_agree():
+    rng = np.random.default_rng(7)
+    logits = (rng.standard_normal(3001) * 4).astype(np.float32)
+    want = surprise_and_entropy(logits, 11)
+    assert surprise_and_entropy(logits.astype(np.float64), 11) == pytest.approx(want, abs=2e-5)
+    doubled = np.repeat(logits, 2)[::2]  # a strided view: the kernel reads contiguous floats only
+    assert not doubled.flags.c_contiguous
+    assert surprise_and_entropy(doubled, 11) == pytest.approx(want, abs=2e-5)
+
+
+@pytest.mark.parametrize(
+    "where", [[5], [5, 3000], [2000, 2001, 40000], [49151], [0, 49151]], ids=lambda w: "ties at " + str(w)
+)
+def test_the_greedy_choice_is_the_first_of_tied_maxima_as_numpy_argmax(where):
+    """The kernel keeps the first block that reached the max and the first index in it (numpy's argmax)."""
+    logits = np.full(49152, -1.0, dtype=np.float32)
+    logits[where] = np.float32(9.5)
+    assert surprise.softmax_stats(logits).argmax == where[0] == int(logits.argmax())
+
+
+def test_a_max_that_rises_block_after_block_rescales_the_sums():
+    """Ascending logits raise the running max in every block: the rescaled sums still match float64."""
+    logits = np.linspace(-20, 20, 49152, dtype=np.float32)
+    stats = surprise.softmax_stats(logits)
+    x = logits.astype(np.float64)
+    e = np.exp(x - x.max())
+    assert stats.argmax == 49151
+    assert stats.total == pytest.approx(e.sum(), rel=1e-6)
+    assert stats.weighted == pytest.approx(e @ (x - x.max()), rel=1e-6)

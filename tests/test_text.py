@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from surprisegate.text import (
@@ -23,6 +23,7 @@ from surprisegate.text import (
     fold,
     light_stem,
     sentence_end,
+    sentence_end_after,
     sentence_start,
     split_sentences,
     stems,
@@ -315,3 +316,25 @@ def test_first_stop_is_a_real_earliest_hit(text, stops, start):
     else:
         assert hit >= start and any(text.startswith(s, hit) for s in stops)
         assert not any(s in text[start : hit + len(s) - 1] for s in stops)  # none starts earlier
+
+
+_PIECES = [
+    *["It", " is", " in", " St", ".", " Louis", " U", ".S", ". ", "3", ".14", "!", "?", " ", "\n"],
+    *[" Dr", ". Smith", " ends", ".\n", " A", ".", " No", " 5", "é", " É", " x"],
+]
+
+
+@settings(max_examples=400)
+@given(st.lists(st.sampled_from(_PIECES), max_size=30))
+def test_searching_only_the_new_characters_finds_the_same_end_as_searching_all(pieces):
+    """Token by token, as the sentence judge reads: while no end has been found, searching from where the
+    last search stopped gives exactly sentence_end of the whole text."""
+    text, searched = "", 0
+    for piece in pieces:
+        text += piece
+        got = sentence_end_after(text, searched)
+        assert got == sentence_end(text)
+        if got is not None:
+            text, searched = text[got:], 0  # the judge goes on with what opens the next sentence
+        else:
+            searched = len(text)

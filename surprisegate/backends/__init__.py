@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from ..errors import BackendError, InputError
-from ..gate.surprise import surprise_and_entropy, surprise_bits, top_logprobs, topk_entropy
+from ..gate.surprise import SoftmaxStats, softmax_stats, surprise_bits, top_logprobs, topk_entropy
 from .capabilities import (
     ContextSize,
     HiddenStates,
@@ -97,8 +97,13 @@ class Sampling:
         if self.rng is None and self.temperature > 0:
             self.rng = np.random.default_rng(self.seed)
 
-    def choose(self, logits: np.ndarray, banned: frozenset[int] = frozenset()) -> int:
-        """Pick the next token (never one of `banned`). Never writes `logits`."""
+    def choose(
+        self, logits: np.ndarray, banned: frozenset[int] = frozenset(), stats: SoftmaxStats | None = None
+    ) -> int:
+        """Pick the next token (never one of `banned`). Never writes `logits`. `stats`: the step's, if read
+        already (greedy takes its argmax)."""
+        if self.temperature <= 0.0 and stats is not None and not banned:
+            return stats.argmax
         choose_from = logits
         if banned:  # a masked copy, only for the one step of a retry
             choose_from = logits.copy()
@@ -110,14 +115,26 @@ class Sampling:
         p = np.exp(z - z.max())
         return int(self.rng.choice(p.size, p=p / p.sum()))
 
-    def step(self, logits: np.ndarray, token: int, piece: bytes) -> Step:
+    def stats(self, logits: np.ndarray) -> SoftmaxStats | None:
+        """What choose and step read of the logits, read once (None unscored: only the choice is needed)."""
+        return softmax_stats(logits) if self.scored else None
+
+    def step(
+        self,
+        logits: np.ndarray,
+        token: int,
+        piece: bytes,
+        stats: SoftmaxStats | None = None,
+        hidden: np.ndarray | None = None,
+    ) -> Step:
         """The step for `token` drawn from `logits`: both signals come from the raw distribution
-        (temperature 1) whatever the sampling temperature."""
+        (temperature 1) whatever the sampling temperature. `stats`: the step's, if read already; `hidden`:
+        the state behind the logits, where a probe reads it (kept only on a scored step)."""
         if not self.scored:
             return Step(token, piece, math.nan, math.nan)
-        surprise, entropy = surprise_and_entropy(logits, token)
+        stats = stats if stats is not None else softmax_stats(logits)
         top = tuple(top_logprobs(logits, self.top_logprobs)) if self.top_logprobs else ()
-        return Step(token, piece, surprise, entropy, top)
+        return Step(token, piece, stats.surprise(float(logits[token])), stats.entropy, top, hidden)
 
     def streamed_step(
         self,
@@ -336,12 +353,12 @@ class LocalSession:
 
     def _decode(self, logits: np.ndarray, sampling: Sampling, banned: frozenset[int]) -> Generator[Step, None, None]:
         while True:
-            token = sampling.choose(logits, banned)
+            stats = sampling.stats(logits)  # the logits read once for the choice and both signals
+            token = sampling.choose(logits, banned, stats)
             banned = frozenset()
-            step = sampling.step(logits, token, self._model.token_bytes(token))
-            if sampling.hidden and sampling.scored:  # the state behind these logits, for a trigger probe
-                step = replace(step, hidden=hidden_state_of(self._hidden))
-            yield step
+            # The state behind these logits, for a trigger probe (the step's own copy).
+            hidden = hidden_state_of(self._hidden) if sampling.hidden and sampling.scored else None
+            yield sampling.step(logits, token, self._model.token_bytes(token), stats, hidden)
             # Reached only when the next step is asked for: a closed iterator never feeds its last token.
             self._check_current()
             logits = self._model.append([token])

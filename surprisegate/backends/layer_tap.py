@@ -12,13 +12,7 @@ callback below does the same work, slower.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import shutil
-import subprocess
-import sysconfig
-import tempfile
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -142,23 +136,19 @@ def native_callback() -> ctypes.CDLL | None:
     cannot be done (the Python callback is then used, and a warning says why)."""
     import llama_cpp
 
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    from ..native import build, c_compiler
+
     paths = _ggml_paths(llama_cpp)
-    if compiler is None or paths is None:
+    if c_compiler() is None or paths is None:
         log.warning("layer tap: no C compiler or no ggml.h; the Python callback reads the layer (~1 ms a token)")
         return None
     include, lib = paths
-    from ..paths import home
-
-    # Keyed by the source and the headers it was compiled against: a new llama-cpp-python builds anew.
-    key = hashlib.sha256(_SOURCE.read_bytes() + (include / "ggml.h").read_bytes() + str(lib).encode())
-    target = home() / "lib" / f"layer_tap-{key.hexdigest()[:16]}{sysconfig.get_config_var('SHLIB_SUFFIX') or '.so'}"
+    # Keyed by the headers it was compiled against too: a new llama-cpp-python builds anew.
+    flags, link = ["-O2", f"-I{include}", f"-Wl,-rpath,{lib.parent}"], [str(lib)]
     try:
-        problem = None if target.is_file() else _compile(compiler, include, lib, target)
-    except OSError as err:  # an unwritable home, a CC that is not there
-        problem = str(err)
-    if problem is not None:
-        log.warning("layer tap: compiling %s failed, using the Python callback:\n%s", _SOURCE, problem)
+        target = build(_SOURCE, "layer_tap", flags, link, key_extra=(include / "ggml.h").read_bytes())
+    except (OSError, RuntimeError) as err:  # an unwritable home, a CC that is not there, a failed compile
+        log.warning("layer tap: compiling %s failed, using the Python callback:\n%s", _SOURCE, err)
         return None
     native = ctypes.CDLL(str(target))
     native.surprisegate_tap_name_size.restype = ctypes.c_size_t
@@ -166,21 +156,6 @@ def native_callback() -> ctypes.CDLL | None:
         log.warning("layer tap: this ggml's GGML_MAX_NAME is not 64; using the Python callback")
         return None
     return native
-
-
-def _compile(compiler: str, include: Path, lib: Path, target: Path) -> str | None:
-    """Build layer_tap.c into `target`; the compiler's complaint when it fails."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built = Path(tmp) / target.name
-        flags = ["-O2", "-shared", "-fPIC", f"-I{include}", f"-Wl,-rpath,{lib.parent}"]
-        done = subprocess.run(
-            [compiler, *flags, str(_SOURCE), "-o", str(built), str(lib)], capture_output=True, text=True
-        )
-        if done.returncode != 0:
-            return done.stderr or f"{compiler} exited with {done.returncode}"
-        os.replace(built, target)  # atomic: a concurrent first use never loads half a file
-    return None
 
 
 class RowsTap:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from functools import lru_cache
 
 from ..arms import Query, Scribe
 from ..text import NOT_NAMES, QUERY_STOPWORDS, WORD, fold, stems
@@ -65,9 +66,10 @@ def claim_token_flags(pieces: Sequence[str], question: str) -> list[bool]:
     return flags
 
 
+@lru_cache(maxsize=256)
 def asked_words(question: str) -> frozenset[str]:
     """Stems of what the question asks about: its content words, the subject's and the request's left out
-    ("…about Chad: its capital, currency …" -> capital, currency, …)."""
+    ("…about Chad: its capital, currency …" -> capital, currency, …). Cached: asked once per judged sentence."""
     words = [w for w in WORD.findall(fold(question)) if w not in QUERY_STOPWORDS and w not in _REQUEST_SHAPE]
     return frozenset(stems(" ".join(words)) - stems(subject_of(question)))
 

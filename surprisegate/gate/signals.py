@@ -12,13 +12,16 @@ That is decidable online, token by token, which the trigger needs.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from ..text import KIND_STOPWORDS, WORD, fold
 
 SIGNALS = ("surprise", "entropy", "novel", "novel_entropy")
 
 
+@lru_cache(maxsize=256)
 def question_words(question: str) -> frozenset[str]:
+    """The question's words, folded. Cached: a paragraph asks for them once per sentence it judges."""
     return frozenset(WORD.findall(fold(question)))
 
 

@@ -6,10 +6,12 @@ Surprise is in bits: s = -log2 p(token), from the raw model distribution the tok
 from __future__ import annotations
 
 import bisect
+import ctypes
 import itertools
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,18 +40,57 @@ def top_logprobs(logits: np.ndarray, k: int) -> list[tuple[int, float]]:
     return [(int(t), float(x[t]) - log_z) for t in top]
 
 
-def surprise_and_entropy(logits: np.ndarray, token_id: int) -> tuple[float, float]:
-    """Surprise of `token_id` and entropy of softmax(logits), both in bits. Reads `logits`, never writes it.
+class SoftmaxStats(NamedTuple):
+    """One step's logits read once: the greedy choice, and the max m, sum exp(x - m) and sum exp(x - m)(x - m)
+    that surprise and entropy come from."""
 
-    Runs once per decoded token: one shifted copy, one exp, one sum and one dot product.
-    """
-    m = float(logits.max())
-    shifted = logits - m  # (vocab,) new array: the caller's logits stay untouched
+    argmax: int
+    max: float
+    total: float
+    weighted: float
+
+    def surprise(self, logit: float) -> float:
+        """Surprise in bits of the token whose logit this is."""
+        return (math.log(self.total) - (logit - self.max)) / LN2
+
+    @property
+    def entropy(self) -> float:
+        """Entropy of softmax(logits) in bits."""
+        return (math.log(self.total) - self.weighted / self.total) / LN2
+
+
+def softmax_stats(logits: np.ndarray) -> SoftmaxStats:
+    """The step's SoftmaxStats, once per decoded token: in C where it could be compiled (native.py: one pass
+    that writes nothing; right after a decode, fetching the logits is most of the cost), else numpy."""
+    from ..native import softmax_stats_library
+
+    lib = softmax_stats_library()
+    if lib is not None and logits.dtype == np.float32 and logits.flags.c_contiguous and logits.size:
+        out = (ctypes.c_double * 3)()
+        argmax = lib.surprisegate_softmax_stats(logits.ctypes.data, logits.size, out)
+        if math.isfinite(out[0]):
+            return SoftmaxStats(int(argmax), out[0], out[1], out[2])
+    return numpy_softmax_stats(logits)
+
+
+def numpy_softmax_stats(logits: np.ndarray) -> SoftmaxStats:
+    """softmax_stats in numpy: the compiled kernel's twin, and its fallback."""
+    argmax = int(logits.argmax())
+    m = float(logits[argmax])
+    # A new array (the caller's logits stay untouched), floored as the kernel floors it: a -inf logit (a
+    # masked token) counts as exp(-87), not as a NaN in the weighted sum.
+    shifted = np.maximum(logits - m, np.float32(-87.0))
     e = np.exp(shifted)
     total = float(e.sum())
-    log_z = math.log(total)  # log-normaliser relative to m
-    # The chosen token's logit in float64: a float32 difference loses ~1e-6 bits on very surprising tokens.
-    return (log_z - (float(logits[token_id]) - m)) / LN2, (log_z - float(e @ shifted) / total) / LN2
+    return SoftmaxStats(argmax, m, total, float(e @ shifted))
+
+
+def surprise_and_entropy(logits: np.ndarray, token_id: int) -> tuple[float, float]:
+    """Surprise of `token_id` and entropy of softmax(logits), both in bits. Reads `logits`, never writes it.
+    The chosen token's logit is taken in float64: a float32 difference loses ~1e-6 bits on very surprising
+    tokens."""
+    stats = softmax_stats(logits)
+    return stats.surprise(float(logits[token_id])), stats.entropy
 
 
 def token_surprise(logits: np.ndarray, token_id: int) -> float:

@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from ..config import Config
-from ..text import ends_sentence, sentence_end
+from ..text import ends_sentence, sentence_end, sentence_end_after
 from .claims import claim_token_flags, first_claim_token, sentence_doubt, speaks_of_asked
 from .probe import SENTENCE_KIND, TriggerProbe
 from .signals import CopyTracker, question_kind, signal_value
@@ -98,6 +98,7 @@ class SentenceJudge:
         self.start = 0  # reply index of the open sentence's first token
         self.pieces: list[str] = []
         self.values: list[float] = []
+        self.searched = 0  # characters of the open sentence's text searched for its end without one found
         self.settled: set[int] = set()
         self.judged: tuple[int, int, str] = (0, 0, "")  # the last judged sentence: reply [start, end), its text
         self.rewind_at = 0  # where a rewrite of it begins: its first claim word (a word boundary), else its start
@@ -106,11 +107,13 @@ class SentenceJudge:
     def push(self, index: int, piece: str, value: float, hidden: np.ndarray | None = None) -> bool:
         """Add reply token `index`; True when it closed a sentence (or the reply's budget) that is doubtful."""
         if self.probe is not None and hidden is not None:
-            self.states[index] = hidden.astype(np.float32)  # a copy: the backend's view is reused
+            # The step's own copy (backends.hidden_state_of): kept as it is, not copied again.
+            self.states[index] = hidden if hidden.dtype == np.float32 else hidden.astype(np.float32)
         self.pieces.append(piece)
         self.values.append(value)
         text = "".join(self.pieces)
-        end = sentence_end(text)
+        end = sentence_end_after(text, self.searched)
+        self.searched = len(text)
         if end is not None:
             inside = tokens_before(self.pieces, end)  # the token that showed the end may open the next one
             return self._close(inside, next_start=self.start + inside)
@@ -125,6 +128,7 @@ class SentenceJudge:
     def _close(self, inside: int, next_start: int) -> bool:
         start, pieces, values = self.start, self.pieces[:inside], self.values[:inside]
         self.start, self.pieces, self.values = next_start, self.pieces[inside:], self.values[inside:]
+        self.searched = 0  # what is left opens the next sentence: searched afresh
         if start in self.settled or not "".join(pieces).strip():
             return False
         self.settled.add(start)
@@ -161,6 +165,7 @@ class SentenceJudge:
             start_char = _open_sentence_start(before)
             self.start = tokens_before(pieces, start_char) if start_char else 0
         self.pieces, self.values = list(pieces[self.start :]), list(values[self.start :])
+        self.searched = 0
         self.settled = {i for i in self.settled if i <= self.start}
         self.states = {i: h for i, h in self.states.items() if i < at}  # later ones are decoded anew
 
