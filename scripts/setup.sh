@@ -40,6 +40,11 @@ echo "setup: installing surprisegate[$EXTRAS]" >&2
 .venv/bin/python -c "from surprisegate.backends.layer_tap import native_callback; import sys; \
 print('setup: layer tap', 'compiled' if native_callback() else 'in Python (no C compiler or ggml.h)', file=sys.stderr)" \
   || echo "setup: the layer tap could not be prepared; the probe's tap will use its Python callback" >&2
+# The per-token softmax pass (softmax_stats.c) compiled once, so that no first reply waits for the compiler
+# (numpy does the same work, slower, where it cannot be compiled).
+.venv/bin/python -c "from surprisegate.native import softmax_stats_library; import sys; \
+print('setup: softmax pass', 'compiled' if softmax_stats_library() else 'in numpy (no C compiler)', file=sys.stderr)" \
+  || echo "setup: the softmax pass could not be prepared; numpy will compute it" >&2
 # bubblewrap sandboxes the python-snippet tool (the same sandbox CI uses). Installed here when we may
 # (root or passwordless sudo, apt); otherwise one clear line, and the tool runs under rlimits only.
 if ! command -v bwrap >/dev/null 2>&1; then

@@ -59,7 +59,7 @@ _SOFTMAX_SOURCE = Path(__file__).with_name("softmax_stats.c")
 
 @lru_cache(maxsize=1)
 def softmax_stats_library() -> ctypes.CDLL | None:
-    """softmax_stats.c compiled and loaded, or None (numpy then computes the same, several times slower).
+    """softmax_stats.c compiled and loaded, or None (numpy then computes the same, about 2x slower).
     SURPRISEGATE_NATIVE=0 turns it off."""
     if os.environ.get("SURPRISEGATE_NATIVE", "1") == "0":
         return None

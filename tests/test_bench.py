@@ -6,7 +6,9 @@ a timed assertion on a shared 2-core CI machine would be noise.
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -171,3 +173,27 @@ def test_bench_paragraph_runs_off_and_intervene_on_the_same_prompts():
     for mode in ("off", "intervene"):
         assert out["ms"][mode]["time_to_first_token"]["n"] == 3
         assert out["ms"][mode]["longest_sentence_gap"]["p95"] >= out["ms"][mode]["longest_sentence_gap"]["p50"] >= 0
+
+
+@pytest.mark.slow
+def test_profile_decode_times_each_part_in_place(tmp_path):
+    """scripts/profile_decode.py: every arm decodes, the parts it names were called, and the time outside
+    llama_decode is positive and less than the whole."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "profile_decode.py"
+    spec = importlib.util.spec_from_file_location("profile_decode", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "parts.json"
+    assert module.main(["--repeats", "1", "--tokens", "12", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    for arm in ("plain", "detect", "detect_tapped"):
+        f = figures[arm]
+        assert f["tokens"] == 12
+        assert 0 < f["outside_decode_us_per_token"] < f["us_per_token"]
+        assert f["parts_us_per_token"]["llama_decode"] > 0
+    assert "Llama.sample (plain: reads the logits in C)" in figures["plain"]["parts_us_per_token"]
+    assert "Sampling.stats (softmax pass)" in figures["detect"]["parts_us_per_token"]
+    assert "hidden_state_of (tapped copy)" in figures["detect_tapped"]["parts_us_per_token"]
