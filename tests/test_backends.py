@@ -24,6 +24,27 @@ def test_sampling_is_greedy_at_zero_and_seeded_above():
     assert [t for t, _ in top] == [1, 2] and top[0][1] > top[1][1]
 
 
+def test_the_logits_read_once_give_the_same_choice_and_step_as_reading_them_again():
+    """A step reads its logits once (Sampling.stats) for the greedy choice and both signals: the same token
+    and signals as choose and step reading them on their own; a retry's ban and sampling above zero still
+    choose from the logits, and an unscored step reads nothing."""
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        logits = (rng.standard_normal(5000) * 4).astype(np.float32)
+        sampling = Sampling(top_logprobs=3)
+        stats = sampling.stats(logits)
+        assert stats is not None
+        token = sampling.choose(logits, stats=stats)
+        assert token == sampling.choose(logits) == int(logits.argmax())
+        assert sampling.step(logits, token, b"x", stats) == sampling.step(logits, token, b"x")
+        banned = frozenset({token})
+        assert sampling.choose(logits, banned, stats) == int(np.argsort(-logits, kind="stable")[1])
+    hot = Sampling(temperature=1.0, seed=11)
+    logits = np.array([0.0, 3.0, 1.0], dtype=np.float32)
+    assert hot.choose(logits, stats=hot.stats(logits)) == Sampling(temperature=1.0, seed=11).choose(logits)
+    assert Sampling(scored=False).stats(logits) is None
+
+
 @pytest.mark.parametrize("a, b, n", [([], [1], 0), ([1, 2, 3], [1, 2, 4], 2), ([1, 2], [1, 2, 3], 2), ([5], [6], 0)])
 def test_common_prefix(a, b, n):
     assert common_prefix(a, b) == n
