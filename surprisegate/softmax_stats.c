@@ -6,6 +6,14 @@
 #include <math.h>
 #include <string.h>
 
+/* x86-64 with GCC: clones for AVX-512 and AVX2, the one this CPU runs picked at load time. Elsewhere the
+ * vector code below compiles for the machine's own vector unit (or none). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+
 typedef float f8 __attribute__((vector_size(32)));
 typedef int32_t i8 __attribute__((vector_size(32)));
 
@@ -43,8 +51,8 @@ static inline __attribute__((always_inline)) f8 floor87(f8 d) {
  * kept relative to the running max and rescaled when a block raises it, so the logits are fetched once.
  * Right after a decode that fetch is most of the cost (another core wrote them). Float lanes within a
  * block, doubles across blocks: ~1e-7 relative error however long the vocabulary (double lanes cost 2.5x
- * with GCC 12's conversions). Clones for AVX-512 and AVX2 are picked at load time. */
-__attribute__((target_clones("avx512f", "avx2", "default")))
+ * with GCC 12's conversions). */
+VECTOR_CLONES
 int64_t surprisegate_softmax_stats(const float *x, size_t n, double *out) {
     enum { BLOCK = 1024 };
     double total = 0.0, weighted = 0.0;
@@ -87,10 +95,10 @@ int64_t surprisegate_softmax_stats(const float *x, size_t n, double *out) {
             weighted += lane_ed[j];
         }
         for (size_t i = whole; i < len; i++) { /* the tail, one at a time through the same vector code */
-            f8 d = (f8){0} + (b[i] - m);
-            f8 e = exp8_nonpositive(floor87(d));
+            f8 d = floor87((f8){0} + (b[i] - m));
+            f8 e = exp8_nonpositive(d);
             total += e[0];
-            weighted += (double)(e[0] * floor87(d)[0]);
+            weighted += (double)(e[0] * d[0]);
         }
     }
     size_t argmax = best_block; /* the first block that reached m holds its first occurrence */
