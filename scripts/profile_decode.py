@@ -101,19 +101,9 @@ def _profile(timer: PartTimer, n_tokens: int, repeats: int) -> dict[str, Any]:
     config = Config(mode="detect", max_tokens=n_tokens, max_rounds=0, system_prompt="", claim_scope="sentence")
     layout = PromptLayout.from_template(plain_model.chat_prompt, chat_messages(prompt))
     prompt_tokens = layout.body_tokens(plain_model.tokenize) + layout.open_tokens(plain_model.tokenize)
-    llama = plain_model._llama
 
     def plain() -> tuple[list[int], float]:
-        llama.reset()
-        out: list[int] = []
-        t0 = time.perf_counter()
-        for tok in llama.generate(
-            prompt_tokens, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True
-        ):
-            if tok in plain_model.eos_token_ids or len(out) >= n_tokens:
-                break
-            out.append(tok)
-        return out, time.perf_counter() - t0
+        return bench.plain_run(plain_model, prompt_tokens, n_tokens)
 
     return {
         "prompt": prompt,

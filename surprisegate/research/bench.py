@@ -92,6 +92,20 @@ def _detect_run(backend, config: Config, prompt: str = DECODE_PROMPT) -> tuple[l
     return out, time.perf_counter() - t0
 
 
+def plain_run(backend, prompt_tokens: list[int], n_tokens: int) -> tuple[list[int], float]:
+    """The baseline: llama-cpp-python's own greedy `Llama.generate` from a reset context, up to `n_tokens`
+    or the end of the turn; the token ids and the seconds taken."""
+    llama = backend._llama
+    llama.reset()
+    out: list[int] = []
+    t0 = time.perf_counter()
+    for tok in llama.generate(prompt_tokens, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        if tok in backend.eos_token_ids or len(out) >= n_tokens:
+            break
+        out.append(tok)
+    return out, time.perf_counter() - t0
+
+
 def bench_decode(
     n_tokens: int = 64, repeats: int = 40, progress: Callable[[str], None] = _noop, paragraph: bool = False
 ) -> dict:
@@ -107,16 +121,7 @@ def bench_decode(
     prompt_tokens = layout.body_tokens(backend.tokenize) + layout.open_tokens(backend.tokenize)
 
     def plain() -> tuple[list[int], float]:
-        llama.reset()
-        out: list[int] = []
-        t0 = time.perf_counter()
-        for tok in llama.generate(
-            prompt_tokens, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True
-        ):
-            if tok in backend.eos_token_ids or len(out) >= n_tokens:
-                break
-            out.append(tok)
-        return out, time.perf_counter() - t0
+        return plain_run(backend, prompt_tokens, n_tokens)
 
     def detect() -> tuple[list[int], float]:
         return _detect_run(backend, config, prompt)
