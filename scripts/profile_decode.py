@@ -82,10 +82,11 @@ def _profile(timer: PartTimer, n_tokens: int, repeats: int) -> dict[str, Any]:
     from surprisegate.gate.prompting import PromptLayout, chat_messages
     from surprisegate.research import bench
 
+    prompt = bench.PARAGRAPH_PROMPT
+    config = Config(mode="detect", max_tokens=n_tokens, max_rounds=0, system_prompt="", claim_scope="sentence")
     plain_model = from_llamacpp(None, n_ctx=2048)
-    tapped_model = from_llamacpp(None, n_ctx=2048)
-    assert isinstance(plain_model, LlamaCppBackend) and isinstance(tapped_model, LlamaCppBackend)
-    tapped_model.tap_layer(17)
+    assert isinstance(plain_model, LlamaCppBackend)
+    tapped_model, tapped_config = bench._tapped_copy(config)  # the shipped probe's layer tapped, as bench decode
     for model in (plain_model, tapped_model):  # the C call alone, whichever path makes it
         ctx = model._llama._ctx
         timer.wrap(ctx, "decode", "llama_decode")
@@ -97,8 +98,6 @@ def _profile(timer: PartTimer, n_tokens: int, repeats: int) -> dict[str, Any]:
     timer.wrap(LlamaCppBackend, "_last_logits", "LlamaCppBackend._last_logits")
     timer.wrap(trigger.TriggerPolicy, "push", "TriggerPolicy.push (sentence judge)")
 
-    prompt = bench.PARAGRAPH_PROMPT
-    config = Config(mode="detect", max_tokens=n_tokens, max_rounds=0, system_prompt="", claim_scope="sentence")
     layout = PromptLayout.from_template(plain_model.chat_prompt, chat_messages(prompt))
     prompt_tokens = layout.body_tokens(plain_model.tokenize) + layout.open_tokens(plain_model.tokenize)
 
@@ -110,9 +109,7 @@ def _profile(timer: PartTimer, n_tokens: int, repeats: int) -> dict[str, Any]:
         "repeats": repeats,
         "plain": measure(plain, timer, repeats),
         "detect": measure(lambda: bench._detect_run(plain_model, config, prompt), timer, repeats),
-        "detect_tapped": measure(
-            lambda: bench._detect_run(tapped_model, config.replace(probe="auto"), prompt), timer, repeats
-        ),
+        "detect_tapped": measure(lambda: bench._detect_run(tapped_model, tapped_config, prompt), timer, repeats),
     }
 
 

@@ -136,18 +136,18 @@ def native_callback() -> ctypes.CDLL | None:
     cannot be done (the Python callback is then used, and a warning says why)."""
     import llama_cpp
 
-    from ..native import build, c_compiler
+    from ..native import build
 
     paths = _ggml_paths(llama_cpp)
-    if c_compiler() is None or paths is None:
-        log.warning("layer tap: no C compiler or no ggml.h; the Python callback reads the layer (~1 ms a token)")
+    if paths is None:
+        log.warning("layer tap: no ggml.h beside llama_cpp; the Python callback reads the layer (~1 ms a token)")
         return None
     include, lib = paths
     # Keyed by the headers it was compiled against too: a new llama-cpp-python builds anew.
     flags, link = ["-O2", f"-I{include}", f"-Wl,-rpath,{lib.parent}"], [str(lib)]
     try:
         target = build(_SOURCE, "layer_tap", flags, link, key_extra=(include / "ggml.h").read_bytes())
-    except (OSError, RuntimeError) as err:  # an unwritable home, a CC that is not there, a failed compile
+    except (OSError, RuntimeError) as err:  # no compiler, an unwritable home, a failed compile
         log.warning("layer tap: compiling %s failed, using the Python callback:\n%s", _SOURCE, err)
         return None
     native = ctypes.CDLL(str(target))

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import InputError
+from ..native import softmax_stats_library
 
 LN2 = math.log(2.0)
 STATISTICS = ("mean", "p90", "max")
@@ -62,8 +63,6 @@ class SoftmaxStats(NamedTuple):
 def softmax_stats(logits: np.ndarray) -> SoftmaxStats:
     """The step's SoftmaxStats, once per decoded token: in C where it could be compiled (native.py: one pass
     that writes nothing; right after a decode, fetching the logits is most of the cost), else numpy."""
-    from ..native import softmax_stats_library
-
     lib = softmax_stats_library()
     if lib is not None and logits.dtype == np.float32 and logits.flags.c_contiguous and logits.size:
         out = (ctypes.c_double * 3)()
