@@ -655,8 +655,9 @@ def calibrate_labels(
     "--modes",
     default="off,detect,intervene",
     show_default=True,
-    help="Comma list of off,detect,intervene,always,flare,oracle (oracle: ground exactly the items off got "
-    "wrong, as many as intervene grounded or --oracle-calls; needs off).",
+    help="Comma list of off,detect,intervene,always,flare,dragin,etc,etc-trend,seakr,oracle (oracle: ground "
+    "exactly the items off got wrong, as many as intervene grounded or --oracle-calls; needs off; the peers "
+    "dragin, etc, etc-trend and seakr need --backend transformers).",
 )
 @click.option(
     "--memory", default="none", show_default=True, help="Memory store for the memory arm ('none' = no memory)."
@@ -679,6 +680,12 @@ def calibrate_labels(
     default=None,
     help="Replies the oracle may ground (default: as many as intervene grounded in this run).",
 )
+@click.option(
+    "--peer-threshold",
+    "peer_threshold",
+    multiple=True,
+    help="A peer's trigger threshold, NAME=VALUE (repeatable), e.g. dragin=0.8; default: their configs' values.",
+)
 @click.option("--json", "as_json", is_flag=True)
 @config_options
 def eval_cmd(
@@ -692,6 +699,7 @@ def eval_cmd(
     out_dir: str,
     flare_theta: float,
     oracle_calls: int | None,
+    peer_threshold: tuple[str, ...],
     as_json: bool,
     **kwargs,
 ) -> None:
@@ -699,8 +707,10 @@ def eval_cmd(
     from .progress import progress_callback
     from .research.evaluate import check_modes, evaluate
     from .research.labeling import read_items
+    from .research.peers.modes import parse_thresholds
 
     read_items(data, 1)
+    peer_thresholds = parse_thresholds(peer_threshold)
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
     check_modes(mode_list, flare_theta, oracle_calls)  # before the model loads
     runtime = assemble(resolve_layers(kwargs), memory, not no_tools, web_url, _say, intervene=False)
@@ -727,6 +737,7 @@ def eval_cmd(
             progress=progress,
             flare_theta=flare_theta,
             oracle_calls=oracle_calls,
+            peer_thresholds=peer_thresholds,
         )
     if as_json:
         click.echo(json.dumps(summary))

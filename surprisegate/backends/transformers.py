@@ -69,6 +69,15 @@ class TransformersBackend(LocalBackend):
         self.reprefill_count = 0
         self._cache = self._new_cache()
 
+    @property
+    def hf_model(self) -> Any:
+        """The transformers model itself, for research code that needs more than steps (attention, hidden states)."""
+        return self._model
+
+    @property
+    def hf_tokenizer(self) -> Any:
+        return self._tokenizer
+
     # -- context -------------------------------------------------------------------------------
 
     @property

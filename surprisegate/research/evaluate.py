@@ -11,6 +11,11 @@ Modes
              p < theta, retrieve with the low-probability tokens masked and regenerate the sentence by
              re-prefilling the whole prompt (no KV reuse); in sentence scope its query names the subject
              the way the gate's does, and it may retrieve paragraph_rounds times
+  dragin, etc, etc-trend, seakr
+             the field's triggers (research/peers, each pinned to its authors' code): DRAGIN's RIND with
+             its QFS query, ETC's entropy trend (x attention as their code; etc-trend without), SeaKR's
+             EigenScore over sampled answers with its passage re-ranking. They re-send the whole prompt on
+             every generation; --backend transformers (attention, hidden states)
   oracle     the gate's intervene path forced to ground at its first eligible window on exactly the items
              `off` got wrong (a seeded choice among them when the budget is smaller), never on others; the
              budget is the number of replies `intervene` grounded, or --oracle-calls. Runs after the other
@@ -44,8 +49,9 @@ from ..text import ends_sentence
 from .grading import grade
 from .labeling import guard_resume, prompt_for, read_items
 from .longform import grade_claims, is_longform, score_claims
+from .peers.modes import PEER_MODES, run_peer
 
-MODES = ("off", "detect", "intervene", "always", "flare", "oracle")
+MODES = ("off", "detect", "intervene", "always", "flare", *PEER_MODES, "oracle")
 FLARE_THETA = 0.4  # FLARE's probability threshold for a "low-confidence" token (paper default range 0.4-0.8)
 # Below every window statistic (bits are never negative): the oracle's trigger fires at the first eligible window.
 ORACLE_THRESHOLD = -1.0
@@ -230,6 +236,12 @@ def check_modes(modes: Sequence[str], flare_theta: float = FLARE_THETA, oracle_c
 def check_backend_modes(modes: Sequence[str], backend) -> None:
     """always, flare and oracle decode token by token with their own injections: a steerable backend's work.
     A chat API (no sessions) runs off, detect and intervene (its revise pass)."""
+    peers = [m for m in modes if m in PEER_MODES]
+    if peers and not hasattr(backend, "hf_model"):
+        raise InputError(
+            f"--modes {','.join(peers)} read attention, hidden states or samples from the model itself, which "
+            f"backend {backend.name!r} does not give; run them with --backend transformers (the same GGUF)"
+        )
     if isinstance(backend, SteerableBackend):
         return
     steerable_only = [m for m in modes if m in ("always", "flare", "oracle")]
@@ -322,7 +334,13 @@ def oracle_summary(rows: list[dict], budget: int, source: str, chosen: set[str])
 # the A/B
 # ------------------------------------------------------------------------------------------------
 def run_mode(
-    mode: str, backend, item: dict, config: Config, arms: Mapping[str, Arm], flare_theta: float = FLARE_THETA
+    mode: str,
+    backend,
+    item: dict,
+    config: Config,
+    arms: Mapping[str, Arm],
+    flare_theta: float = FLARE_THETA,
+    peer_thresholds: Mapping[str, float] | None = None,
 ) -> Outcome:
     question, prefix = prompt_for(item)
     counted = {name: CountingArm(arm) for name, arm in arms.items()}
@@ -347,6 +365,10 @@ def run_mode(
         return run_always(backend, question, config, counted, prefix)
     if mode == "flare":
         return run_flare(backend, question, config, counted, prefix, theta=flare_theta)
+    if mode in PEER_MODES:
+        peer = run_peer(mode, backend, question, config, counted, prefix, peer_thresholds)
+        calls = sum(a.calls for a in counted.values())
+        return Outcome(peer.reply, calls, peer.triggered, peer.costs.decoded, peer.costs.prefilled)
     raise InputError(f"--modes contains {mode!r}; use any of {', '.join(MODES)}")
 
 
@@ -363,6 +385,7 @@ def evaluate(
     progress: Callable[[int, int, str], None] | None = None,
     flare_theta: float = FLARE_THETA,
     oracle_calls: int | None = None,
+    peer_thresholds: Mapping[str, float] | None = None,
 ) -> dict:
     check_modes(modes, flare_theta, oracle_calls)
     check_backend_modes(modes, backend)
@@ -380,6 +403,8 @@ def evaluate(
         "arms": sorted(arms),
         "flare_theta": flare_theta,
     }
+    if any(m in PEER_MODES for m in modes):
+        meta["peer_thresholds"] = dict(sorted((peer_thresholds or {}).items()))
     if "oracle" in modes:
         # Recorded, not compared: older folders lack it, and oracle rows that no longer fit the budget are redone.
         meta["oracle_calls"] = oracle_calls
@@ -406,7 +431,7 @@ def evaluate(
 
     def run(item: dict, mode: str) -> dict:
         started = time.monotonic()
-        return _row(item, mode, run_mode(mode, backend, item, config, arms, flare_theta), started)
+        return _row(item, mode, run_mode(mode, backend, item, config, arms, flare_theta, peer_thresholds), started)
 
     for item, mode in todo:
         writer.append(run(item, mode))

