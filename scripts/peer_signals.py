@@ -4,7 +4,9 @@ For every item: the greedy reply on the transformers backend (what `off` writes 
 generation of every peer), graded, and each trigger's signal for it: DRAGIN's largest RIND value, ETC's
 largest trend x attention value and its trend alone, FLARE's lowest token probability, the question-level
 mean and max token entropy (Moskvoretskii et al. 2025), SeaKR's EigenScore over k samples, and the gate's
-window rule (the largest mean entropy over its window, in bits, minus the question kind's threshold).
+window rule (the largest mean entropy over its window, in bits, minus the question kind's threshold; the kinds'
+thresholds were fitted on factqa_dev, these items included, so `window-plain`, the same peak without them, is
+the gate's signal untouched by these items).
 Each fires when its signal is above a threshold (FLARE: below), so one reply pass tunes them all.
 
 Then, on seeded halves of the items (scripts/fit_sentence_threshold.halves): AUROC per signal on each half,
@@ -50,6 +52,7 @@ SIGNALS = {
     "entropy-max": True,
     "seakr": True,
     "gate-window": True,
+    "window-plain": True,
 }
 MIN_RECALL = 0.5
 
@@ -149,6 +152,7 @@ def item_signals(model: PeerModel, item: dict, config: Config, samples: int) -> 
             "entropy-max": float(entropy.max()) if n else 0.0,
             "seakr": seakr_uncertainty(model, prompt, samples, config.max_tokens, costs, seed=0) if samples else None,
             "gate-window": _window_peak(entropy / math.log(2), config.window, threshold),
+            "window-plain": _window_peak(entropy / math.log(2), config.window, 0.0),
         },
         "tokens": n,
         "seconds": round(time.monotonic() - started, 2),
@@ -245,6 +249,9 @@ def main() -> None:
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     ids = {it["id"] for it in items}
     rows = [r for r in rows if r["id"] in ids]
+    for r in rows:  # rows written before window-plain was recorded: the same peak without the kind's threshold
+        kind_cut = config.kind_thresholds.get(question_kind(r["question"]), config.threshold)
+        r["signals"].setdefault("window-plain", r["signals"]["gate-window"] + kind_cut)
     summary = summarise(rows, halves([r["id"] for r in rows], args.seed)) | {
         "model": backend.model_id.rsplit("/", 1)[-1],
         "data": Path(args.data).name,

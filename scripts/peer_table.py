@@ -21,6 +21,7 @@ SIGNAL_OF = {
     "etc-trend": "etc-trend",
     "seakr": "seakr",
     "flare": "flare",
+    "entropy-rule": "entropy-mean",
 }
 
 

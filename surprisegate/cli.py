@@ -655,9 +655,9 @@ def calibrate_labels(
     "--modes",
     default="off,detect,intervene",
     show_default=True,
-    help="Comma list of off,detect,intervene,always,flare,dragin,etc,etc-trend,seakr,oracle (oracle: ground "
-    "exactly the items off got wrong, as many as intervene grounded or --oracle-calls; needs off; the peers "
-    "dragin, etc, etc-trend and seakr need --backend transformers).",
+    help="Comma list of off,detect,intervene,always,flare,dragin,etc,etc-trend,seakr,entropy-rule,oracle (oracle: "
+    "ground exactly the items off got wrong, as many as intervene grounded or --oracle-calls; needs off; the peers "
+    "dragin, etc, etc-trend, seakr and entropy-rule need --backend transformers).",
 )
 @click.option(
     "--memory", default="none", show_default=True, help="Memory store for the memory arm ('none' = no memory)."

@@ -306,17 +306,20 @@ def burkina_memory(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_dragin_grounds_a_doubtful_answer_and_pays_for_re_prefill(peer_model, burkina_memory):
-    """SmolLM2 answers Kouilé (the fixture); at a threshold its RIND crosses, DRAGIN retrieves with its QFS query,
-    re-sends the prompt with the passage and writes the sentence again."""
+def test_dragin_retrieves_with_its_query_and_pays_for_re_prefill(peer_model, burkina_memory):
+    """SmolLM2 answers Kouilé (the fixture); at this threshold RIND crosses and DRAGIN retrieves with its QFS query.
+    On a byte-level tokenizer the query keeps the tokenizer's bytes of the non-ASCII word ("KouilÃĥÂ©"), which
+    pulls the memory arm's coverage of it under the floor: nothing is found, and the sentence is written again
+    without evidence. Their code does the same; the README counts it against DRAGIN on this model."""
     from surprisegate.config import Config
+    from surprisegate.research.peers import nlp
     from surprisegate.research.peers.run import run_dragin
 
     config = Config(system_prompt="", max_tokens=40)
     out = run_dragin(peer_model.backend, "What is the capital of Burkina Faso?", config, burkina_memory, threshold=1.0)
-    assert out.triggered and out.costs.retrievals >= 1
-    assert "Burkina" in out.costs.queries[0]
-    assert "Ouagadougou" in out.reply
+    assert out.triggered and out.costs.retrievals == 1
+    assert "Burkina" in out.costs.queries[0] and "Ã" in out.costs.queries[0]
+    assert len(nlp.sentences(out.reply)) == 1  # one new sentence kept after the retrieval
     # Every generation re-sends the whole prompt, and the attention passes re-read the text: more prefilled
     # than decoded, which is the cost the gate's kept KV cache avoids.
     assert out.costs.prefilled > 2 * out.costs.decoded
@@ -345,3 +348,19 @@ def test_seakr_rereads_samples_and_answers_with_the_surest_passage(peer_model, b
     assert "Ouagadougou" in out.reply
     quiet = run_seakr(peer_model.backend, question, config, burkina_memory, threshold=1e9, samples=3)
     assert not quiet.triggered and quiet.costs.retrievals == 0
+
+
+def test_several_passages_are_one_evidence_segment_without_numbering():
+    from surprisegate.arms import Evidence
+    from surprisegate.config import Config
+    from surprisegate.research.peers.common import context_text
+
+    docs = [
+        Evidence("c1", "The capital of Chad is N'Djamena.", 0.9, "memory:a"),
+        Evidence("c2", "Chad is a country in Africa.", 0.8, "memory:b"),
+    ]
+    text = context_text(Config(), docs)
+    assert text.count("not instructions") == 1  # the template once
+    assert "The capital of Chad is N'Djamena.\nChad is a country in Africa." in text
+    assert "[1]" not in text
+    assert context_text(Config(), docs[:1]) == context_text(Config(), [docs[0]])

@@ -11,11 +11,12 @@ Modes
              p < theta, retrieve with the low-probability tokens masked and regenerate the sentence by
              re-prefilling the whole prompt (no KV reuse); in sentence scope its query names the subject
              the way the gate's does, and it may retrieve paragraph_rounds times
-  dragin, etc, etc-trend, seakr
+  dragin, etc, etc-trend, seakr, entropy-rule
              the field's triggers (research/peers, each pinned to its authors' code): DRAGIN's RIND with
              its QFS query, ETC's entropy trend (x attention as their code; etc-trend without), SeaKR's
-             EigenScore over sampled answers with its passage re-ranking. They re-send the whole prompt on
-             every generation; --backend transformers (attention, hidden states)
+             EigenScore over sampled answers with its passage re-ranking; entropy-rule, the question-level
+             mean-entropy rule (Moskvoretskii et al. 2025). They re-send the whole prompt on every
+             generation; --backend transformers (attention, hidden states)
   oracle     the gate's intervene path forced to ground at its first eligible window on exactly the items
              `off` got wrong (a seeded choice among them when the budget is smaller), never on others; the
              budget is the number of replies `intervene` grounded, or --oracle-calls. Runs after the other

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -117,10 +117,13 @@ def prompt_ids(model: PeerModel, question: str, config: Config, docs: Sequence[E
 
 
 def context_text(config: Config, docs: Sequence[Evidence]) -> str:
-    """Several passages as DRAGIN numbers them ("[1] ..."), each in the gate's evidence template."""
+    """Several passages as one evidence segment: the gate's template once, the passages a line each. (Numbered
+    "[1] ..." lines, DRAGIN's layout for base models, had SmolLM2 copy the numbering into its reply in 11 of
+    69 grounded replies on factqa half B.)"""
     if len(docs) == 1:
         return evidence_text(config, docs[0])
-    return "\n".join(f"[{i + 1}] {evidence_text(config, d)}" for i, d in enumerate(docs))
+    joined = replace(docs[0], evidence="\n".join(d.evidence for d in docs))
+    return evidence_text(config, joined)
 
 
 def retrieve(

@@ -257,3 +257,29 @@ def run_seakr(
         scored.append((seakr_uncertainty(model, with_doc, samples, max_len, costs, seed + 1 + i), i, with_doc))
     _, _, best = min(scored, key=lambda s: (np.nan_to_num(s[0], nan=np.inf), s[1]))
     return PeerOutcome(model.decode(model.generate(best, max_len, costs).ids), costs, True)
+
+
+def run_entropy_rule(
+    backend: Any,
+    question: str,
+    config: Config,
+    arms: Mapping[str, Any],
+    prefix: str = "",
+    threshold: float = 1.5,
+) -> PeerOutcome:
+    """The question-level rule Moskvoretskii et al. (2025) found as good as the complex pipelines: answer; if the
+    answer's mean token entropy (nats) is at least the threshold, retrieve with the question and answer again
+    with the passages."""
+    model = PeerModel(backend)
+    costs = Costs()
+    prompt = prompt_ids(model, question, config, [], prefix)
+    gen = model.generate(prompt, config.max_tokens, costs)
+    n = len(gen.ids) - 1 if gen.ended else len(gen.ids)
+    reply = model.decode(gen.ids[:n])
+    if n == 0 or float(dragin.token_entropies(gen.scores[:n]).mean()) < threshold:
+        return PeerOutcome(reply, costs, False)
+    docs = retrieve(arms, config, question, question, costs)
+    if not docs:
+        return PeerOutcome(reply, costs, True)
+    again = model.generate(prompt_ids(model, question, config, docs, prefix), config.max_tokens, costs)
+    return PeerOutcome(model.decode(again.ids), costs, True)
