@@ -39,7 +39,7 @@ from surprisegate.research.grading import grade
 from surprisegate.research.labeling import prompt_for, read_items
 from surprisegate.research.peers import dragin, etc, nlp
 from surprisegate.research.peers.common import Costs, PeerModel, prompt_ids
-from surprisegate.research.peers.run import _cannot_merge, _etc_blocks, seakr_uncertainty
+from surprisegate.research.peers.run import _etc_blocks, seakr_uncertainty
 from surprisegate.research.threshold_sweep import auroc
 
 # signal name -> True when a higher value means more doubt (FLARE's lowest probability is the other way)
@@ -57,33 +57,22 @@ SIGNALS = {
 MIN_RECALL = 0.5
 
 
+def _finite_peak(values) -> float:
+    finite = [v for v in values if np.isfinite(v)]
+    return max(finite) if finite else 0.0
+
+
 def _rind_peak(model: PeerModel, ids, pieces, scores, text: str, costs: Costs) -> float:
+    """The largest value rind_check compares, over every sentence (it fires above a threshold iff this does)."""
     if not ids:
         return 0.0
     signals = dragin.rind_signals(pieces, ids, scores, model.last_layer_attention(ids, costs), model.space_token)
-    peak = -math.inf
-    tid = 0
-    split = nlp.sentences(text)
-    words = signals.words
-    for sid, sentence in enumerate(split):  # the values rind_check compares, every sentence
-        tl = tr = tid
-        if sid == len(split) - 1:
-            tl, tr = tid, len(words)
-        else:
-            for i in range(tid + 1, len(words)):
-                if sentence in " ".join(words[tl:i]):
-                    tr = i
-                    break
-            tid = tr
-        att = np.array(signals.attention[tl:tr])
-        if tr > tl and att.sum() > 0:
-            values = att / att.sum() * np.array(signals.entropy[tl:tr]) * (tr - tl)
-            peak = max(peak, float(values.max()))
-    return peak if peak > -math.inf else 0.0
+    return _finite_peak(v for *_, values in dragin.rind_values(text, signals, nlp.sentences) for v in values)
 
 
 def _etc_peaks(model: PeerModel, question: str, config: Config, gen, costs: Costs) -> tuple[float, float]:
-    """ETC's first generation stops at a line break: greedy, so it is the reply cut after its first "\\n"."""
+    """ETC's first generation stops at a line break: greedy, so it is the reply cut after its first "\\n".
+    Returns the largest value etc_check compares (trend x attention) and the largest trend of any word."""
     cut = next((i + 1 for i, p in enumerate(gen.pieces) if "Ċ" in p or "\n" in p), len(gen.ids))
     ids, pieces, scores = gen.ids[:cut], gen.pieces[:cut], gen.scores[:cut]
     ended = bool(ids) and ids[-1] in model.eos_ids
@@ -91,30 +80,13 @@ def _etc_peaks(model: PeerModel, question: str, config: Config, gen, costs: Cost
     if len(pieces) <= 1:
         return 0.0, 0.0
     blocks = _etc_blocks(model, question, config, "")
-    new = etc.Block(
-        model.tokens_to_string(tokens), tokens, etc.etc_word_ranges(tokens, model.space_token, _cannot_merge(model))
-    )
+    new = etc.Block(model.tokens_to_string(tokens), tokens, model.etc_word_ranges(tokens))
     attention = model.last_layer_attention(gen.prompt_ids + ids, costs)
     signals = etc.etc_signals(attention, [*blocks, new], scores, nlp.content_words(new.text), model.tokens_to_string)
+    sentences = nlp.sentences(new.text)
+    weighted = (v for *_, values in etc.etc_values(signals, new, sentences, model.tokens_to_string) for v in values)
     trend = np.array(signals.mt_s2, dtype=np.float64)
-    weighted = []
-    wid = 0
-    for sentence in nlp.sentences(new.text):  # the values etc_check compares, every sentence
-        wl = wr = wid
-        n = len(new.ranges)
-        if wid == n:
-            break
-        while wr < n and sentence not in model.tokens_to_string(new.tokens[new.ranges[wl][0] : new.ranges[wr][1]]):
-            wr += 1
-        if wr < n:
-            wr += 1
-        wid = wr
-        if wl == wr:
-            continue
-        w = signals.max_atten[wl:wr]
-        weighted.extend((w * (wr - wl) / (w.sum() + 1e-10)).astype(np.float64) * trend[wl:wr])
-    finite = [v for v in weighted if np.isfinite(v)]
-    return (max(finite) if finite else 0.0), float(np.nanmax(trend)) if len(trend) else 0.0
+    return _finite_peak(weighted), float(np.nanmax(trend)) if len(trend) else 0.0
 
 
 def _window_peak(entropy_bits: np.ndarray, window: int, threshold: float) -> float:
@@ -130,7 +102,7 @@ def item_signals(model: PeerModel, item: dict, config: Config, samples: int) -> 
     costs = Costs()
     prompt = prompt_ids(model, question, config, [], prefix)
     gen = model.generate(prompt, config.max_tokens, costs)
-    n = len(gen.ids) - 1 if gen.ended else len(gen.ids)
+    n = gen.reply_len
     ids, pieces, scores = gen.ids[:n], gen.pieces[:n], gen.scores[:n]
     reply = model.decode(ids)
     entropy = dragin.token_entropies(scores) if n else np.zeros(0)

@@ -224,7 +224,7 @@ def test_dragin_signals_and_query_match_their_code(peer_model, case):
 def test_etc_signals_checks_and_query_match_their_code(peer_model, case):
     from surprisegate.research.peers import nlp
     from surprisegate.research.peers.common import Costs
-    from surprisegate.research.peers.run import _block, _cannot_merge
+    from surprisegate.research.peers.run import _block
 
     plain = (False, False, True, False, True)
     blocks = [_block(peer_model, text, plain=p) for text, p in zip(case["blocks"], plain, strict=True)]
@@ -232,11 +232,10 @@ def test_etc_signals_checks_and_query_match_their_code(peer_model, case):
     prompt = [i for b in blocks for i in peer_model.tokenizer.convert_tokens_to_ids(b.tokens)]
     costs = Costs()
     gen = peer_model.generate(prompt, SMOLLM2["max_new"], costs, stop_newline=True)
-    tokens = gen.pieces[:-1] if gen.ended else gen.pieces
+    tokens = gen.pieces[: gen.reply_len]
     assert tokens == case["new_tokens"]
     assert gen.ended == case["ended"]
-    ranges = etc.etc_word_ranges(tokens, peer_model.space_token, _cannot_merge(peer_model))
-    new = etc.Block(peer_model.tokens_to_string(tokens), tokens, ranges)
+    new = etc.Block(peer_model.tokens_to_string(tokens), tokens, peer_model.etc_word_ranges(tokens))
     all_blocks = [*blocks, new]
     attention = peer_model.last_layer_attention(prompt + gen.ids, costs)
     signals = etc.etc_signals(

@@ -7,9 +7,11 @@ prompt counts as tokens prefilled, and so does each extra forward pass they make
 
 from __future__ import annotations
 
+import string
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -20,6 +22,7 @@ from ...errors import InputError
 from ...gate.grounding import arm_order
 from ...gate.prompting import PromptLayout, chat_messages, encode
 from ...gate.router import route
+from . import etc
 
 DOCS_PER_RETRIEVAL = 3  # DRAGIN's and ETC's retrieve_topk
 
@@ -31,6 +34,15 @@ class Generation:
     scores: np.ndarray  # (steps, vocab) float32: the scores each token was chosen from, end token included
     ended: bool  # stopped at an end token (not at the length limit)
     prompt_ids: list[int]
+
+    @property
+    def reply_len(self) -> int:
+        """Tokens of the reply itself: the end token, where the generation stopped at one, is not text."""
+        return len(self.ids) - 1 if self.ended else len(self.ids)
+
+    @property
+    def reply_ids(self) -> list[int]:
+        return self.ids[: self.reply_len]
 
 
 @dataclass
@@ -63,29 +75,31 @@ class PeerModel:
         self.eos_ids = sorted(backend.eos_token_ids)
 
     def generate(self, prompt_ids: Sequence[int], max_new: int, costs: Costs, stop_newline: bool = False) -> Generation:
-        torch = self._torch
-        input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
-        options: dict[str, Any] = {}
-        if stop_newline:
-            options = {"stop_strings": "\n", "tokenizer": self.tokenizer}
-        with torch.inference_mode():
-            out = self.model.generate(
-                input_ids=input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                max_new_tokens=max_new,
-                do_sample=False,
-                return_dict_in_generate=True,
-                output_scores=True,
-                eos_token_id=self.eos_ids,
-                pad_token_id=self.eos_ids[0],
-                **options,
-            )
+        """Greedy, as their code calls HF generate; the scores come back with the ids."""
+        options: dict[str, Any] = {"stop_strings": "\n", "tokenizer": self.tokenizer} if stop_newline else {}
+        out = self.hf_generate(
+            prompt_ids, max_new, do_sample=False, return_dict_in_generate=True, output_scores=True, **options
+        )
         new = out.sequences[0, len(prompt_ids) :].tolist()
         scores = np.stack([s[0].float().numpy() for s in out.scores]) if out.scores else np.zeros((0, 1), np.float32)
         ended = bool(new) and new[-1] in self.eos_ids
         costs.prefilled += len(prompt_ids)
         costs.decoded += len(new)
         return Generation(new, self.tokenizer.convert_ids_to_tokens(new), scores, ended, list(prompt_ids))
+
+    def hf_generate(self, prompt_ids: Sequence[int], max_new: int, **options: Any) -> Any:
+        """transformers' generate on one prompt, stopping at the model's end tokens (counting is the caller's)."""
+        torch = self._torch
+        input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+        with torch.inference_mode():
+            return self.model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=max_new,
+                eos_token_id=self.eos_ids,
+                pad_token_id=self.eos_ids[0],
+                **options,
+            )
 
     def last_layer_attention(self, ids: Sequence[int], costs: Costs) -> np.ndarray:
         """(heads, len, len) attention of the last layer over `ids` alone, one forward pass (counted)."""
@@ -94,6 +108,18 @@ class PeerModel:
             out = self.model(torch.tensor([list(ids)], dtype=torch.long), output_attentions=True)
         costs.prefilled += len(ids)
         return out.attentions[-1][0].float().numpy()
+
+    @cached_property
+    def cannot_merge(self) -> set:
+        """ETC's tokens_cannot_merged: the token of each space or punctuation character, the space marker, BOS
+        and EOS."""
+        tok = self.tokenizer
+        marks = string.whitespace + string.punctuation
+        single = {tok.convert_ids_to_tokens(tok.encode("0" + ch)[-1:])[0] for ch in marks}
+        return single | {self.space_token, tok.bos_token, tok.eos_token}
+
+    def etc_word_ranges(self, tokens: list[str]) -> list[list[int]]:
+        return etc.etc_word_ranges(tokens, self.space_token, self.cannot_merge)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -15,7 +15,7 @@ the tokenizer's own marker, which is what their rule means.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,18 +104,11 @@ def _contains_content_word(token: str, content_words: set[str]) -> bool:
     return any(word in token for word in content_words)
 
 
-def rind_check(
-    text: str,
-    signals: RindSignals,
-    threshold: float,
-    sentences: Callable[[str], list[str]],
-    content_words: Callable[[str], set[str]] | None,
-) -> RindHit | None:
-    """AttnWeightRAG.modifier: the first sentence holding a word whose RIND (attention normalised within the
-    sentence x entropy x sentence length) exceeds `threshold`; None when no word does.
-
-    `sentences(text)` splits as spaCy does (stripped, non-empty); `content_words(sentence)` gives the words
-    tagged NOUN, ADJ, VERB, PROPN or NUM (None: no real-words filter)."""
+def rind_values(
+    text: str, signals: RindSignals, sentences: Callable[[str], list[str]]
+) -> Iterator[tuple[int, list[str], int, int, list[float]]]:
+    """Each sentence's RIND values as modifier computes them: (sentence index, the sentences, first word, end
+    word, values), values = attention normalised within the sentence x mean entropy x the sentence's length."""
     words, weight = signals.words, signals.entropy
     split = sentences(text)
     tid = 0
@@ -132,11 +125,27 @@ def rind_check(
         attention = np.array(signals.attention[tl:tr])
         with np.errstate(invalid="ignore", divide="ignore"):
             attention = attention / sum(attention)
-        values = [float(attention[i - tl] * weight[i] * (tr - tl)) for i in range(tl, tr)]
+        yield sid, split, tl, tr, [float(attention[i - tl] * weight[i] * (tr - tl)) for i in range(tl, tr)]
+
+
+def rind_check(
+    text: str,
+    signals: RindSignals,
+    threshold: float,
+    sentences: Callable[[str], list[str]],
+    content_words: Callable[[str], set[str]] | None,
+) -> RindHit | None:
+    """AttnWeightRAG.modifier: the first sentence holding a word whose RIND value exceeds `threshold`; None when
+    no word does.
+
+    `sentences(text)` splits as spaCy does (stripped, non-empty); `content_words(sentence)` gives the words
+    tagged NOUN, ADJ, VERB, PROPN or NUM (None: no real-words filter)."""
+    words = signals.words
+    for sid, split, tl, tr, values in rind_values(text, signals, sentences):
         hit = [1 if v > threshold else 0 for v in values]
         if 1 in hit:
             if content_words is not None:
-                real = content_words(sentence)
+                real = content_words(split[sid])
                 hit = [h if _contains_content_word(words[tl + i], real) else 0 for i, h in enumerate(hit)]
             before = "" if sid == 0 else " ".join(split[:sid])
             return RindHit(before, list(words[tl:tr]), hit, values)

@@ -16,7 +16,7 @@ query later reads.
 from __future__ import annotations
 
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -172,17 +172,15 @@ def etc_signals(
     )
 
 
-def etc_check(
+def etc_values(
     signals: EtcSignals,
     new: Block,
     sentences: list[str],
-    threshold: float,
     tokens_to_string: Callable[[list[str]], str],
     use_attention: bool = True,
-    absolute: bool = False,
-) -> EtcHit | None:
-    """ETC.hallucination_check: the first word, sentence by sentence, whose value exceeds `threshold`.
-    value = attention within the sentence (normalised to its length) x mt_s2, or mt_s2 alone."""
+) -> Iterator[tuple[int, int, np.ndarray]]:
+    """Each sentence's values as hallucination_check computes them: (first word, end word, values), values =
+    attention within the sentence (normalised to its length) x mt_s2, or mt_s2 alone."""
     n_words = len(new.ranges)
     wid = 0
     for sentence in sentences:
@@ -200,9 +198,22 @@ def etc_check(
         if use_attention:
             weight = signals.max_atten[wl:wr]
             weight = weight * (wr - wl) / (weight.sum() + np.float32(1e-10))
-            value = weight.astype(np.float64) * trend
+            yield wl, wr, weight.astype(np.float64) * trend
         else:
-            value = trend
+            yield wl, wr, trend
+
+
+def etc_check(
+    signals: EtcSignals,
+    new: Block,
+    sentences: list[str],
+    threshold: float,
+    tokens_to_string: Callable[[list[str]], str],
+    use_attention: bool = True,
+    absolute: bool = False,
+) -> EtcHit | None:
+    """ETC.hallucination_check: the first word, sentence by sentence, whose value exceeds `threshold`."""
+    for wl, wr, value in etc_values(signals, new, sentences, tokens_to_string, use_attention):
         thres = (np.abs(value) if absolute else value) > threshold
         for i in range(wl, wr):
             if thres[i - wl]:

@@ -32,7 +32,7 @@ class PeerOutcome:
 
 def _dragin_signals(model: PeerModel, gen, costs: Costs) -> dragin.RindSignals:
     """RIND's inputs for a generation without its end token (their base-model text has none to strip)."""
-    n = len(gen.ids) - 1 if gen.ended else len(gen.ids)
+    n = gen.reply_len
     attention = model.last_layer_attention(gen.ids[:n], costs)
     return dragin.rind_signals(gen.pieces[:n], gen.ids[:n], gen.scores[:n], attention, model.space_token)
 
@@ -66,7 +66,7 @@ def run_dragin(
     while True:
         old_len = len(text)
         gen = model.generate(prompt_ids(model, question, config, [], text), max_len, costs)
-        ids = gen.ids[:-1] if gen.ended else gen.ids
+        ids = gen.reply_ids
         if not ids:
             break
         new_text = model.decode(ids)
@@ -116,17 +116,7 @@ def _concat(blocks: list[etc.Block]) -> etc.Block:
 def _block(model: PeerModel, text: str, plain: bool) -> etc.Block:
     ids = model.backend.tokenize(text, special=not plain) if text else []
     tokens = model.tokenizer.convert_ids_to_tokens(ids)
-    return etc.Block(text, tokens, etc.etc_word_ranges(tokens, model.space_token, _cannot_merge(model)))
-
-
-def _cannot_merge(model: PeerModel) -> set:
-    """Generator.tokens_cannot_merged: the token of each space or punctuation character, the space marker,
-    BOS and EOS."""
-    import string
-
-    tok = model.tokenizer
-    single = {tok.convert_ids_to_tokens(tok.encode("0" + ch)[-1:])[0] for ch in string.whitespace + string.punctuation}
-    return single | {model.space_token, tok.bos_token, tok.eos_token}
+    return etc.Block(text, tokens, model.etc_word_ranges(tokens))
 
 
 def run_etc(
@@ -148,12 +138,10 @@ def run_etc(
         blocks = _etc_blocks(model, question, config, text)
         prompt = [i for b in blocks for i in model.tokenizer.convert_tokens_to_ids(b.tokens)]
         gen = model.generate(prompt, max_len, costs, stop_newline=True)
-        tokens = gen.pieces[:-1] if gen.ended else gen.pieces
+        tokens = gen.pieces[: gen.reply_len]
         if len(gen.pieces) <= 1:
             break  # their "empty" generation
-        new = etc.Block(
-            model.tokens_to_string(tokens), tokens, etc.etc_word_ranges(tokens, model.space_token, _cannot_merge(model))
-        )
+        new = etc.Block(model.tokens_to_string(tokens), tokens, model.etc_word_ranges(tokens))
         all_blocks = [*blocks, new]
         attention = model.last_layer_attention(prompt + gen.ids, costs)
         new_text = model.decode(gen.ids[: len(tokens)])
@@ -176,7 +164,7 @@ def run_etc(
             docs = retrieve(arms, config, query, question, costs)
             kept = join_nonempty(text, model.tokens_to_string(new.tokens[: new.ranges[hit.start][0]]))
             regen = model.generate(prompt_ids(model, question, config, docs, kept), max_len, costs, stop_newline=True)
-            regen_ids = regen.ids[:-1] if regen.ended else regen.ids
+            regen_ids = regen.reply_ids
             new_sentence = nlp.top_sentence(model.decode(regen_ids))
             text = join_nonempty(kept, new_sentence)
             if regen.ended and len(new_sentence) >= len(model.decode(regen_ids).strip()):
@@ -191,20 +179,15 @@ def _sample_embeddings(model: PeerModel, prompt: list[int], samples: int, max_ne
     one's last token: one batched generate, then one forward pass per sample to read the state (counted)."""
     torch = model._torch
     torch.manual_seed(seed)
-    input_ids = torch.tensor([prompt], dtype=torch.long)
-    with torch.inference_mode():
-        out = model.model.generate(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new,
-            do_sample=True,
-            temperature=seakr.TEMPERATURE,
-            top_k=seakr.TOP_K,
-            top_p=seakr.TOP_P,
-            num_return_sequences=samples,
-            eos_token_id=model.eos_ids,
-            pad_token_id=model.eos_ids[0],
-        )
+    out = model.hf_generate(
+        prompt,
+        max_new,
+        do_sample=True,
+        temperature=seakr.TEMPERATURE,
+        top_k=seakr.TOP_K,
+        top_p=seakr.TOP_P,
+        num_return_sequences=samples,
+    )
     costs.prefilled += len(prompt)
     layer = model.model.config.num_hidden_layers // 2
     rows = []
@@ -274,7 +257,7 @@ def run_entropy_rule(
     costs = Costs()
     prompt = prompt_ids(model, question, config, [], prefix)
     gen = model.generate(prompt, config.max_tokens, costs)
-    n = len(gen.ids) - 1 if gen.ended else len(gen.ids)
+    n = gen.reply_len
     reply = model.decode(gen.ids[:n])
     if n == 0 or float(dragin.token_entropies(gen.scores[:n]).mean()) < threshold:
         return PeerOutcome(reply, costs, False)
