@@ -73,7 +73,8 @@ def _rind_peak(model: PeerModel, ids, pieces, scores, text: str, costs: Costs) -
 def _etc_peaks(model: PeerModel, question: str, config: Config, gen, costs: Costs) -> tuple[float, float]:
     """ETC's first generation stops at a line break: greedy, so it is the reply cut after its first "\\n".
     Returns the largest value etc_check compares (trend x attention) and the largest trend of any word."""
-    cut = next((i + 1 for i, p in enumerate(gen.pieces) if "Ċ" in p or "\n" in p), len(gen.ids))
+    # Each piece as text: "Ċ" on a byte-level tokenizer, "<0x0A>" or "\n" on others.
+    cut = next((i + 1 for i, p in enumerate(gen.pieces) if "\n" in model.tokens_to_string([p])), len(gen.ids))
     ids, pieces, scores = gen.ids[:cut], gen.pieces[:cut], gen.scores[:cut]
     ended = bool(ids) and ids[-1] in model.eos_ids
     tokens = pieces[:-1] if ended else pieces
