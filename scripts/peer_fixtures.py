@@ -39,6 +39,7 @@ PINS = {
         "d75fe707d22df4798794a8a8ae0040764e32b0d7",
         "vllm_uncertainty/vllm/engine/llm_engine.py",
     ),
+    "flare": ("jzbjyb+FLARE", "ec4b06b502b5ab54f3f9236b0112a5d28482e7bb", "src/templates.py"),
 }
 QUESTIONS = [
     "What is the capital of Burkina Faso?",
@@ -49,6 +50,10 @@ QUESTIONS = [
     "Which river flows through Vienna, and what is the population of the city?",
 ]
 DRAGIN_THRESHOLDS = (1.0, 6.0, 10.0)
+# FLARE's configs: look_ahead_filter_prob 0.8 (2wikihop) or 0.0 (wikiasp), look_ahead_mask_prob 0.4; 0.4 and
+# 0.1 for the theta sweep. Their look-ahead is 64 tokens (look_ahead_steps).
+FLARE_SETTINGS = ((0.8, 0.4), (0.4, 0.4), (0.1, 0.4), (0.0, 0.4))
+FLARE_LOOK_AHEAD = 64
 ETC_THRESHOLDS = (1.3, 4.0, 10.0)
 MAX_NEW = 40
 
@@ -192,6 +197,41 @@ def etc_cases(mod, backend, questions) -> list[dict]:
     return cases
 
 
+def load_flare(text: str) -> types.ModuleType:
+    """Their templates.py imports `.utils` (the OpenAI client) and tiktoken for what is not pinned here: stubs.
+    Its sentencizer is nltk's Punkt, untrained (ApiReturn.use_sentencizer = 'nltk'); nltk must be installed
+    for this script (pip install nltk), not for the tests."""
+    package = types.ModuleType("flare_src")
+    package.__path__ = []  # type: ignore[attr-defined]
+    utils = types.ModuleType("flare_src.utils")
+    utils.openai_api_call = utils.Utils = None  # type: ignore[attr-defined]
+    sys.modules.update({"flare_src": package, "flare_src.utils": utils, "tiktoken": types.ModuleType("tiktoken")})
+    module = load_module("flare_src.templates", text)
+    return module
+
+
+def flare_cases(mod, backend, questions) -> list[dict]:
+    """Our model's greedy 64-token look-ahead for each prompt, cut at their sentence boundary
+    (ApiReturn.truncate_at_boundary) and turned into a query (ApiReturn.use_as_query) at each setting."""
+    from surprisegate.research.evaluate import _decode
+
+    cases = []
+    for question in questions:
+        prompt = backend.tokenize(backend.chat_prompt([{"role": "user", "content": question}]), special=True)
+        tokens, probs, _ = _decode(backend, prompt, FLARE_LOOK_AHEAD)
+        pieces = [backend.token_bytes(t).decode("utf-8", "replace") for t in tokens]
+        offsets = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
+        look_ahead = mod.ApiReturn(prompt="", text="".join(pieces), tokens=pieces, probs=probs, offsets=offsets)
+        look_ahead.truncate_at_boundary("sentence")
+        n = len(look_ahead.tokens)
+        queries = [
+            {"theta": theta, "mask_below": mask, "query": look_ahead.use_as_query(low_prob=theta, mask_prob=mask)}
+            for theta, mask in FLARE_SETTINGS
+        ]
+        cases.append({"question": question, "pieces": pieces, "probs": probs, "sentence_tokens": n, "queries": queries})
+    return cases
+
+
 def seakr_cases(text: str) -> list[dict]:
     """_compute_eigen_score, taken out of their LLMEngine class as it is, on seeded embeddings."""
     import torch
@@ -211,11 +251,25 @@ def seakr_cases(text: str) -> list[dict]:
     return cases
 
 
+def only_cases(peer: str, mirror: Path, backend) -> list[dict]:
+    text = source(mirror, peer)
+    if peer == "dragin":
+        return dragin_cases(load_module("dragin_generate", text), backend, QUESTIONS)
+    if peer == "etc":
+        return etc_cases(load_module("etc_generate", text), backend, QUESTIONS)
+    if peer == "flare":
+        return flare_cases(load_flare(text), backend, QUESTIONS)
+    return seakr_cases(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mirror", type=Path, required=True)
     parser.add_argument("--model", default=None, help="a .gguf file (default: the embedded SmolLM2)")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--only", choices=sorted(PINS), default=None, help="recompute one peer's cases into the existing --out file"
+    )
     args = parser.parse_args()
     import spacy
     import torch
@@ -227,6 +281,14 @@ def main() -> None:
     backend.hf_model.set_attn_implementation("eager")
     backend.hf_model.generation_config.eos_token_id = sorted(backend.eos_token_ids)
     backend.hf_model.generation_config.pad_token_id = sorted(backend.eos_token_ids)[0]
+    if args.only:
+        fixture = json.loads(args.out.read_text())
+        fixture["pins"][args.only] = dict(zip(("repository", "commit", "path"), PINS[args.only], strict=True))
+        fixture["pins"][args.only]["repository"] = PINS[args.only][0].replace("+", "/")
+        fixture[args.only] = only_cases(args.only, args.mirror, backend)
+        args.out.write_text(json.dumps(fixture, indent=1) + "\n")
+        print(f"wrote {args.out}: {len(fixture[args.only])} {args.only} cases", file=sys.stderr)
+        return
     fixture = {
         "pins": {
             peer: {"repository": repo.replace("+", "/"), "commit": c, "path": p} for peer, (repo, c, p) in PINS.items()
@@ -236,7 +298,7 @@ def main() -> None:
         "max_new": MAX_NEW,
         "dragin": dragin_cases(load_module("dragin_generate", source(args.mirror, "dragin")), backend, QUESTIONS),
         "etc": etc_cases(load_module("etc_generate", source(args.mirror, "etc")), backend, QUESTIONS),
-        "seakr": seakr_cases(source(args.mirror, "seakr")),
+        **{peer: only_cases(peer, args.mirror, backend) for peer in ("seakr", "flare")},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(fixture, indent=1) + "\n")

@@ -24,7 +24,7 @@ from pathlib import Path
 from surprisegate.config import load_config
 from surprisegate.gate.receipts import read_receipts
 from surprisegate.progress import progress_callback
-from surprisegate.research.evaluate import FLARE_THETA, evaluate, summarise, trigger_efficiency
+from surprisegate.research.evaluate import FLARE_THETA, FlareSettings, evaluate, summarise, trigger_efficiency
 from surprisegate.runtime import build_arms, load_backend
 
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                 out / folder,
                 sample=args.sample,
                 progress=progress,
-                flare_theta=theta,
+                flare=FlareSettings(theta),
             )
         rows = [r for r in rows_of(out / folder, mode) if r["id"] in ids]
         points[label] = summarise(off + rows, ["off", mode])["modes"][mode]
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                     out / folder,
                     sample=args.sample,
                     progress=progress,
-                    flare_theta=theta,
+                    flare=FlareSettings(theta),
                     oracle_calls=budget,
                 )
             points[label] |= oracle_fields(summary["modes"], mode, budget)

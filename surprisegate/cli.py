@@ -655,9 +655,10 @@ def calibrate_labels(
     "--modes",
     default="off,detect,intervene",
     show_default=True,
-    help="Comma list of off,detect,intervene,always,flare,dragin,etc,etc-trend,seakr,entropy-rule,oracle (oracle: "
-    "ground exactly the items off got wrong, as many as intervene grounded or --oracle-calls; needs off; the peers "
-    "dragin, etc, etc-trend, seakr and entropy-rule need --backend transformers).",
+    help="Comma list of off,detect,intervene,always,flare,oracle and the peers dragin,etc,etc-trend,seakr,"
+    "entropy-rule,single-retrieval,fix-length-retrieval,fix-sentence-retrieval (oracle: ground exactly the items "
+    "off got wrong, as many as intervene grounded or --oracle-calls; needs off; the peers need --backend "
+    "transformers).",
 )
 @click.option(
     "--memory", default="none", show_default=True, help="Memory store for the memory arm ('none' = no memory)."
@@ -672,7 +673,19 @@ def calibrate_labels(
     default=0.4,
     show_default=True,
     type=float,
-    help="FLARE baseline: a token with probability below this triggers retrieval.",
+    help="FLARE baseline: a look-ahead token with probability at or below this triggers retrieval.",
+)
+@click.option(
+    "--flare-mask-below",
+    type=float,
+    default=None,
+    help="FLARE's query masks look-ahead tokens of probability at or below this (their configs: 0.4, with "
+    "--flare-theta 0.8); default: mask at --flare-theta, the reading of the README's earlier flare rows.",
+)
+@click.option(
+    "--flare-pre-retrieval",
+    is_flag=True,
+    help="FLARE retrieves with the question before the first sentence, as their configs do.",
 )
 @click.option(
     "--oracle-calls",
@@ -698,6 +711,8 @@ def eval_cmd(
     sample: int | None,
     out_dir: str,
     flare_theta: float,
+    flare_mask_below: float | None,
+    flare_pre_retrieval: bool,
     oracle_calls: int | None,
     peer_threshold: tuple[str, ...],
     as_json: bool,
@@ -705,14 +720,14 @@ def eval_cmd(
 ) -> None:
     """The A/B: accuracy, regressions, trigger rate, grounding calls, tokens and time per mode."""
     from .progress import progress_callback
-    from .research.evaluate import check_modes, evaluate
+    from .research.evaluate import FlareSettings, check_modes, evaluate
     from .research.labeling import read_items
     from .research.peers.modes import parse_thresholds
 
     read_items(data, 1)
     peer_thresholds = parse_thresholds(peer_threshold)
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
-    check_modes(mode_list, flare_theta, oracle_calls)  # before the model loads
+    check_modes(mode_list, flare_theta, oracle_calls, flare_mask_below)  # before the model loads
     runtime = assemble(resolve_layers(kwargs), memory, not no_tools, web_url, _say, intervene=False)
     config, thresholds = runtime.config, runtime.thresholds
     gated = [m for m in mode_list if m in ("intervene", "oracle")]
@@ -735,7 +750,7 @@ def eval_cmd(
             limit=limit,
             sample=sample,
             progress=progress,
-            flare_theta=flare_theta,
+            flare=FlareSettings(flare_theta, flare_mask_below, flare_pre_retrieval),
             oracle_calls=oracle_calls,
             peer_thresholds=peer_thresholds,
         )

@@ -1,4 +1,4 @@
-"""The peers (DRAGIN, ETC, SeaKR) held to numbers from their own code on our model.
+"""The peers (DRAGIN, ETC, SeaKR, FLARE) held to numbers from their own code on our model.
 
 tests/fixtures/peers/*.json were written by scripts/peer_fixtures.py, which runs the peers' functions from
 their repositories at pinned commits on the same dequantised GGUF. Our re-implementations
@@ -257,6 +257,64 @@ def test_etc_signals_checks_and_query_match_their_code(peer_model, case):
             assert query == check["query"]
 
 
+def _flare_cases():
+    return SMOLLM2["flare"]
+
+
+@pytest.mark.parametrize("case", _flare_cases(), ids=lambda c: c["question"][:30])
+def test_flare_query_matches_their_use_as_query(case):
+    """Their look-ahead, cut at their sentence boundary, then the query at each of their settings."""
+    from surprisegate.research.evaluate import FlareSettings, flare_query
+
+    n = case["sentence_tokens"]
+    for q in case["queries"]:
+        settings = FlareSettings(q["theta"], q["mask_below"])
+        assert flare_query(case["pieces"][:n], case["probs"][:n], settings) == q["query"], q
+
+
+@pytest.mark.parametrize("case", _flare_cases(), ids=lambda c: c["question"][:30])
+def test_flare_sentence_cut_matches_theirs(case):
+    """Our look-ahead stops where their truncate_at_boundary (nltk Punkt, 5 characters at least) cuts the whole
+    look-ahead: "the 50.5th state" is not cut after "50." (the first reading stopped there)."""
+    from surprisegate.research.evaluate import look_ahead_cut
+
+    pieces = case["pieces"]
+    cuts = [look_ahead_cut(pieces[:k]) for k in range(1, len(pieces) + 1)]
+    ours = next((c for c in cuts if c is not None), len(pieces))
+    assert ours == case["sentence_tokens"]
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["The", " cap", "ital", " is", " K", "ouil", "é", "."]), st.floats(0, 1)), min_size=1
+    ),
+    st.floats(0.01, 0.99),
+    st.floats(0, 0.99),
+)
+def test_flare_query_fires_only_on_a_low_token_and_masks_by_beta(tokens, theta, beta):
+    from surprisegate.research.evaluate import FlareSettings, flare_query
+
+    pieces, probs = [t for t, _ in tokens], [p for _, p in tokens]
+    query = flare_query(pieces, probs, FlareSettings(theta, beta))
+    if not any(p <= theta for p in probs):
+        assert query == ""
+    else:
+        kept = "".join(t if p > beta else " " for t, p in tokens).strip()
+        assert query == kept
+        assert all(t.strip() in query for t, p in tokens if p > beta)
+
+
+def test_flare_settings_record_only_what_is_set():
+    from surprisegate.research.evaluate import FlareSettings
+
+    assert FlareSettings(0.2).meta() == {"flare_theta": 0.2}  # the folders written before issue 43 still resume
+    assert FlareSettings(0.8, 0.4, True).meta() == {
+        "flare_theta": 0.8,
+        "flare_mask_below": 0.4,
+        "flare_pre_retrieval": True,
+    }
+
+
 # -- the modes: arguments and a whole run on the real model ---------------------------------------
 
 
@@ -269,6 +327,8 @@ def test_peer_thresholds_parse_and_refuse_clearly():
         parse_thresholds(["dragon=1"])
     with pytest.raises(InputError, match="not a number"):
         parse_thresholds(["etc=high"])
+    with pytest.raises(InputError, match="NAME=NUMBER"):  # the baselines have no trigger to set
+        parse_thresholds(["single-retrieval=1"])
 
 
 def test_peer_modes_refuse_a_backend_without_attention():
@@ -347,6 +407,50 @@ def test_seakr_rereads_samples_and_answers_with_the_surest_passage(peer_model, b
     assert "Ouagadougou" in out.reply
     quiet = run_seakr(peer_model.backend, question, config, burkina_memory, threshold=1e9, samples=3)
     assert not quiet.triggered and quiet.costs.retrievals == 0
+
+
+@pytest.mark.slow
+def test_dragin_baselines_retrieve_on_their_schedule(peer_model, burkina_memory):
+    """SR-RAG retrieves once with the question; FS-RAG before every sentence, FL-RAG before every stretch, each
+    with the question first and then with the stretch it kept last (their FixLengthRAG after issue #10's fix)."""
+    from surprisegate.config import Config
+    from surprisegate.research.peers import nlp
+    from surprisegate.research.peers.run import run_fixed_retrieval, run_single_retrieval
+
+    config = Config(system_prompt="", max_tokens=40)
+    question = "What is the capital of Burkina Faso?"
+    single = run_single_retrieval(peer_model.backend, question, config, burkina_memory)
+    assert single.triggered and single.costs.queries == [question]
+    assert "Ouagadougou" in single.reply  # the memory's passage reached the prompt
+
+    by_sentence = run_fixed_retrieval(peer_model.backend, question, config, burkina_memory, fix_length=None)
+    kept = nlp.sentences(by_sentence.reply)
+    assert by_sentence.costs.queries[0] == question
+    assert by_sentence.costs.queries[1:] == kept[: len(by_sentence.costs.queries) - 1]
+
+    by_length = run_fixed_retrieval(peer_model.backend, question, config, burkina_memory, fix_length=6)
+    assert by_length.costs.retrievals >= 2 and by_length.costs.queries[0] == question
+    for query in by_length.costs.queries[1:]:
+        assert query and query in by_length.reply and len(peer_model.encode_plain(query)) <= 7
+    # every stretch re-sends the whole prompt with its passages
+    assert by_length.costs.prefilled > by_length.costs.retrievals * 20
+
+
+@pytest.mark.slow
+def test_flare_with_their_settings_retrieves_first_then_only_on_a_low_token(peer_model, burkina_memory):
+    """Their configs retrieve with the question before the first sentence; the greedy Burkina reply has no
+    token at or under 0.1 (the fixture), so without that first retrieval nothing is retrieved."""
+    from surprisegate.config import Config
+    from surprisegate.research.evaluate import CountingArm, FlareSettings, run_flare
+
+    config = Config(system_prompt="", max_tokens=40)
+    question = "What is the capital of Burkina Faso?"
+    arms = {name: CountingArm(arm) for name, arm in burkina_memory.items()}
+    first = run_flare(peer_model.backend, question, config, arms, "", FlareSettings(0.1, 0.4, pre_retrieval=True))
+    assert first.grounding_calls == 1 and "Ouagadougou" in first.reply
+    arms = {name: CountingArm(arm) for name, arm in burkina_memory.items()}
+    quiet = run_flare(peer_model.backend, question, config, arms, "", FlareSettings(0.1, 0.4))
+    assert quiet.grounding_calls == 0 and not quiet.triggered and "Kouil" in quiet.reply
 
 
 def test_several_passages_are_one_evidence_segment_without_numbering():

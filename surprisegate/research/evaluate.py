@@ -17,6 +17,9 @@ Modes
              EigenScore over sampled answers with its passage re-ranking; entropy-rule, the question-level
              mean-entropy rule (Moskvoretskii et al. 2025). They re-send the whole prompt on every
              generation; --backend transformers (attention, hidden states)
+  single-retrieval, fix-length-retrieval, fix-sentence-retrieval
+             DRAGIN's own cheap baselines (SR-RAG, FL-RAG, FS-RAG): retrieve once with the question; or
+             before every stretch of 16 tokens, or every sentence, with the last stretch as the query
   oracle     the gate's intervene path forced to ground at its first eligible window on exactly the items
              `off` got wrong (a seeded choice among them when the budget is smaller), never on others; the
              budget is the number of replies `intervene` grounded, or --oracle-calls. Runs after the other
@@ -46,7 +49,7 @@ from ..gate.loop import generate
 from ..gate.prompting import PromptLayout, chat_messages
 from ..gate.receipts import ReceiptWriter, read_receipts
 from ..gate.router import route
-from ..text import ends_sentence
+from ..text import ends_sentence, sentence_end
 from .grading import grade
 from .labeling import guard_resume, prompt_for, read_items
 from .longform import grade_claims, is_longform, score_claims
@@ -71,6 +74,40 @@ class CountingArm:
         return self.arm.ground(query, deadline)
 
 
+@dataclass(frozen=True)
+class FlareSettings:
+    """FLARE's knobs. theta: a look-ahead sentence with a token of probability <= theta triggers retrieval.
+    mask_below: their reading (jzbjyb/FLARE configs: theta 0.8, mask 0.4): the query masks tokens of
+    probability <= it, each replaced by a space as their `use_as_query` does, and a look-ahead sentence ends
+    where the character after its stop confirms it, as their cut of the whole look-ahead does. None: the
+    reading this project ran before issue 43 (the README's earlier flare rows): mask at theta, drop the
+    masked tokens, stop at the first stop. pre_retrieval: retrieve with the question before the first
+    sentence (their configs' look_ahead_pre_retrieval "first")."""
+
+    theta: float = FLARE_THETA
+    mask_below: float | None = None
+    pre_retrieval: bool = False
+
+    @property
+    def theirs(self) -> bool:
+        return self.mask_below is not None
+
+    def meta(self) -> dict:
+        """For eval_config.json: theta always (older folders have only it), the rest when set."""
+        extra = {"flare_mask_below": self.mask_below} if self.mask_below is not None else {}
+        return {"flare_theta": self.theta, **extra, **({"flare_pre_retrieval": True} if self.pre_retrieval else {})}
+
+
+def flare_query(pieces: Sequence[str], probs: Sequence[float], settings: FlareSettings) -> str:
+    """The look-ahead as a query, "" when no token is at or under theta (their ApiReturn.use_as_query; as theirs,
+    theta 0 filters nothing: every look-ahead is a query)."""
+    if settings.theta and not any(p <= settings.theta for p in probs):
+        return ""
+    if settings.mask_below is None:
+        return "".join("" if p <= settings.theta else t for t, p in zip(pieces, probs, strict=True)).strip()
+    return "".join(t if p > settings.mask_below else " " for t, p in zip(pieces, probs, strict=True)).strip()
+
+
 @dataclass
 class Outcome:
     reply: str
@@ -84,10 +121,23 @@ class Outcome:
 # ------------------------------------------------------------------------------------------------
 # baselines that need their own decoding loop
 # ------------------------------------------------------------------------------------------------
+def look_ahead_cut(pieces: Sequence[str]) -> int | None:
+    """How many of a look-ahead's pieces make its first sentence, once the character after the stop has come
+    ("50." followed by "5" is not an end; their nltk cut sees the whole look-ahead); None while open."""
+    text = "".join(pieces)
+    end = sentence_end(text)
+    if end is None:
+        return None
+    stop_len = len(text[:end].rstrip())
+    return next(k for k in range(1, len(pieces) + 1) if len("".join(pieces[:k])) >= stop_len)
+
+
 def _decode(
-    backend, prompt_tokens: list[int], max_tokens: int, stop_at_sentence: bool = False
+    backend, prompt_tokens: list[int], max_tokens: int, stop_at_sentence: bool = False, confirm_stop: bool = False
 ) -> tuple[list[int], list[float], str]:
-    """Greedy decode in a fresh session; returns (tokens, probabilities, text)."""
+    """Greedy decode in a fresh session; returns (tokens, probabilities, text). stop_at_sentence stops at the
+    first sentence end; confirm_stop waits for the character after it (look_ahead_cut), and the token that
+    confirmed it is decoded but not returned."""
     session = backend.session()
     tokens, probs, pieces = [], [], []
     steps = session.steps(prompt_tokens, Sampling())
@@ -99,7 +149,12 @@ def _decode(
             probs.append(2.0**-step.surprise)
             pieces.append(step.piece)
             text = b"".join(pieces).decode("utf-8", "replace")
-            if stop_at_sentence and ends_sentence(text) and len(text.strip()) > 1:
+            if stop_at_sentence and confirm_stop:
+                cut = look_ahead_cut([p.decode("utf-8", "replace") for p in pieces])
+                if cut is not None and len(text.strip()) > 1:
+                    tokens, probs, pieces = tokens[:cut], probs[:cut], pieces[:cut]
+                    break
+            elif stop_at_sentence and ends_sentence(text) and len(text.strip()) > 1:
                 break
     finally:
         steps.close()
@@ -128,48 +183,59 @@ def run_always(backend, question: str, config: Config, arms: Mapping[str, Counti
     return Outcome(text, sum(a.calls for a in arms.values()), True, len(tokens), len(prompt))
 
 
+def _flare_ground(
+    arms, config: Config, masked: str, question: str, accepted: str, by_sentence: bool
+) -> Evidence | None:
+    r = route(masked, question, accepted)
+    # A paragraph: ask about the sentence with its subject named, as the gate does.
+    subject = subject_of(question) if by_sentence else ""
+    asked = f"{subject}: {masked}" if by_sentence else question
+    q = Query(span=masked, question=asked, sentence=masked, span_class=r.span_class, subject=subject)
+    found, _ = ground_round(
+        arms,
+        arm_order(config, r.span_class, arms),
+        q,
+        time.monotonic() + config.round_deadline_s,
+        margin=config.arbitration_margin,
+    )
+    return found
+
+
 def run_flare(
     backend,
     question: str,
     config: Config,
     arms: Mapping[str, CountingArm],
     prefix: str = "",
-    theta: float = FLARE_THETA,
+    settings: FlareSettings = FlareSettings(),
 ) -> Outcome:
+    """Sentence by sentence: decode a look-ahead; if flare_query gives a query, ground it and regenerate the
+    sentence with the evidence, re-sending the whole prompt. (Their loop decodes every sentence again after its
+    look-ahead; greedy on an unchanged prompt that is the same sentence, so it is kept, not re-decoded.)"""
     layout = PromptLayout.from_template(backend.chat_prompt, chat_messages(question, config.system_prompt))
     accepted, accepted_tokens = prefix, 0
     evidence: Evidence | None = None
     decoded = prefilled = retrievals = 0
     triggered = False
+    if settings.pre_retrieval:
+        evidence = _flare_ground(arms, config, question, question, "", by_sentence=False)
     while accepted_tokens < config.max_tokens:
         budget = config.max_tokens - accepted_tokens
         prompt = _prompt_tokens(backend, layout, evidence, config, accepted)
-        tokens, probs, sentence = _decode(backend, prompt, budget, stop_at_sentence=True)
+        tokens, probs, sentence = _decode(backend, prompt, budget, True, settings.theirs)
         decoded += len(tokens)
         prefilled += len(prompt)
-        low = [i for i, p in enumerate(probs) if p < theta]
-        if low and retrievals < (config.paragraph_rounds if config.sentence_scope else config.max_rounds):
+        pieces = [backend.token_bytes(t).decode("utf-8", "replace") for t in tokens]
+        masked = flare_query(pieces, probs, settings)
+        if masked and retrievals < (config.paragraph_rounds if config.sentence_scope else config.max_rounds):
             triggered = True
             retrievals += 1
-            pieces = [backend.token_bytes(t).decode("utf-8", "replace") for t in tokens]
-            masked = "".join("" if i in low else piece for i, piece in enumerate(pieces)).strip()
-            r = route(masked, question, accepted)
-            # A paragraph: ask about the sentence with its subject named, as the gate does.
-            subject = subject_of(question) if config.sentence_scope else ""
-            asked = f"{subject}: {masked}" if config.sentence_scope else question
-            q = Query(span=masked, question=asked, sentence=masked, span_class=r.span_class, subject=subject)
-            found, _ = ground_round(
-                arms,
-                arm_order(config, r.span_class, arms),
-                q,
-                time.monotonic() + config.round_deadline_s,
-                margin=config.arbitration_margin,
-            )
+            found = _flare_ground(arms, config, masked, question, accepted, config.sentence_scope)
             if found:
                 # Regenerate the sentence from scratch: FLARE re-sends the whole prompt with the evidence.
                 evidence = found
                 prompt = _prompt_tokens(backend, layout, evidence, config, accepted)
-                tokens, probs, sentence = _decode(backend, prompt, budget, stop_at_sentence=True)
+                tokens, probs, sentence = _decode(backend, prompt, budget, True, settings.theirs)
                 decoded += len(tokens)
                 prefilled += len(prompt)
         accepted += sentence
@@ -207,13 +273,22 @@ def always_config(config: Config) -> Config:
     )
 
 
-def check_modes(modes: Sequence[str], flare_theta: float = FLARE_THETA, oracle_calls: int | None = None) -> None:
+def check_modes(
+    modes: Sequence[str],
+    flare_theta: float = FLARE_THETA,
+    oracle_calls: int | None = None,
+    flare_mask_below: float | None = None,
+) -> None:
     """Refuse unknown modes and an oracle without `off` or without a budget, before anything is decoded."""
     for m in modes:
         if m not in MODES:
             raise InputError(f"--modes contains {m!r}; use any of {', '.join(MODES)}")
     if not 0.0 < flare_theta < 1.0:
         raise InputError(f"--flare-theta={flare_theta!r} is not a probability in (0, 1); FLARE's paper uses 0.4-0.8")
+    if flare_mask_below is not None and not 0.0 <= flare_mask_below < 1.0:
+        raise InputError(
+            f"--flare-mask-below={flare_mask_below!r} is not a probability in [0, 1); FLARE's configs use 0.4"
+        )
     if oracle_calls is not None and oracle_calls < 0:
         raise InputError(
             f"--oracle-calls={oracle_calls!r} is negative; pass how many replies the oracle may ground, "
@@ -340,7 +415,7 @@ def run_mode(
     item: dict,
     config: Config,
     arms: Mapping[str, Arm],
-    flare_theta: float = FLARE_THETA,
+    flare: FlareSettings = FlareSettings(),
     peer_thresholds: Mapping[str, float] | None = None,
 ) -> Outcome:
     question, prefix = prompt_for(item)
@@ -365,7 +440,7 @@ def run_mode(
     if mode == "always":
         return run_always(backend, question, config, counted, prefix)
     if mode == "flare":
-        return run_flare(backend, question, config, counted, prefix, theta=flare_theta)
+        return run_flare(backend, question, config, counted, prefix, flare)
     if mode in PEER_MODES:
         peer = run_peer(mode, backend, question, config, counted, prefix, peer_thresholds)
         calls = sum(a.calls for a in counted.values())
@@ -384,11 +459,11 @@ def evaluate(
     sample: int | None = None,
     seed: int = 0,
     progress: Callable[[int, int, str], None] | None = None,
-    flare_theta: float = FLARE_THETA,
+    flare: FlareSettings = FlareSettings(),
     oracle_calls: int | None = None,
     peer_thresholds: Mapping[str, float] | None = None,
 ) -> dict:
-    check_modes(modes, flare_theta, oracle_calls)
+    check_modes(modes, flare.theta, oracle_calls, flare.mask_below)
     check_backend_modes(modes, backend)
     items = read_items(data, limit)
     if sample and sample < len(items):
@@ -402,7 +477,7 @@ def evaluate(
         "config": config.to_dict(),
         "model": backend.model_id,
         "arms": sorted(arms),
-        "flare_theta": flare_theta,
+        **flare.meta(),
     }
     if any(m in PEER_MODES for m in modes):
         meta["peer_thresholds"] = dict(sorted((peer_thresholds or {}).items()))
@@ -432,7 +507,7 @@ def evaluate(
 
     def run(item: dict, mode: str) -> dict:
         started = time.monotonic()
-        return _row(item, mode, run_mode(mode, backend, item, config, arms, flare_theta, peer_thresholds), started)
+        return _row(item, mode, run_mode(mode, backend, item, config, arms, flare, peer_thresholds), started)
 
     for item, mode in todo:
         writer.append(run(item, mode))

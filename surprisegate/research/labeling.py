@@ -107,7 +107,7 @@ REPLY_KEYS = ("backend", "model", "system_prompt", "max_tokens", "temperature", 
 # (an old folder without top logprobs would give `calibrate --top-k` rows it cannot use).
 LABEL_KEYS = REPLY_KEYS + ("top_logprobs",)
 # What a run folder records beside the config, compared when present.
-_RUN_KEYS = ("data", "model", "arms", "flare_theta")
+_RUN_KEYS = ("data", "model", "arms", "flare_theta", "flare_mask_below", "flare_pre_retrieval")
 
 
 def guard_resume(path: Path, meta: dict, compare: tuple[str, ...] | None = None) -> None:

@@ -7,9 +7,20 @@ from functools import partial
 from typing import Any
 
 from ...errors import InputError
-from .run import PeerOutcome, run_dragin, run_entropy_rule, run_etc, run_seakr
+from .run import (
+    FIX_LENGTH,
+    PeerOutcome,
+    run_dragin,
+    run_entropy_rule,
+    run_etc,
+    run_fixed_retrieval,
+    run_seakr,
+    run_single_retrieval,
+)
 
-PEER_MODES = ("dragin", "etc", "etc-trend", "seakr", "entropy-rule")
+# DRAGIN's own cheap baselines (SR-RAG, FL-RAG, FS-RAG under their method names) retrieve without a trigger.
+BASELINE_MODES = ("single-retrieval", "fix-length-retrieval", "fix-sentence-retrieval")
+PEER_MODES = ("dragin", "etc", "etc-trend", "seakr", "entropy-rule", *BASELINE_MODES)
 # Defaults from their own configs: DRAGIN 1.0 (0.6-1.5 across theirs), ETC 1.3 (config.json), SeaKR -6.0.
 # The entropy rule has no published value for this model; 1.5 nats is a placeholder to tune.
 DEFAULT_THRESHOLDS = {"dragin": 1.0, "etc": 1.3, "etc-trend": 1.3, "seakr": -6.0, "entropy-rule": 1.5}
@@ -27,6 +38,12 @@ def _runner(mode: str) -> Callable[..., PeerOutcome]:
         return partial(run_seakr, samples=SEAKR_SAMPLES)
     if mode == "entropy-rule":
         return run_entropy_rule
+    if mode == "single-retrieval":
+        return run_single_retrieval
+    if mode == "fix-length-retrieval":
+        return partial(run_fixed_retrieval, fix_length=FIX_LENGTH)
+    if mode == "fix-sentence-retrieval":
+        return partial(run_fixed_retrieval, fix_length=None)
     raise InputError(f"--modes contains {mode!r}; the peers are {', '.join(PEER_MODES)}")
 
 
@@ -39,7 +56,7 @@ def run_peer(
     prefix: str = "",
     thresholds: Mapping[str, float] | None = None,
 ) -> PeerOutcome:
-    threshold = (thresholds or {}).get(mode, DEFAULT_THRESHOLDS[mode])
+    threshold = (thresholds or {}).get(mode, DEFAULT_THRESHOLDS.get(mode, 0.0))
     return _runner(mode)(backend, question, config, arms, prefix, threshold=threshold)
 
 
@@ -48,9 +65,9 @@ def parse_thresholds(values: list[str] | tuple[str, ...]) -> dict[str, float]:
     out: dict[str, float] = {}
     for value in values:
         name, sep, number = value.partition("=")
-        if not sep or name not in PEER_MODES:
+        if not sep or name not in DEFAULT_THRESHOLDS:
             raise InputError(
-                f"--peer-threshold={value!r} is not NAME=NUMBER with NAME one of {', '.join(PEER_MODES)}; "
+                f"--peer-threshold={value!r} is not NAME=NUMBER with NAME one of {', '.join(DEFAULT_THRESHOLDS)}; "
                 "e.g. --peer-threshold dragin=0.8"
             )
         try:
@@ -60,4 +77,4 @@ def parse_thresholds(values: list[str] | tuple[str, ...]) -> dict[str, float]:
     return out
 
 
-__all__ = ["DEFAULT_THRESHOLDS", "PEER_MODES", "PeerOutcome", "parse_thresholds", "run_peer"]
+__all__ = ["BASELINE_MODES", "DEFAULT_THRESHOLDS", "PEER_MODES", "PeerOutcome", "parse_thresholds", "run_peer"]

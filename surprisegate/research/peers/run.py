@@ -21,6 +21,8 @@ from .common import Costs, PeerModel, join_nonempty, prompt_ids, retrieve
 
 DRAGIN_THRESHOLD = 1.0  # their configs use 0.6-1.5 per model and data set; tuned here on a dev half
 QFS_KEEP_TOP_K = 35  # retrieve_keep_top_k of their HotpotQA configs (25-40 across configs)
+# FL-RAG's stretch: their FL-RAG configs set no `fix_length` (the code reads one), so the length is ours.
+FIX_LENGTH = 16
 
 
 @dataclass
@@ -266,3 +268,53 @@ def run_entropy_rule(
         return PeerOutcome(reply, costs, True)
     again = model.generate(prompt_ids(model, question, config, docs, prefix), config.max_tokens, costs)
     return PeerOutcome(model.decode(again.ids), costs, True)
+
+
+def run_single_retrieval(
+    backend: Any, question: str, config: Config, arms: Mapping[str, Any], prefix: str = "", threshold: float = 0.0
+) -> PeerOutcome:
+    """DRAGIN's SR-RAG baseline (SingleRAG.inference): retrieve with the question, answer once with the passages.
+    `threshold` is unused (every question retrieves); it keeps the peers' one signature."""
+    model = PeerModel(backend)
+    costs = Costs()
+    docs = retrieve(arms, config, question, question, costs)
+    gen = model.generate(prompt_ids(model, question, config, docs, prefix), config.max_tokens, costs)
+    return PeerOutcome(model.decode(gen.reply_ids), costs, True)
+
+
+def run_fixed_retrieval(
+    backend: Any,
+    question: str,
+    config: Config,
+    arms: Mapping[str, Any],
+    prefix: str = "",
+    threshold: float = 0.0,
+    fix_length: int | None = None,
+) -> PeerOutcome:
+    """DRAGIN's FL-RAG and FS-RAG baselines (FixLengthRAG.inference): before every stretch retrieve (with the
+    question first, then with the last stretch), re-send the whole prompt with the passages and the text so far,
+    and keep `fix_length` new tokens (FL-RAG) or the first new sentence (FS-RAG, fix_length None). Their stops:
+    the text is over the length budget, stopped growing, or says "the answer is"; and, for a chat model, the
+    generation ended at its end token with nothing of it left unkept."""
+    model = PeerModel(backend)
+    costs = Costs()
+    text, query = prefix, question
+    while True:
+        old_len = len(text)
+        docs = retrieve(arms, config, query, question, costs)
+        gen = model.generate(prompt_ids(model, question, config, docs, text), fix_length or config.max_tokens, costs)
+        new_text = model.decode(gen.reply_ids).strip()
+        if fix_length is None:
+            sentences = nlp.sentences(new_text)
+            if not sentences:
+                break
+            new_text = sentences[0]
+            whole = len(sentences) == 1
+        else:
+            whole = True
+        text, query = join_nonempty(text, new_text), new_text
+        if gen.ended and whole:
+            break  # a chat model's reply is over at its end token
+        if len(model.encode_plain(text)) > config.max_tokens or len(text) <= old_len or "the answer is" in text:
+            break
+    return PeerOutcome(text[len(prefix) :].strip() if prefix else text, costs, True)
