@@ -3,7 +3,11 @@ and prefilled and wall time from one eval folder, with each trigger's detection 
 an exact McNemar test of the gate against each peer on the same items.
 
     .venv/bin/python scripts/peer_table.py results/peers/smollm2/factqa_eval \\
-        --signals results/peers/smollm2/factqa_signals/summary.json
+        --signals results/peers/smollm2/factqa_signals/summary.json \\
+        [--extra "flare theirs θ=0.8=results/peers/smollm2/factqa_flare_theirs_0.8:flare" ...]
+
+--extra LABEL=FOLDER:MODE adds one mode of another eval folder over the same items (a run with settings the
+main folder cannot hold, e.g. FLARE as their configs run it) as a row named LABEL.
 """
 
 from __future__ import annotations
@@ -25,6 +29,15 @@ SIGNAL_OF = {
 }
 
 
+def parse_extra(spec: str) -> tuple[str, Path, str]:
+    """'LABEL=FOLDER:MODE' -> (LABEL, FOLDER, MODE); the label may hold '=' (θ=0.8), the folder may not."""
+    head, _, mode = spec.rpartition(":")
+    label, _, folder = head.rpartition("=")
+    if not (label and folder and mode):
+        raise SystemExit(f"--extra {spec!r} is not LABEL=FOLDER:MODE, e.g. 'flare theirs=results/x:flare'")
+    return label, Path(folder), mode
+
+
 def mcnemar_p(gate_only: int, peer_only: int) -> float:
     """Exact two-sided McNemar: the binomial probability of a split at least this uneven of the discordant pairs."""
     n = gate_only + peer_only
@@ -44,9 +57,12 @@ def rows_by_mode(folder: Path) -> dict[str, dict[str, dict]]:
     return out
 
 
-def table(folder: Path, signals: dict | None) -> tuple[list[str], dict]:
+def table(folder: Path, signals: dict | None, extras: list[tuple[str, Path, str]] = ()) -> tuple[list[str], dict]:
     summary = json.loads((folder / "summary.json").read_text())
     rows = rows_by_mode(folder)
+    for label, other, mode in extras:
+        summary["modes"][label] = json.loads((other / "summary.json").read_text())["modes"][mode]
+        rows[label] = rows_by_mode(other)[mode]
     gate = rows.get(GATE, {})
     lines = [
         "| method | n | accuracy | regressions | retrieval calls | tokens decoded | tokens prefilled | wall s | "
@@ -57,7 +73,7 @@ def table(folder: Path, signals: dict | None) -> tuple[list[str], dict]:
     for mode, s in summary["modes"].items():
         if mode == "detect":
             continue
-        sig = (signals or {}).get("signals", {}).get(SIGNAL_OF.get(mode, ""), {})
+        sig = (signals or {}).get("signals", {}).get(SIGNAL_OF.get(mode.split(" ")[0], ""), {})
         auroc = f"{sig.get('auroc_A', '–')} / {sig.get('auroc_B', '–')}" if sig else "–"
         versus = "–"
         if mode != GATE and gate and mode in rows:
@@ -102,9 +118,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path)
     ap.add_argument("--signals", type=Path, default=None)
+    ap.add_argument("--extra", action="append", default=[], help="LABEL=FOLDER:MODE (repeatable)")
     args = ap.parse_args()
     signals = json.loads(args.signals.read_text()) if args.signals else None
-    lines, out = table(args.folder, signals)
+    lines, out = table(args.folder, signals, [parse_extra(e) for e in args.extra])
     (args.folder / "field.md").write_text("\n".join(lines) + "\n")
     plot(out, args.folder / "field.png", args.folder.name)
     print("\n".join(lines))

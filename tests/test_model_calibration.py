@@ -35,6 +35,10 @@ def test_calibrate_model_labels_the_set_and_writes_a_calibration_it_finds(tmp_pa
     config = load_config(env={}, calibration_file=path)
     assert config.threshold == result["report"]["chosen"]["threshold"]
     assert config.signal == result["report"]["chosen"]["signal"]
+    # The rule was chosen on a held-back half (here: 40 replies hold too few of a class to judge another).
+    choice = json.loads(Path(record["rule_choice"]).read_text())
+    assert record["rule_from"] == choice["from"] and choice["from"].startswith("the shipped rule")
+    assert config.signal == choice["rule"]["signal"] and config.window == choice["rule"]["window"]
     # Resumable: a longer run labels only the new items, and calibrates on all of them.
     again = calibrate_model(backend, Config(), limit=45, bootstrap=10)
     assert (again["labels"]["already_done"], again["labels"]["labelled_now"]) == (40, 5)

@@ -1,7 +1,8 @@
 """`calibrate --backend`: a model's own calibration in one command (model_calibrations.py picks it up).
 
-Label the packaged calibration set through the model (labeling.py, resumable), fit per-kind thresholds for
-the shipped rule on the signals it gives (threshold_sweep.py), and, for a model that gives its hidden
+Label the packaged calibration set through the model (labeling.py, resumable), choose the window rule (the
+shipped one unless another is reliably better on a held-back half of the labels: rule_choice.py), fit its
+per-kind thresholds on the signals it gives (threshold_sweep.py), and, for a model that gives its hidden
 states, fit and judge its own trigger probe on the same labels (probe_fit.py). One TOML file records the
 thresholds and how they and the probe were measured, and the wall time of the whole command.
 """
@@ -23,7 +24,8 @@ from ..paths import home
 from .labeling import iter_labels, read_items
 from .labeling import label as label_items
 from .probe_fit import StateRecorder, candidate_layers, fit_model_probe
-from .threshold_sweep import MIN_KIND_ITEMS, MIN_PRECISION, calibrate
+from .rule_choice import choose_rule
+from .threshold_sweep import MIN_KIND_ITEMS, MIN_PRECISION, calibrate, load_items
 
 LABEL_MAX_TOKENS = 32  # as the labels behind the shipped defaults: a reply is graded on its first sentence
 # Fit thresholds for the rule the 2486 dev labels chose: on 400 items the rules' CV AUROCs lie within noise, and
@@ -96,6 +98,11 @@ def calibrate_model(
                     progress=probe_label_progress,
                     recorder=recorder,
                 )
+    signals_top_k = None if from_rows else top_k
+    progress("choosing the window rule on a held-back half of the labels ...")
+    choice = choose_rule(load_items([work / "labels"], signals_top_k, ids), MODEL_RULE, MODEL_KIND_MIN_ITEMS)
+    (work / "rule_choice.json").write_text(json.dumps(choice, indent=2))
+    progress(f"rule: {choice['from']}")
     report = calibrate(
         [work / "labels"],
         work / "config.toml",
@@ -104,9 +111,9 @@ def calibrate_model(
         objective=objective,
         min_precision=min_precision,
         progress=progress,
-        top_k=None if from_rows else top_k,
+        top_k=signals_top_k,
         only=ids,
-        fixed_rule=MODEL_RULE,
+        fixed_rule=choice["rule"],
         kind_min_items=MODEL_KIND_MIN_ITEMS,
     )
     report["top_k"] = top_k
@@ -128,6 +135,7 @@ def calibrate_model(
         )
         (work / "probe_fit.json").write_text(json.dumps(probe, indent=2))
     record = calibration_record(backend, label_config, report, stem, work, limit)
+    record |= {"rule_from": choice["from"], "rule_choice": str(work / "rule_choice.json")}
     record |= probe_record(probe, work)
     record |= {"seconds": round(time.monotonic() - started, 1), "seconds_labels_and_thresholds": round(labelled_s, 1)}
     model_calibrations.write(target, calibrated, record)
@@ -188,7 +196,6 @@ def calibration_record(backend, config: Config, report: dict, stem: str, work: P
         "wrong": report["wrong"],
         "calibration_set": model_calibrations.CALIBRATION_SET + (f" (first {limit})" if limit else ""),
         "rule": f"{chosen['signal']} {chosen['statistic']} W={chosen['window']} min_tokens={chosen['min_tokens']}",
-        "rule_from": "the shipped defaults (MODEL_RULE); thresholds fitted here",
         "per_kind": bool(chosen.get("per_kind")),
         "kinds_with_own_threshold": len(report["per_kind"]["kind_thresholds"]) if chosen.get("per_kind") else 0,
         "min_kind_items": report["per_kind"]["min_kind_items"],
