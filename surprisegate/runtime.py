@@ -153,7 +153,8 @@ def load_backend(config: Config) -> Backend:
 
 def tap_probe_layer(backend: Backend, config: Config) -> None:
     """Give the backend the hidden states the config's trigger probe reads (an in-process llama.cpp model with
-    one session); where it cannot, the window rule triggers alone and the receipt's `probe` is null."""
+    one session, or a transformers model); where it cannot, the window rule triggers alone and the receipt's
+    `probe` is null."""
     from .backends import Tappable
     from .gate.probe import resolve_probe
 
@@ -164,8 +165,8 @@ def tap_probe_layer(backend: Backend, config: Config) -> None:
         backend.tap_layer(probe.layer)
     elif config.probe != "auto":  # asked for by path: say why it is not used ('auto' falls back quietly)
         logging.getLogger(__name__).warning(
-            "probe=%r needs the model's hidden states, which only an in-process llama.cpp model with sessions=1 "
-            "gives; the window rule triggers alone (set probe = 'off' to silence this)",
+            "probe=%r needs the model's hidden states, which only an in-process model (llama.cpp with "
+            "sessions=1, or transformers) gives; the window rule triggers alone (set probe = 'off' to silence this)",
             config.probe,
         )
 

@@ -237,3 +237,45 @@ def _rss_mib() -> float | None:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     except OSError:
         return None
+
+
+@pytest.mark.slow
+def test_a_tapped_layer_reads_what_llama_cpp_taps_and_leaves_the_logits_alone(backend):
+    """The trigger probe fitted on llama.cpp's l_out-17 reads hidden_states[18] here: the same residual stream
+    of the same (dequantised) weights, so the same direction, up to llama.cpp's quantised matmuls."""
+    from surprisegate.backends.capabilities import HiddenStates, PausableTap, Tappable
+    from surprisegate.backends.llamacpp import from_llamacpp
+
+    pytest.importorskip("llama_cpp")
+    tapped = from_transformers()
+    assert isinstance(tapped, Tappable) and isinstance(tapped, HiddenStates) and isinstance(tapped, PausableTap)
+    with pytest.raises(InputError, match="layers 0..29"):
+        tapped.tap_layer(30)
+    tapped.tap_layer(17)
+    prompt = prompt_tokens(tapped)
+    backend.reset()
+    want_tokens, want_logits = greedy(backend, backend.append(prompt).copy(), 8)
+    logits = tapped.append(prompt).copy()
+    states, tokens = [], []
+    for _ in range(8):
+        states.append(tapped.hidden_state().copy())
+        tokens.append(int(np.argmax(logits)))
+        logits = tapped.append([tokens[-1]]).copy()
+    assert tokens == want_tokens
+    np.testing.assert_allclose(logits, want_logits[-1], atol=1e-4)  # the tap only reads
+    llama = from_llamacpp(None, n_ctx=512)
+    llama.tap_layer(17)
+    llama.append(prompt)
+    for i, token in enumerate(tokens):
+        ours, theirs = states[i], np.asarray(llama.hidden_state(), dtype=np.float64)
+        cosine = float(ours @ theirs / np.linalg.norm(ours) / np.linalg.norm(theirs))
+        assert cosine > 0.98, (i, cosine)
+        llama.append([token])
+    # Trim: stale until the last position is computed again, then that position's state.
+    assert tapped.trim(3) == 3 and tapped.hidden_state() is None
+    tapped.logits()
+    np.testing.assert_allclose(tapped.hidden_state(), states[-3], atol=1e-4)
+    # Paused (no step reads it): no state kept.
+    tapped.read_hidden(False)
+    tapped.append([tokens[-3]])
+    assert tapped.hidden_state() is None

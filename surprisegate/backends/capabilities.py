@@ -7,9 +7,9 @@ Some give more. Each extra is one small protocol here, and the code that needs i
 
 | protocol | member | who has it | checked by |
 |---|---|---|---|
-| `Tappable` | `tap_layer(layer)` | llama.cpp in process, one context | runtime.tap_probe_layer |
+| `Tappable` | `tap_layer(layer)` | llama.cpp in process, one context; transformers | runtime.tap_probe_layer |
 | `HiddenStates` | `tapped_layer`, `hidden_state()` | the same | gate.loop (the trigger probe), LocalSession |
-| `PausableTap` | `read_hidden(on)` | llama.cpp in process | LocalSession (a decode no probe reads pauses the tap) |
+| `PausableTap` | `read_hidden(on)` | the same | LocalSession (a decode no probe reads pauses the tap) |
 | `SequenceStates` | `n_layer`, `sequence_states(seqs, layers)`, `recording_states(layers)` | the same | calibrate |
 | `ContextSize` | `n_ctx` | llama.cpp in process, the servers | serve's check_context |
 | `VocabSize` | `n_vocab` | llama.cpp in process, the servers | labeling (bounds a top-k entropy) |

@@ -42,7 +42,9 @@ _BYTE_FALLBACK_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 class TransformersBackend(LocalBackend):
     """A `SteerableBackend` over a transformers causal LM and one `DynamicCache` (batch size 1). Its signals
-    come from the full distribution (not a `TopKSignals`)."""
+    come from the full distribution (not a `TopKSignals`). It can tap a layer for a trigger probe
+    (`Tappable`, `HiddenStates`, `PausableTap`): the residual stream after that block, hidden_states[layer + 1],
+    what llama.cpp's layer tap reads as l_out-{layer}, so a probe fitted there reads the same state here."""
 
     name = "transformers"
 
@@ -68,6 +70,9 @@ class TransformersBackend(LocalBackend):
         # Times a trim had to re-prefill because the cache could not be cropped (0 for Llama-like models).
         self.reprefill_count = 0
         self._cache = self._new_cache()
+        self._tap: int | None = None  # the tapped layer (tap_layer), None: none
+        self._read_hidden = True  # whether forwards keep the tapped state (read_hidden)
+        self._hidden: np.ndarray | None = None  # the tapped state at the last fed position; None when stale
 
     @property
     def hf_model(self) -> Any:
@@ -78,6 +83,25 @@ class TransformersBackend(LocalBackend):
     def hf_tokenizer(self) -> Any:
         return self._tokenizer
 
+    # -- a layer's hidden state, for a trigger probe ---------------------------------------------
+
+    def tap_layer(self, layer: int) -> None:
+        n_layer = int(self._model.config.num_hidden_layers)
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layer:
+            raise InputError(f"tap_layer(layer={layer!r}): the model has layers 0..{n_layer - 1}")
+        self._tap = layer
+        self.reset()
+
+    @property
+    def tapped_layer(self) -> int | None:
+        return self._tap
+
+    def hidden_state(self) -> np.ndarray | None:
+        return self._hidden
+
+    def read_hidden(self, on: bool) -> None:
+        self._read_hidden = on
+
     # -- context -------------------------------------------------------------------------------
 
     @property
@@ -87,6 +111,7 @@ class TransformersBackend(LocalBackend):
     def reset(self) -> None:
         self._tokens = []
         self._next_logits = None
+        self._hidden = None
         self._cache = self._new_cache()
 
     def append(self, tokens: Sequence[int]) -> np.ndarray:
@@ -129,6 +154,7 @@ class TransformersBackend(LocalBackend):
         self._drop_from_cache(dropped)
         del self._tokens[len(self._tokens) - dropped :]
         self._next_logits = None
+        self._hidden = None  # stale until logits() feeds the last token again
         return dropped
 
     # -- text ----------------------------------------------------------------------------------
@@ -170,11 +196,16 @@ class TransformersBackend(LocalBackend):
 
     def _forward(self, chunk: list[int]) -> np.ndarray:
         input_ids = self._torch.tensor([chunk], dtype=self._torch.long, device=self._device)
+        layer = self._tap if self._read_hidden else None
         output = self._model(
             input_ids=input_ids,
             use_cache=True,
+            output_hidden_states=layer is not None,
             **{self._cache_kwarg: self._cache},
             **self._forward_kwargs,
+        )
+        self._hidden = (
+            None if layer is None else output.hidden_states[layer + 1][0, -1].to(self._torch.float32).cpu().numpy()
         )
         return output.logits[0, -1].to(self._torch.float32).cpu().numpy()
 

@@ -142,3 +142,27 @@ def choose_rule(
         f"{wins:.0%} of resamples (needs {MIN_WIN_RATE:.0%})"
     )
     return {"rule": dict(shipped), "from": why, "report": report}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """python -m surprisegate.research.rule_choice LABELS_DIR [--top-k K] --out FILE: the choice calibrate
+    makes, on labels already made (a model's committed labels, without the model)."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    from .model_calibration import MODEL_KIND_MIN_ITEMS, MODEL_RULE
+    from .threshold_sweep import load_items
+
+    ap = argparse.ArgumentParser(description=main.__doc__.splitlines()[0] if main.__doc__ else None)
+    ap.add_argument("labels", type=Path)
+    ap.add_argument("--top-k", type=int, default=None)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    choice = choose_rule(load_items([args.labels], args.top_k), MODEL_RULE, MODEL_KIND_MIN_ITEMS)
+    args.out.write_text(json.dumps(choice, indent=2) + "\n")
+    print(choice["from"])
+
+
+if __name__ == "__main__":
+    main()
