@@ -116,6 +116,7 @@ class Outcome:
     tokens_decoded: int
     tokens_prefilled: int
     rounds: list = field(default_factory=list)
+    queries: list[str] = field(default_factory=list)  # a peer's retrieval queries, as it sent them
 
 
 # ------------------------------------------------------------------------------------------------
@@ -444,7 +445,8 @@ def run_mode(
     if mode in PEER_MODES:
         peer = run_peer(mode, backend, question, config, counted, prefix, peer_thresholds)
         calls = sum(a.calls for a in counted.values())
-        return Outcome(peer.reply, calls, peer.triggered, peer.costs.decoded, peer.costs.prefilled)
+        costs = peer.costs
+        return Outcome(peer.reply, calls, peer.triggered, costs.decoded, costs.prefilled, queries=costs.queries)
     raise InputError(f"--modes contains {mode!r}; use any of {', '.join(MODES)}")
 
 
@@ -551,6 +553,7 @@ def _row(item: dict, mode: str, outcome: Outcome, started: float) -> dict:
         "tokens_decoded": outcome.tokens_decoded,
         "tokens_prefilled": outcome.tokens_prefilled,
         "rounds": [_round_summary(r, item) for r in outcome.rounds],
+        **({"queries": outcome.queries} if outcome.queries else {}),
         "seconds": round(time.monotonic() - started, 3),
     }
 
