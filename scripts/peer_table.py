@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 GATE = "intervene"
@@ -57,26 +58,28 @@ def rows_by_mode(folder: Path) -> dict[str, dict[str, dict]]:
     return out
 
 
-def table(folder: Path, signals: dict | None, extras: list[tuple[str, Path, str]] = ()) -> tuple[list[str], dict]:
+def table(
+    folder: Path, signals: dict | None, extras: Sequence[tuple[str, Path, str]] = (), gate_label: str = GATE
+) -> tuple[list[str], dict]:
     summary = json.loads((folder / "summary.json").read_text())
     rows = rows_by_mode(folder)
     for label, other, mode in extras:
         summary["modes"][label] = json.loads((other / "summary.json").read_text())["modes"][mode]
         rows[label] = rows_by_mode(other)[mode]
-    gate = rows.get(GATE, {})
+    gate = rows.get(gate_label, {})
     lines = [
         "| method | n | accuracy | regressions | retrieval calls | tokens decoded | tokens prefilled | wall s | "
-        "AUROC half A / B | gate vs it (gate-only / it-only, exact p) |",
+        f"AUROC half A / B | vs the gate ({gate_label}): only the gate right / only it right, exact p |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     out = {}
     for mode, s in summary["modes"].items():
         if mode == "detect":
             continue
-        sig = (signals or {}).get("signals", {}).get(SIGNAL_OF.get(mode.split(" ")[0], ""), {})
+        sig = (signals or {}).get("signals", {}).get(SIGNAL_OF.get(mode, ""), {})  # an extra row: none
         auroc = f"{sig.get('auroc_A', '–')} / {sig.get('auroc_B', '–')}" if sig else "–"
         versus = "–"
-        if mode != GATE and gate and mode in rows:
+        if mode != gate_label and gate and mode in rows:
             common = set(gate) & set(rows[mode])
             g_only = sum(1 for i in common if gate[i]["correct"] and not rows[mode][i]["correct"])
             p_only = sum(1 for i in common if rows[mode][i]["correct"] and not gate[i]["correct"])
@@ -103,7 +106,7 @@ def plot(out: dict, path: Path, title: str) -> None:
             s["accuracy"],
             s=40 + 600 * s["tokens_prefilled"] / biggest,
             alpha=0.6,
-            color="#c44e52" if mode == GATE else "#4c72b0",
+            color="#c44e52" if mode.startswith(GATE) else "#4c72b0",
         )
         ax.annotate(mode, (s["grounding_calls"], s["accuracy"]), textcoords="offset points", xytext=(6, 4))
     ax.set_xlabel("retrieval calls")
@@ -119,9 +122,10 @@ def main() -> None:
     ap.add_argument("folder", type=Path)
     ap.add_argument("--signals", type=Path, default=None)
     ap.add_argument("--extra", action="append", default=[], help="LABEL=FOLDER:MODE (repeatable)")
+    ap.add_argument("--gate", default=GATE, help="the row the McNemar column compares every other row with")
     args = ap.parse_args()
     signals = json.loads(args.signals.read_text()) if args.signals else None
-    lines, out = table(args.folder, signals, [parse_extra(e) for e in args.extra])
+    lines, out = table(args.folder, signals, [parse_extra(e) for e in args.extra], args.gate)
     (args.folder / "field.md").write_text("\n".join(lines) + "\n")
     plot(out, args.folder / "field.png", args.folder.name)
     print("\n".join(lines))
