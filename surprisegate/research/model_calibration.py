@@ -17,28 +17,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .. import __version__, model_calibrations, shipped_thresholds
+from .. import __version__, model_calibrations
 from ..backends.registry import parse_backend
 from ..config import Config, load_config
 from ..paths import home
 from .labeling import iter_labels, read_items
 from .labeling import label as label_items
 from .probe_fit import StateRecorder, candidate_layers, fit_model_probe
-from .rule_choice import choose_rule
-from .threshold_sweep import MIN_KIND_ITEMS, MIN_PRECISION, calibrate, load_items
+from .rule_choice import MODEL_KIND_MIN_ITEMS, MODEL_RULE, choose_rule
+from .threshold_sweep import MIN_PRECISION, calibrate, load_items
 
 LABEL_MAX_TOKENS = 32  # as the labels behind the shipped defaults: a reply is graded on its first sentence
-# Fit thresholds for the rule the 2486 dev labels chose: on 400 items the rules' CV AUROCs lie within noise, and
-# the search's pick (surprise mean W=16) caught 0.46 of wrong held-out factqa replies where this rule caught 0.72.
-MODEL_RULE = {
-    "signal": shipped_thresholds.SIGNAL,
-    "statistic": shipped_thresholds.STATISTIC,
-    "window": shipped_thresholds.WINDOW,
-    "min_tokens": shipped_thresholds.MIN_TOKENS,
-}
-# At 15 replies a kind, 400 items give 9 kinds their own threshold; the rest share one that never fires where
-# the model is nearly always wrong (SmolLM2: atomic numbers). Chosen like beta, by CV AUROC (SmolLM2: 8).
-MODEL_KIND_MIN_ITEMS = (MIN_KIND_ITEMS, 10, 8, 5)
 
 
 def calibrate_model(
