@@ -251,7 +251,13 @@ def seakr_cases(text: str) -> list[dict]:
     return cases
 
 
-def only_cases(peer: str, mirror: Path, backend) -> list[dict]:
+def pin(peer: str) -> dict:
+    repo, commit, path = PINS[peer]
+    return {"repository": repo.replace("+", "/"), "commit": commit, "path": path}
+
+
+def peer_cases(peer: str, mirror: Path, backend) -> list[dict]:
+    """One peer's cases: its code at the pinned commit run on our model."""
     text = source(mirror, peer)
     if peer == "dragin":
         return dragin_cases(load_module("dragin_generate", text), backend, QUESTIONS)
@@ -283,22 +289,17 @@ def main() -> None:
     backend.hf_model.generation_config.pad_token_id = sorted(backend.eos_token_ids)[0]
     if args.only:
         fixture = json.loads(args.out.read_text())
-        fixture["pins"][args.only] = dict(zip(("repository", "commit", "path"), PINS[args.only], strict=True))
-        fixture["pins"][args.only]["repository"] = PINS[args.only][0].replace("+", "/")
-        fixture[args.only] = only_cases(args.only, args.mirror, backend)
+        fixture["pins"][args.only] = pin(args.only)
+        fixture[args.only] = peer_cases(args.only, args.mirror, backend)
         args.out.write_text(json.dumps(fixture, indent=1) + "\n")
         print(f"wrote {args.out}: {len(fixture[args.only])} {args.only} cases", file=sys.stderr)
         return
     fixture = {
-        "pins": {
-            peer: {"repository": repo.replace("+", "/"), "commit": c, "path": p} for peer, (repo, c, p) in PINS.items()
-        },
+        "pins": {peer: pin(peer) for peer in PINS},
         "model": backend.model_id.rsplit("/", 1)[-1],
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "spacy": spacy.__version__},
         "max_new": MAX_NEW,
-        "dragin": dragin_cases(load_module("dragin_generate", source(args.mirror, "dragin")), backend, QUESTIONS),
-        "etc": etc_cases(load_module("etc_generate", source(args.mirror, "etc")), backend, QUESTIONS),
-        **{peer: only_cases(peer, args.mirror, backend) for peer in ("seakr", "flare")},
+        **{peer: peer_cases(peer, args.mirror, backend) for peer in PINS},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(fixture, indent=1) + "\n")

@@ -727,7 +727,8 @@ def eval_cmd(
     read_items(data, 1)
     peer_thresholds = parse_thresholds(peer_threshold)
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
-    check_modes(mode_list, flare_theta, oracle_calls, flare_mask_below)  # before the model loads
+    flare = FlareSettings(flare_theta, flare_mask_below, flare_pre_retrieval)
+    check_modes(mode_list, flare, oracle_calls)  # before the model loads
     runtime = assemble(resolve_layers(kwargs), memory, not no_tools, web_url, _say, intervene=False)
     config, thresholds = runtime.config, runtime.thresholds
     gated = [m for m in mode_list if m in ("intervene", "oracle")]
@@ -750,7 +751,7 @@ def eval_cmd(
             limit=limit,
             sample=sample,
             progress=progress,
-            flare=FlareSettings(flare_theta, flare_mask_below, flare_pre_retrieval),
+            flare=flare,
             oracle_calls=oracle_calls,
             peer_thresholds=peer_thresholds,
         )

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from surprisegate.gate.signals import SIGNALS
-from surprisegate.research.rule_choice import MIN_WIN_RATE, choose_rule, paired_win_rate, seeded_half
+from surprisegate.research.probe_fit import halves
+from surprisegate.research.rule_choice import MIN_WIN_RATE, choose_rule, paired_win_rate
 from surprisegate.research.threshold_sweep import Labelled
 
 SHIPPED = {"signal": "entropy", "statistic": "mean", "window": 4, "min_tokens": 4}
@@ -59,11 +60,11 @@ def test_too_few_of_a_class_keeps_the_shipped_rule():
     assert choice["rule"] == SHIPPED and "too few" in choice["from"]
 
 
-def test_seeded_half_is_half_and_repeatable():
+def test_the_halves_rules_are_judged_on_are_half_and_repeatable():
     ids = [f"x{i}" for i in range(101)]
-    assert len(seeded_half(ids)) == 50
-    assert seeded_half(ids) == seeded_half(list(reversed(ids)))
-    assert seeded_half(ids, seed=1) != seeded_half(ids)
+    assert len(halves(ids)) == 50
+    assert halves(ids) == halves(list(reversed(ids)))
+    assert halves(ids, seed=1) != halves(ids)
 
 
 @pytest.mark.parametrize("shift, expected", [(3.0, 1.0), (0.0, None), (-3.0, 0.0)])

@@ -141,6 +141,7 @@ def _decode(
     confirmed it is decoded but not returned."""
     session = backend.session()
     tokens, probs, pieces = [], [], []
+    piece_texts: list[str] = []  # each piece decoded on its own, for look_ahead_cut
     steps = session.steps(prompt_tokens, Sampling())
     try:
         for _, step in zip(range(max_tokens), steps, strict=False):  # at most max_tokens steps
@@ -151,7 +152,8 @@ def _decode(
             pieces.append(step.piece)
             text = b"".join(pieces).decode("utf-8", "replace")
             if stop_at_sentence and confirm_stop:
-                cut = look_ahead_cut([p.decode("utf-8", "replace") for p in pieces])
+                piece_texts.append(step.piece.decode("utf-8", "replace"))
+                cut = look_ahead_cut(piece_texts)
                 if cut is not None and len(text.strip()) > 1:
                     tokens, probs, pieces = tokens[:cut], probs[:cut], pieces[:cut]
                     break
@@ -274,21 +276,17 @@ def always_config(config: Config) -> Config:
     )
 
 
-def check_modes(
-    modes: Sequence[str],
-    flare_theta: float = FLARE_THETA,
-    oracle_calls: int | None = None,
-    flare_mask_below: float | None = None,
-) -> None:
-    """Refuse unknown modes and an oracle without `off` or without a budget, before anything is decoded."""
+def check_modes(modes: Sequence[str], flare: FlareSettings = FlareSettings(), oracle_calls: int | None = None) -> None:
+    """Refuse unknown modes, FLARE settings that are not probabilities and an oracle without `off` or without a
+    budget, before anything is decoded."""
     for m in modes:
         if m not in MODES:
             raise InputError(f"--modes contains {m!r}; use any of {', '.join(MODES)}")
-    if not 0.0 < flare_theta < 1.0:
-        raise InputError(f"--flare-theta={flare_theta!r} is not a probability in (0, 1); FLARE's paper uses 0.4-0.8")
-    if flare_mask_below is not None and not 0.0 <= flare_mask_below < 1.0:
+    if not 0.0 < flare.theta < 1.0:
+        raise InputError(f"--flare-theta={flare.theta!r} is not a probability in (0, 1); FLARE's paper uses 0.4-0.8")
+    if flare.mask_below is not None and not 0.0 <= flare.mask_below < 1.0:
         raise InputError(
-            f"--flare-mask-below={flare_mask_below!r} is not a probability in [0, 1); FLARE's configs use 0.4"
+            f"--flare-mask-below={flare.mask_below!r} is not a probability in [0, 1); FLARE's configs use 0.4"
         )
     if oracle_calls is not None and oracle_calls < 0:
         raise InputError(
@@ -465,7 +463,7 @@ def evaluate(
     oracle_calls: int | None = None,
     peer_thresholds: Mapping[str, float] | None = None,
 ) -> dict:
-    check_modes(modes, flare.theta, oracle_calls, flare.mask_below)
+    check_modes(modes, flare, oracle_calls)
     check_backend_modes(modes, backend)
     items = read_items(data, limit)
     if sample and sample < len(items):

@@ -24,7 +24,7 @@ from ..paths import home
 from .labeling import iter_labels, read_items
 from .labeling import label as label_items
 from .probe_fit import StateRecorder, candidate_layers, fit_model_probe
-from .rule_choice import MODEL_KIND_MIN_ITEMS, MODEL_RULE, choose_rule
+from .rule_choice import MODEL_KIND_MIN_ITEMS, MODEL_RULE, choose_rule, rule_name
 from .threshold_sweep import MIN_PRECISION, calibrate, load_items
 
 LABEL_MAX_TOKENS = 32  # as the labels behind the shipped defaults: a reply is graded on its first sentence
@@ -184,7 +184,7 @@ def calibration_record(backend, config: Config, report: dict, stem: str, work: P
         "items": report["n"],
         "wrong": report["wrong"],
         "calibration_set": model_calibrations.CALIBRATION_SET + (f" (first {limit})" if limit else ""),
-        "rule": f"{chosen['signal']} {chosen['statistic']} W={chosen['window']} min_tokens={chosen['min_tokens']}",
+        "rule": rule_name(chosen),
         "per_kind": bool(chosen.get("per_kind")),
         "kinds_with_own_threshold": len(report["per_kind"]["kind_thresholds"]) if chosen.get("per_kind") else 0,
         "min_kind_items": report["per_kind"]["min_kind_items"],

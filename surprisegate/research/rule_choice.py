@@ -14,13 +14,13 @@ held-out wrong replies where the shipped one caught 0.72).
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from .. import shipped_thresholds
+from .probe_fit import halves
 from .threshold_sweep import (
     MIN_KIND_ITEMS,
     Labelled,
@@ -54,12 +54,6 @@ SEED = 0
 
 def rule_name(rule: Mapping[str, Any]) -> str:
     return f"{rule['signal']} {rule['statistic']} W={rule['window']} min_tokens={rule['min_tokens']}"
-
-
-def seeded_half(ids: Sequence[str], seed: int = SEED) -> set[str]:
-    """Half A: a seeded sample of the sorted ids (the probe's halves, probe_fit.halves)."""
-    ordered = sorted(ids)
-    return set(random.Random(seed).sample(ordered, len(ordered) // 2))
 
 
 def _peaks(items: Sequence[Labelled], rule: Mapping[str, Any]) -> np.ndarray:
@@ -109,7 +103,7 @@ def choose_rule(
     seed: int = SEED,
 ) -> dict:
     """The rule to calibrate: {"rule", "from", "report"}; `from` says in a line why it was chosen."""
-    in_a = seeded_half([it.id for it in items], seed)
+    in_a = halves([it.id for it in items], seed)  # the probe's halves
     a = [it for it in items if it.id in in_a]
     b = [it for it in items if it.id not in in_a]
     wrong_b = _wrong(b)
