@@ -46,8 +46,14 @@ def holds_answer(evidence, item: dict) -> bool:
 
 
 def rerank_room(arm, items: list[dict]) -> dict:
-    counts = {"items": len(items), "no_evidence": 0, "several_candidates": 0, "first_right": 0,
-              "first_wrong_later_right": 0, "none_right": 0}
+    counts = {
+        "items": len(items),
+        "no_evidence": 0,
+        "several_candidates": 0,
+        "first_right": 0,
+        "first_wrong_later_right": 0,
+        "none_right": 0,
+    }
     for item in items:
         found = evidence_for(arm, item["question"])
         if not found:

@@ -67,10 +67,16 @@ def judge(path: Path) -> dict:
         "labels": str(path),
         "half_a": len(a),
         "half_b": len(b),
-        "shipped": {"rule": rule_name(MODEL_RULE), "auroc_cv_a": round(shipped_cv, 4),
-                    "auroc_b": round(auroc(shipped_b, wrong_b), 4)},
-        "best_trend": {"rule": rule_name(best_rule), "auroc_cv_a": round(best_cv, 4),
-                       "auroc_b": round(auroc(best_b, wrong_b), 4)},
+        "shipped": {
+            "rule": rule_name(MODEL_RULE),
+            "auroc_cv_a": round(shipped_cv, 4),
+            "auroc_b": round(auroc(shipped_b, wrong_b), 4),
+        },
+        "best_trend": {
+            "rule": rule_name(best_rule),
+            "auroc_cv_a": round(best_cv, 4),
+            "auroc_b": round(auroc(best_b, wrong_b), 4),
+        },
         "trend_wins_b": round(paired_win_rate(best_b, shipped_b, wrong_b), 3),
         "trend_rules": [
             {"rule": rule_name(rule), "auroc_cv_a": round(cv, 4), "auroc_b": round(auroc(scores, wrong_b), 4)}
@@ -89,8 +95,11 @@ def main() -> None:
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     for r in report:
         s, t = r["shipped"], r["best_trend"]
-        print(f"{r['labels']}: shipped {s['rule']} CV {s['auroc_cv_a']} / B {s['auroc_b']}; "
-              f"best trend {t['rule']} CV {t['auroc_cv_a']} / B {t['auroc_b']}; trend ahead on B in {r['trend_wins_b']:.0%}")
+        print(
+            f"{r['labels']}: shipped {s['rule']} CV {s['auroc_cv_a']} / B {s['auroc_b']}; "
+            f"best trend {t['rule']} CV {t['auroc_cv_a']} / B {t['auroc_b']}; "
+            f"trend ahead on B in {r['trend_wins_b']:.0%}"
+        )
 
 
 if __name__ == "__main__":

@@ -699,6 +699,13 @@ def calibrate_labels(
     multiple=True,
     help="A peer's trigger threshold, NAME=VALUE (repeatable), e.g. dragin=0.8; default: their configs' values.",
 )
+@click.option(
+    "--peer-passages",
+    type=int,
+    default=3,
+    show_default=True,
+    help="Passages a peer's retrieval puts in its prompt, 1-3 (their configs: 3; the gate injects one).",
+)
 @click.option("--json", "as_json", is_flag=True)
 @config_options
 def eval_cmd(
@@ -715,6 +722,7 @@ def eval_cmd(
     flare_pre_retrieval: bool,
     oracle_calls: int | None,
     peer_threshold: tuple[str, ...],
+    peer_passages: int,
     as_json: bool,
     **kwargs,
 ) -> None:
@@ -722,10 +730,11 @@ def eval_cmd(
     from .progress import progress_callback
     from .research.evaluate import FlareSettings, check_modes, evaluate
     from .research.labeling import read_items
-    from .research.peers.modes import parse_thresholds
+    from .research.peers.modes import check_passages, parse_thresholds
 
     read_items(data, 1)
     peer_thresholds = parse_thresholds(peer_threshold)
+    check_passages(peer_passages)
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
     flare = FlareSettings(flare_theta, flare_mask_below, flare_pre_retrieval)
     check_modes(mode_list, flare, oracle_calls)  # before the model loads
@@ -754,6 +763,7 @@ def eval_cmd(
             flare=flare,
             oracle_calls=oracle_calls,
             peer_thresholds=peer_thresholds,
+            peer_passages=peer_passages,
         )
     if as_json:
         click.echo(json.dumps(summary))

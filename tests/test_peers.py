@@ -467,3 +467,34 @@ def test_several_passages_are_one_evidence_segment_without_numbering():
     assert "The capital of Chad is N'Djamena.\nChad is a country in Africa." in text
     assert "[1]" not in text
     assert context_text(Config(), docs[:1]) == context_text(Config(), [docs[0]])
+
+
+def test_peer_passages_cap_what_a_retrieval_passes_on(burkina_memory):
+    """--peer-passages 1 leaves a peer the arm's first evidence only, as the gate injects; 3 is theirs."""
+    import time
+
+    from surprisegate.arms import Query
+    from surprisegate.config import Config
+    from surprisegate.research.peers.common import Costs, retrieve
+    from surprisegate.research.peers.modes import FirstPassages
+
+    question = "Which is a country in Africa?"
+    query = Query(span=question, question=question, sentence=question)
+    both = burkina_memory["memory"].ground(query, time.monotonic() + 10)
+    assert len(both) == 2  # both passages clear the floor
+    capped = {"memory": FirstPassages(burkina_memory["memory"], 1)}
+    assert capped["memory"].name == "memory"
+    assert capped["memory"].ground(query, time.monotonic() + 10) == both[:1]
+    assert len(retrieve(burkina_memory, Config(), question, question, Costs())) == 2
+    assert retrieve(capped, Config(), question, question, Costs()) == both[:1]
+
+
+@pytest.mark.parametrize("bad", [0, 4, -1, True, 1.5])
+def test_peer_passages_refuse_what_their_retrieval_cannot_give(bad):
+    from surprisegate.errors import InputError
+    from surprisegate.research.peers.modes import check_passages
+
+    with pytest.raises(InputError, match="--peer-passages"):
+        check_passages(bad)
+    check_passages(1)
+    check_passages(3)

@@ -53,7 +53,8 @@ from ..text import ends_sentence, sentence_end
 from .grading import grade
 from .labeling import guard_resume, prompt_for, read_items
 from .longform import grade_claims, is_longform, score_claims
-from .peers.modes import PEER_MODES, run_peer
+from .peers.common import DOCS_PER_RETRIEVAL
+from .peers.modes import PEER_MODES, check_passages, run_peer
 
 MODES = ("off", "detect", "intervene", "always", "flare", *PEER_MODES, "oracle")
 FLARE_THETA = 0.4  # FLARE's probability threshold for a "low-confidence" token (paper default range 0.4-0.8)
@@ -416,6 +417,7 @@ def run_mode(
     arms: Mapping[str, Arm],
     flare: FlareSettings = FlareSettings(),
     peer_thresholds: Mapping[str, float] | None = None,
+    peer_passages: int = DOCS_PER_RETRIEVAL,
 ) -> Outcome:
     question, prefix = prompt_for(item)
     counted = {name: CountingArm(arm) for name, arm in arms.items()}
@@ -441,7 +443,7 @@ def run_mode(
     if mode == "flare":
         return run_flare(backend, question, config, counted, prefix, flare)
     if mode in PEER_MODES:
-        peer = run_peer(mode, backend, question, config, counted, prefix, peer_thresholds)
+        peer = run_peer(mode, backend, question, config, counted, prefix, peer_thresholds, peer_passages)
         calls = sum(a.calls for a in counted.values())
         costs = peer.costs
         return Outcome(peer.reply, calls, peer.triggered, costs.decoded, costs.prefilled, queries=costs.queries)
@@ -462,8 +464,10 @@ def evaluate(
     flare: FlareSettings = FlareSettings(),
     oracle_calls: int | None = None,
     peer_thresholds: Mapping[str, float] | None = None,
+    peer_passages: int = DOCS_PER_RETRIEVAL,
 ) -> dict:
     check_modes(modes, flare, oracle_calls)
+    check_passages(peer_passages)
     check_backend_modes(modes, backend)
     items = read_items(data, limit)
     if sample and sample < len(items):
@@ -481,6 +485,8 @@ def evaluate(
     }
     if any(m in PEER_MODES for m in modes):
         meta["peer_thresholds"] = dict(sorted((peer_thresholds or {}).items()))
+        if peer_passages != DOCS_PER_RETRIEVAL:  # recorded only when changed: older folders still resume
+            meta["peer_passages"] = peer_passages
     if "oracle" in modes:
         # Recorded, not compared: older folders lack it, and oracle rows that no longer fit the budget are redone.
         meta["oracle_calls"] = oracle_calls
@@ -507,7 +513,9 @@ def evaluate(
 
     def run(item: dict, mode: str) -> dict:
         started = time.monotonic()
-        return _row(item, mode, run_mode(mode, backend, item, config, arms, flare, peer_thresholds), started)
+        return _row(
+            item, mode, run_mode(mode, backend, item, config, arms, flare, peer_thresholds, peer_passages), started
+        )
 
     for item, mode in todo:
         writer.append(run(item, mode))

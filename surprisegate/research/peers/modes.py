@@ -7,6 +7,7 @@ from functools import partial
 from typing import Any
 
 from ...errors import InputError
+from .common import DOCS_PER_RETRIEVAL
 from .run import (
     FIX_LENGTH,
     PeerOutcome,
@@ -45,6 +46,26 @@ def _runner(mode: str) -> Callable[..., PeerOutcome]:
     return RUNNERS[mode]
 
 
+class FirstPassages:
+    """An arm that passes on only its first `count` pieces of evidence: the peers with fewer passages than
+    their retrieve_topk (--peer-passages), so that the passage count is not what separates them from the gate."""
+
+    def __init__(self, arm: Any, count: int) -> None:
+        self.arm, self.count = arm, count
+        self.name = getattr(arm, "name", "")
+
+    def ground(self, query: Any, deadline: float) -> list:
+        return list(self.arm.ground(query, deadline))[: self.count]
+
+
+def check_passages(passages: int) -> None:
+    if isinstance(passages, bool) or not isinstance(passages, int) or not 1 <= passages <= DOCS_PER_RETRIEVAL:
+        raise InputError(
+            f"--peer-passages={passages!r} must be a whole number from 1 to {DOCS_PER_RETRIEVAL} (their configs' "
+            f"retrieve_topk, the default); e.g. --peer-passages 1"
+        )
+
+
 def run_peer(
     mode: str,
     backend: Any,
@@ -53,8 +74,13 @@ def run_peer(
     arms: Mapping[str, Any],
     prefix: str = "",
     thresholds: Mapping[str, float] | None = None,
+    passages: int = DOCS_PER_RETRIEVAL,
 ) -> PeerOutcome:
+    """One reply by a peer; `passages` caps the passages a retrieval puts in the prompt (theirs: 3)."""
+    check_passages(passages)
     threshold = (thresholds or {}).get(mode, DEFAULT_THRESHOLDS.get(mode, 0.0))
+    if passages < DOCS_PER_RETRIEVAL:
+        arms = {name: FirstPassages(arm, passages) for name, arm in arms.items()}
     return _runner(mode)(backend, question, config, arms, prefix, threshold=threshold)
 
 
@@ -75,4 +101,12 @@ def parse_thresholds(values: list[str] | tuple[str, ...]) -> dict[str, float]:
     return out
 
 
-__all__ = ["DEFAULT_THRESHOLDS", "PEER_MODES", "PeerOutcome", "parse_thresholds", "run_peer"]
+__all__ = [
+    "DEFAULT_THRESHOLDS",
+    "PEER_MODES",
+    "FirstPassages",
+    "PeerOutcome",
+    "check_passages",
+    "parse_thresholds",
+    "run_peer",
+]
