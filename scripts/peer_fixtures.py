@@ -199,8 +199,8 @@ def etc_cases(mod, backend, questions) -> list[dict]:
 
 def load_flare(text: str) -> types.ModuleType:
     """Their templates.py imports `.utils` (the OpenAI client) and tiktoken for what is not pinned here: stubs.
-    Its sentencizer is nltk's Punkt, untrained (ApiReturn.use_sentencizer = 'nltk'); nltk must be installed
-    for this script (pip install nltk), not for the tests."""
+    Its sentencizer is nltk's Punkt, untrained (ApiReturn.use_sentencizer = 'nltk'), which our cut calls too
+    (nltk is in the `peers` extra)."""
     package = types.ModuleType("flare_src")
     package.__path__ = []  # type: ignore[attr-defined]
     utils = types.ModuleType("flare_src.utils")

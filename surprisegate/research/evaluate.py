@@ -30,6 +30,7 @@ Results go to OUT/results.jsonl (one line per item × mode, resumable) and OUT/r
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -49,7 +50,7 @@ from ..gate.loop import generate
 from ..gate.prompting import PromptLayout, chat_messages
 from ..gate.receipts import ReceiptWriter, read_receipts
 from ..gate.router import route
-from ..text import ends_sentence, sentence_end
+from ..text import ends_sentence
 from .grading import grade
 from .labeling import guard_resume, prompt_for, read_items
 from .longform import grade_claims, is_longform, score_claims
@@ -123,15 +124,41 @@ class Outcome:
 # ------------------------------------------------------------------------------------------------
 # baselines that need their own decoding loop
 # ------------------------------------------------------------------------------------------------
+FLARE_MIN_SENT_LEN = 5  # their ApiReturn.min_sent_len: a first "sentence" shorter than this is not cut at
+
+
+@functools.lru_cache(maxsize=1)
+def _punkt():
+    """nltk's Punkt, untrained, as their ApiReturn.psentencizer (no data files: nothing to download)."""
+    try:
+        from nltk.tokenize.punkt import PunktSentenceTokenizer
+    except ImportError as err:
+        raise InputError(
+            "FLARE with their settings (--flare-mask-below) cuts a look-ahead with nltk's Punkt, as their code "
+            "does, and nltk is not installed: pip install 'surprisegate[peers]' (or nltk)"
+        ) from err
+    return PunktSentenceTokenizer()
+
+
 def look_ahead_cut(pieces: Sequence[str]) -> int | None:
-    """How many of a look-ahead's pieces make its first sentence, once the character after the stop has come
-    ("50." followed by "5" is not an end; their nltk cut sees the whole look-ahead); None while open."""
+    """How many of a look-ahead's pieces their truncate_at_boundary keeps: the first Punkt sentence at least
+    FLARE_MIN_SENT_LEN characters from the start, up to the first piece that starts at or after its end. None
+    while that sentence is the text's last: Punkt decides a stop by the word after it ("a U.S." is cut before
+    " state", "50." is not an end before "5"), and their cut sees the whole look-ahead."""
     text = "".join(pieces)
-    end = sentence_end(text)
-    if end is None:
-        return None
-    stop_len = len(text[:end].rstrip())
-    return next(k for k in range(1, len(pieces) + 1) if len("".join(pieces[:k])) >= stop_len)
+    spans = list(_punkt().span_tokenize(text))
+    for number, (start, end) in enumerate(spans):
+        stop = end - (len(text[start:end]) - len(text[start:end].rstrip()))
+        if stop >= FLARE_MIN_SENT_LEN:
+            if number == len(spans) - 1:
+                return None
+            offset = 0
+            for index, piece in enumerate(pieces):
+                if offset >= stop:
+                    return index
+                offset += len(piece)
+            return None
+    return None
 
 
 def _decode(
@@ -289,6 +316,8 @@ def check_modes(modes: Sequence[str], flare: FlareSettings = FlareSettings(), or
         raise InputError(
             f"--flare-mask-below={flare.mask_below!r} is not a probability in [0, 1); FLARE's configs use 0.4"
         )
+    if "flare" in modes and flare.theirs:
+        _punkt()  # nltk is there, before the model loads
     if oracle_calls is not None and oracle_calls < 0:
         raise InputError(
             f"--oracle-calls={oracle_calls!r} is negative; pass how many replies the oracle may ground, "
