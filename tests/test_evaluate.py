@@ -373,3 +373,19 @@ def test_always_grounds_every_claim_sentence_with_no_probe_to_judge_them():
     always = always_config(Config(max_tokens=160, probe="auto"))
     assert always.mode == "intervene" and always.probe == "off" and always.sentence_scope
     assert always.sentence_threshold < 0 and not always.sentence_asked_only
+
+
+def test_flare_as_their_configs_run_it_goes_on_past_a_cut_without_a_stop_of_ours():
+    """Their Punkt cuts "Iowa became a U.S." before " state"; their loop decodes on from there to the end of turn,
+    so the reply is the whole sentence, in two look-aheads (the earlier loop stopped at the cut)."""
+    pytest.importorskip("nltk")
+    from surprisegate.research.evaluate import CountingArm, FlareSettings, run_flare
+
+    reply = "Iowa became a U.S. state in 1846."
+
+    arms = {"memory": CountingArm(Memory())}
+    backend = ScriptedBackend(lambda context: plan(reply, 0.99))
+    out = run_flare(backend, "When did Iowa become a state?", config(), arms, "", FlareSettings(0.5, 0.4))
+    assert out.reply == reply
+    assert out.grounding_calls == 0 and not out.triggered
+    assert out.tokens_prefilled > 2 * len("When did Iowa become a state?")  # the prompt sent twice: two look-aheads

@@ -163,13 +163,15 @@ def look_ahead_cut(pieces: Sequence[str]) -> int | None:
 
 def _decode(
     backend, prompt_tokens: list[int], max_tokens: int, stop_at_sentence: bool = False, confirm_stop: bool = False
-) -> tuple[list[int], list[float], str]:
-    """Greedy decode in a fresh session; returns (tokens, probabilities, text). stop_at_sentence stops at the
-    first sentence end; confirm_stop waits for the character after it (look_ahead_cut), and the token that
-    confirmed it is decoded but not returned."""
+) -> tuple[list[int], list[float], str, bool]:
+    """Greedy decode in a fresh session; returns (tokens, probabilities, text, whether it stopped at a sentence
+    end rather than the end of turn or the budget). stop_at_sentence stops at the first sentence end;
+    confirm_stop cuts where their look-ahead cut does (look_ahead_cut), and the tokens past the cut are decoded
+    but not returned."""
     session = backend.session()
     tokens, probs, pieces = [], [], []
     piece_texts: list[str] = []  # each piece decoded on its own, for look_ahead_cut
+    stopped = False
     steps = session.steps(prompt_tokens, Sampling())
     try:
         for _, step in zip(range(max_tokens), steps, strict=False):  # at most max_tokens steps
@@ -184,13 +186,15 @@ def _decode(
                 cut = look_ahead_cut(piece_texts)
                 if cut is not None and len(text.strip()) > 1:
                     tokens, probs, pieces = tokens[:cut], probs[:cut], pieces[:cut]
+                    stopped = True
                     break
             elif stop_at_sentence and ends_sentence(text) and len(text.strip()) > 1:
+                stopped = True
                 break
     finally:
         steps.close()
         session.close()
-    return tokens, probs, b"".join(pieces).decode("utf-8", "replace")
+    return tokens, probs, b"".join(pieces).decode("utf-8", "replace"), stopped
 
 
 def _prompt_tokens(backend, layout: PromptLayout, evidence: Evidence | None, config: Config, prefix: str) -> list[int]:
@@ -210,7 +214,7 @@ def run_always(backend, question: str, config: Config, arms: Mapping[str, Counti
         arms, order, q, time.monotonic() + config.round_deadline_s, margin=config.arbitration_margin
     )
     prompt = _prompt_tokens(backend, layout, evidence, config, prefix)
-    tokens, _, text = _decode(backend, prompt, config.max_tokens)
+    tokens, _, text, _ = _decode(backend, prompt, config.max_tokens)
     return Outcome(text, sum(a.calls for a in arms.values()), True, len(tokens), len(prompt))
 
 
@@ -253,7 +257,7 @@ def run_flare(
     while accepted_tokens < config.max_tokens:
         budget = config.max_tokens - accepted_tokens
         prompt = _prompt_tokens(backend, layout, evidence, config, accepted)
-        tokens, probs, sentence = _decode(backend, prompt, budget, True, settings.theirs)
+        tokens, probs, sentence, stopped = _decode(backend, prompt, budget, True, settings.theirs)
         decoded += len(tokens)
         prefilled += len(prompt)
         pieces = [backend.token_bytes(t).decode("utf-8", "replace") for t in tokens]
@@ -266,13 +270,15 @@ def run_flare(
                 # Regenerate the sentence from scratch: FLARE re-sends the whole prompt with the evidence.
                 evidence = found
                 prompt = _prompt_tokens(backend, layout, evidence, config, accepted)
-                tokens, probs, sentence = _decode(backend, prompt, budget, True, settings.theirs)
+                tokens, probs, sentence, stopped = _decode(backend, prompt, budget, True, settings.theirs)
                 decoded += len(tokens)
                 prefilled += len(prompt)
         accepted += sentence
         accepted_tokens += len(tokens)
-        if not tokens or not ends_sentence(sentence):
-            break  # end of turn (or budget) reached inside the sentence
+        # Their loop goes on until the end of turn or the budget; a cut of theirs may end without a stop of
+        # ours ("became a U.S."). The earlier reading stopped where its own sentence rule saw no end.
+        if not tokens or not (stopped if settings.theirs else ends_sentence(sentence)):
+            break
     return Outcome(accepted[len(prefix) :], sum(a.calls for a in arms.values()), triggered, decoded, prefilled)
 
 
