@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The field's triggers beside the gate on the second model (Qwen2.5-Coder-0.5B-Instruct, its own calibration
 # and probe from results/second_model/calibration). Run from the repository root; STEP = signals | eval | seakr | all.
-# SeaKR (k = 8 samples a step) has its own step: on this model it takes about 4x the other modes together.
+# SeaKR (k = 8 samples a step) has its own step: on the embedded model it took 10x any other mode's wall time.
 # Each step resumes where it stopped (signals.jsonl, eval rows).
 set -euo pipefail
 SET=${1:?factqa or halueval}
