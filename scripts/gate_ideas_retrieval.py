@@ -18,23 +18,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
-from math import comb
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from peer_table import mcnemar_p
 
 from surprisegate.arms import Query
 from surprisegate.research.grading import grade
 from surprisegate.research.labeling import read_items
 
 PEERS_WITH_QUERIES = ("dragin", "etc", "etc-trend", "flare")
-
-
-def exact_mcnemar(only_a: int, only_b: int) -> float:
-    n = only_a + only_b
-    if n == 0:
-        return 1.0
-    tail = sum(comb(n, k) for k in range(min(only_a, only_b) + 1)) / 2**n
-    return min(1.0, 2 * tail)
 
 
 def evidence_for(arm, text: str) -> list:
@@ -45,7 +41,7 @@ def holds_answer(evidence, item: dict) -> bool:
     return grade(evidence.evidence, item).correct
 
 
-def rerank_room(arm, items: list[dict]) -> dict:
+def rerank_room(question_evidence: dict[str, list], items: list[dict]) -> dict:
     counts = {
         "items": len(items),
         "no_evidence": 0,
@@ -55,7 +51,7 @@ def rerank_room(arm, items: list[dict]) -> dict:
         "none_right": 0,
     }
     for item in items:
-        found = evidence_for(arm, item["question"])
+        found = question_evidence[item["id"]]
         if not found:
             counts["no_evidence"] += 1
             continue
@@ -66,7 +62,7 @@ def rerank_room(arm, items: list[dict]) -> dict:
     return counts
 
 
-def query_comparison(arm, items: list[dict], rows: list[dict]) -> dict:
+def query_comparison(arm, question_evidence: dict[str, list], items: list[dict], rows: list[dict]) -> dict:
     by_id = {it["id"]: it for it in items}
     out: dict = {}
     for mode in PEERS_WITH_QUERIES:
@@ -75,7 +71,7 @@ def query_comparison(arm, items: list[dict], rows: list[dict]) -> dict:
             if row["mode"] != mode or row["id"] not in by_id:
                 continue
             item = by_id[row["id"]]
-            question_ev = evidence_for(arm, item["question"])
+            question_ev = question_evidence[item["id"]]
             question_right = bool(question_ev) and holds_answer(question_ev[0], item)
             for query in row.get("queries") or []:
                 found = evidence_for(arm, query)
@@ -91,7 +87,7 @@ def query_comparison(arm, items: list[dict], rows: list[dict]) -> dict:
             "peer_query_no_evidence": sum(not f for _, _, f in pairs),
             "only_question_right": only_question,
             "only_peer_query_right": only_peer,
-            "exact_p": round(exact_mcnemar(only_question, only_peer), 4),
+            "exact_p": round(mcnemar_p(only_question, only_peer), 4),
         }
     return out
 
@@ -117,12 +113,13 @@ def main() -> None:
         arm, arm_name = build_web_arm(args.web), f"web:{args.web}"
     items = read_items(args.data)
     rows = [json.loads(line) for path in args.rows for line in path.read_text().splitlines() if line.strip()]
+    question_evidence = {item["id"]: evidence_for(arm, item["question"]) for item in items}  # what the gate asks
     report = {
         "data": args.data,
         "arm": arm_name,
         "rows": [str(p) for p in args.rows],
-        "rerank_room": rerank_room(arm, items),
-        "queries": query_comparison(arm, items, rows),
+        "rerank_room": rerank_room(question_evidence, items),
+        "queries": query_comparison(arm, question_evidence, items, rows),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
