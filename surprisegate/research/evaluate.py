@@ -147,18 +147,12 @@ def look_ahead_cut(pieces: Sequence[str]) -> int | None:
     " state", "50." is not an end before "5"), and their cut sees the whole look-ahead."""
     text = "".join(pieces)
     spans = list(_punkt().span_tokenize(text))
-    for number, (start, end) in enumerate(spans):
-        stop = end - (len(text[start:end]) - len(text[start:end].rstrip()))
-        if stop >= FLARE_MIN_SENT_LEN:
-            if number == len(spans) - 1:
-                return None
-            offset = 0
-            for index, piece in enumerate(pieces):
-                if offset >= stop:
-                    return index
-                offset += len(piece)
-            return None
-    return None
+    stops = [start + len(text[start:end].rstrip()) for start, end in spans]  # trailing spaces dropped, as theirs
+    first = next((n for n, stop in enumerate(stops) if stop >= FLARE_MIN_SENT_LEN), None)
+    if first is None or first == len(spans) - 1:
+        return None
+    starts = itertools.accumulate((len(p) for p in pieces[:-1]), initial=0)  # where each piece begins
+    return next((index for index, start in enumerate(starts) if start >= stops[first]), None)
 
 
 def _decode(
