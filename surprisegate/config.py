@@ -316,6 +316,22 @@ class Config:
     max_tokens: int = field(default=64, metadata={"flag": True, "help": "most tokens in a reply"})
     temperature: float = field(default=0.0, metadata={"flag": True, "help": "0 = greedy"})
     seed: int = field(default=0, metadata={"help": "sampling seed (temperature > 0)"})
+    # What a client may send besides the temperature (backends/samplers.py). They shape the choice only:
+    # surprise and entropy are read from the model's raw distribution whatever they are.
+    top_k: int = field(default=0, metadata={"help": "sample from the k most likely tokens; 0 = all"})
+    top_p: float = field(default=1.0, metadata={"help": "sample from the most likely tokens holding this mass"})
+    min_p: float = field(default=0.0, metadata={"help": "drop tokens less than min_p times the most likely's p"})
+    repeat_penalty: float = field(
+        default=1.0, metadata={"help": "llama.cpp's: divide recent tokens' logits (1 = off; over repeat_last_n)"}
+    )
+    repeat_last_n: int = field(default=64, metadata={"help": "how many context tokens repeat_penalty reads"})
+    frequency_penalty: float = field(
+        default=0.0, metadata={"help": "OpenAI's: logit minus this x the reply's count of the token"}
+    )
+    presence_penalty: float = field(default=0.0, metadata={"help": "OpenAI's: logit minus this if the reply used it"})
+    logit_bias: dict = field(
+        default_factory=dict, metadata={"help": "token id = bias added to its logit (-100 bans it), e.g. {42 = -100}"}
+    )
     n_ctx: int = field(default=4096, metadata={"help": "context window of the local backend"})
     sessions: int = field(
         default=1,
@@ -460,6 +476,7 @@ def _validate(c: Config) -> None:
         _fail("max_tokens", c.max_tokens, "use a whole number between 1 and 32768", "argument")
     if not (math.isfinite(c.temperature) and 0.0 <= c.temperature <= 10.0):
         _fail("temperature", c.temperature, "use a number between 0 (greedy) and 10", "argument")
+    _check_sampling(c)
     if not 64 <= c.n_ctx <= 1_048_576:
         _fail("n_ctx", c.n_ctx, "use a context size between 64 and 1048576 tokens", "argument")
     for key in ("connect_timeout", "first_byte_timeout", "idle_timeout"):
@@ -506,6 +523,10 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
             if isinstance(value, str):
                 value = tomllib.loads("t = " + value)["t"] if value.strip().startswith("{") else {}
             return {str(k): float(v) for k, v in dict(value).items()}
+        if key == "logit_bias":
+            if isinstance(value, str):
+                value = tomllib.loads("t = " + value)["t"] if value.strip().startswith("{") else {}
+            return {int(k): float(v) for k, v in dict(value).items()}
         if isinstance(default, tuple):
             items = value.split(",") if isinstance(value, str) else list(value)
             return tuple(str(i).strip() for i in items if str(i).strip())
@@ -514,6 +535,37 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
         kind = type(default).__name__.replace("tuple", "comma-separated list").replace("float", "number")
         example = "{capital = 2.1} (question kind = bits)" if isinstance(default, dict) else f"{key}={default!r}"
         _fail(key, value, f"expected a {kind.replace('dict', 'table')}, e.g. {example}", origin)
+
+
+def _check_sampling(c: Config) -> None:
+    if not 0 <= c.top_k <= 1_000_000:
+        _fail("top_k", c.top_k, "use 0 (off) or a whole number of tokens, e.g. 40", "argument")
+    for key, low, high, example in (
+        ("top_p", 0.0, 1.0, "0.9 (1 = off)"),
+        ("min_p", 0.0, 1.0, "0.05 (0 = off)"),
+        ("repeat_penalty", 0.0, 10.0, "1.1 (1 = off)"),
+        ("frequency_penalty", -2.0, 2.0, "0.5 (0 = off)"),
+        ("presence_penalty", -2.0, 2.0, "0.5 (0 = off)"),
+    ):
+        value, open_low = getattr(c, key), key in ("top_p", "repeat_penalty")  # 0 would leave no token / divide by 0
+        if not (math.isfinite(value) and low <= value <= high) or (open_low and value == low):
+            span = f"over {low:g} and at most {high:g}" if open_low else f"from {low:g} to {high:g}"
+            _fail(key, value, f"use a number {span}, e.g. {example}", "argument")
+    if not 0 <= c.repeat_last_n <= 1_048_576:
+        _fail("repeat_last_n", c.repeat_last_n, "use a whole number of tokens, e.g. 64 (0 = off)", "argument")
+    if not isinstance(c.logit_bias, dict) or not all(
+        isinstance(k, int)
+        and not isinstance(k, bool)
+        and k >= 0
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        and -100 <= v <= 100
+        for k, v in c.logit_bias.items()
+    ):
+        _fail(
+            "logit_bias", c.logit_bias, "use a table of token id = bias from -100 to 100, e.g. {42 = -100}", "argument"
+        )
 
 
 def _build(values: Mapping[str, Any], origin: str) -> Config:
@@ -559,6 +611,17 @@ def file_values(path: str | Path) -> dict[str, Any]:
 
 
 # What a per-model calibration sets (model_calibrations.py); the rest of its file, if any, is not a calibration.
+# What shapes a sampled choice beyond the temperature (backends/samplers.Shaping, in its order).
+SAMPLING_KEYS = (
+    "top_k",
+    "top_p",
+    "min_p",
+    "repeat_penalty",
+    "repeat_last_n",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+)
 CALIBRATED_KEYS = ("signal", "statistic", "window", "min_tokens", "threshold", "kind_thresholds", "sentence_threshold")
 THRESHOLD_KEYS = ("threshold", "kind_thresholds")
 

@@ -38,6 +38,7 @@ from surprisegate.backends.http_stream import EventStream, ServerError
 from surprisegate.backends.http_tokens import ZWSP, SpecialText
 from surprisegate.backends.ollama import END_OF_TURN, OllamaBackend, from_ollama
 from surprisegate.backends.registry import open_backend
+from surprisegate.backends.samplers import Shaping
 from surprisegate.backends.sglang import SglangBackend, from_sglang
 from surprisegate.backends.vllm import VllmBackend, from_vllm
 from surprisegate.errors import BackendError, InputError, SurpriseGateError
@@ -886,3 +887,48 @@ def test_the_dialects_share_one_http_client():
     for module in (o, s, v):
         source = Path(module.__file__).read_text()
         assert "http.client" not in source and "socket" not in source and "json.loads" not in source
+
+
+# --------------------------------------------------------------------------------------------------
+# a client's sampling settings (backends/samplers.py) go to the server as its own parameters
+# --------------------------------------------------------------------------------------------------
+SHAPED = Shaping(top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.1, frequency_penalty=0.5, logit_bias={7: -5.0})
+
+
+def test_vllm_and_sglang_take_the_clients_sampling_settings_with_a_ban_on_top(vllm_fake, sglang_fake):
+    vllm = connect("vllm", vllm_fake)
+    steps = vllm.session().steps(PROMPT, Sampling(top_logprobs=2, shaping=SHAPED), banned=frozenset({9}))
+    next(steps)
+    steps.close()
+    body = vllm_fake.sent("/v1/completions")[0]
+    assert (body["top_k"], body["top_p"], body["min_p"]) == (40, 0.9, 0.05)
+    assert (body["repetition_penalty"], body["frequency_penalty"], body["presence_penalty"]) == (1.1, 0.5, 0.0)
+    assert body["logit_bias"] == {"7": -5.0, "9": -100.0}
+    sglang = connect("sglang", sglang_fake)
+    steps = sglang.session().steps(PROMPT, Sampling(top_logprobs=2, shaping=SHAPED))
+    next(steps)
+    steps.close()
+    params = sglang_fake.sent("/generate")[0]["sampling_params"]
+    assert (params["top_k"], params["top_p"], params["repetition_penalty"]) == (40, 0.9, 1.1)
+    assert params["logit_bias"] == {"7": -5.0}
+
+
+def test_ollama_takes_the_settings_and_refuses_a_logit_bias(ollama_fake):
+    backend = connect("ollama", ollama_fake)
+    messages = chat_messages("What is the capital of France?")
+    layout = PromptLayout.from_template(backend.chat_prompt, messages)
+    prompt = layout.body_tokens(backend.tokenize) + layout.open_tokens(backend.tokenize)
+    unbiased = Shaping(top_k=40, top_p=0.9, repeat_penalty=1.1)
+    steps = backend.session().steps(prompt, Sampling(top_logprobs=2, shaping=unbiased))
+    next(steps)
+    steps.close()
+    options = ollama_fake.sent("/api/generate")[0]["options"]
+    assert (options["top_k"], options["top_p"], options["repeat_penalty"], options["repeat_last_n"]) == (
+        40,
+        0.9,
+        1.1,
+        64,
+    )
+    with pytest.raises(InputError, match="Ollama's API takes no logit bias"):
+        steps = backend.session().steps(prompt, Sampling(shaping=SHAPED))
+        next(steps)

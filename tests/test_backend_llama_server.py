@@ -598,3 +598,22 @@ def test_real_server_end_to_end_grounds_the_demo_question(real, llama_backend):
     assert "cached_tokens" not in local.receipt["rounds"][0]  # in process: no server, no such record
     assert remote.text == local.text
     assert not math.isnan(remote.receipt["surprise"]["mean"])
+
+
+def test_a_clients_sampling_settings_become_the_servers_sampler_stages(fake):
+    from surprisegate.backends.llama_server import sampler_chain
+    from surprisegate.backends.samplers import Shaping
+
+    assert sampler_chain(Shaping()) == {"samplers": ["temperature"]}  # as in process: the temperature alone
+    chain = sampler_chain(Shaping(top_k=40, min_p=0.05, presence_penalty=0.5))
+    assert chain["samplers"] == ["penalties", "top_k", "min_p", "temperature"]
+    assert chain["top_k"] == 40 and chain["min_p"] == 0.05 and chain["presence_penalty"] == 0.5
+    assert chain["repeat_penalty"] == 1.0 and "top_p" not in chain
+    backend = connect(fake)
+    shaping = Shaping(top_p=0.9, logit_bias={11: 2.5})
+    steps = backend.session().steps(CAPTURED_PROMPT, Sampling(shaping=shaping), banned=frozenset({504}))
+    next(steps)
+    steps.close()
+    body = fake.sent("/completion")[0]
+    assert body["samplers"] == ["top_p", "temperature"] and body["top_p"] == 0.9
+    assert body["logit_bias"] == [[11, 2.5], [504, False]]

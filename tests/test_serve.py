@@ -317,7 +317,46 @@ def test_temperature_and_seed_reach_the_receipts_config(server):
     r = ask(server, temperature=0.7, seed=11, top_p=1)
     config = receipt_of(r)["config"]
     assert config["temperature"] == 0.7 and config["seed"] == 11 and config["stream"] == "holdback"
-    assert receipt_of(r)["extra"]["serve"]["request"] == {"temperature": 0.7, "seed": 11}
+    assert receipt_of(r)["extra"]["serve"]["request"] == {"temperature": 0.7, "seed": 11, "top_p": 1.0}
+
+
+def test_the_sampling_settings_clients_send_are_honoured_into_the_receipt(server):
+    r = ask(
+        server,
+        top_p=0.9,
+        frequency_penalty=0.5,
+        presence_penalty=0.25,
+        logit_bias={"7": -100},
+        modalities=["text"],
+        extra_body={"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1},
+    )
+    assert r.choices[0].message.content == "You asked: What is two plus two?. Done."
+    receipt = receipt_of(r)
+    config = receipt["config"]
+    assert (config["top_p"], config["top_k"], config["min_p"], config["repeat_penalty"]) == (0.9, 40, 0.05, 1.1)
+    assert (config["frequency_penalty"], config["presence_penalty"]) == (0.5, 0.25)
+    shaped = receipt["extra"]["sampling"]["shaped_by"]
+    assert shaped["logit_bias"] == {"7": -100.0} and shaped["top_k"] == 40 and shaped["repeat_last_n"] == 64
+    assert receipt["extra"]["sampling"]["signal_from"]
+    # top_k -1 (vLLM's "off") and the defaults change nothing and are not recorded as changes
+    plain = receipt_of(ask(server, top_p=1, extra_body={"top_k": -1}))
+    assert plain["extra"]["sampling"]["shaped_by"] == {} and plain["extra"]["serve"]["request"] == {
+        "top_p": 1.0,
+        "top_k": 0,
+    }
+
+
+def test_a_logit_bias_past_the_vocabulary_is_a_400_naming_the_id():
+    backend = Sessions()
+    backend.n_vocab = 100
+    srv = start(scripted_runtime(backend))
+    try:
+        body = {"model": MODEL, "messages": USER, "logit_bias": {"100": -100}}
+        error = assert_openai_error(httpx.post(srv.url + "/v1/chat/completions", json=body), 400, "logit_bias.100")
+        assert "vocabulary of 100 tokens" in error["message"]
+        assert backend.open == 0
+    finally:
+        srv.stop()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -592,7 +631,31 @@ BAD = [
         "response_format",
         None,
     ),
-    ("top_p below 1", {"model": MODEL, "messages": USER, "top_p": 0.5}, 400, "top_p", None),
+    ("top_p zero", {"model": MODEL, "messages": USER, "top_p": 0}, 400, "top_p", None),
+    ("top_p over 1", {"model": MODEL, "messages": USER, "top_p": 1.5}, 400, "top_p", None),
+    (
+        "a penalty out of range",
+        {"model": MODEL, "messages": USER, "frequency_penalty": 3},
+        400,
+        "frequency_penalty",
+        None,
+    ),
+    ("audio output", {"model": MODEL, "messages": USER, "modalities": ["text", "audio"]}, 400, "modalities", None),
+    (
+        "a logit_bias key not an id",
+        {"model": MODEL, "messages": USER, "logit_bias": {"cat": 5}},
+        400,
+        "logit_bias.cat",
+        None,
+    ),
+    ("a logit_bias over 100", {"model": MODEL, "messages": USER, "logit_bias": {"5": 101}}, 400, "logit_bias.5", None),
+    (
+        "two names for the repeat penalty that differ",
+        {"model": MODEL, "messages": USER, "repeat_penalty": 1.1, "repetition_penalty": 1.2},
+        400,
+        "repetition_penalty",
+        None,
+    ),
     ("top_logprobs without logprobs", {"model": MODEL, "messages": USER, "top_logprobs": 2}, 400, "top_logprobs", None),
     ("an unknown field", {"model": MODEL, "messages": USER, "mystery": 1}, 400, "mystery", None),
     ("stream_options without stream", {"model": MODEL, "messages": USER, "stream_options": {}}, 400, None, None),

@@ -18,7 +18,7 @@ these protocols only; `open_backend` (registry.py) picks one (a `Backend`) by na
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -36,6 +36,7 @@ from .capabilities import (
     TopKSignals,
     VocabSize,
 )
+from .samplers import Shaping
 
 __all__ = [
     "LOGPROB_FLOOR",
@@ -91,6 +92,10 @@ class Sampling:
     scored: bool = True  # compute surprise and entropy (off mode skips the cost)
     top_logprobs: int = 0  # keep the k most likely tokens of each step
     hidden: bool = False  # attach the model's hidden state to each step (backends that can read it)
+    # top-k/p, min-p, penalties, logit bias (samplers.py): they shape the choice, never the signals
+    shaping: Shaping = field(default_factory=Shaping)
+    # The reply's own tokens so far, for frequency and presence penalties (the loop sets it: it owns the reply)
+    reply_tokens: Callable[[], Sequence[int]] | None = field(default=None, repr=False, compare=False)
     rng: np.random.Generator | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -98,19 +103,29 @@ class Sampling:
             self.rng = np.random.default_rng(self.seed)
 
     def choose(
-        self, logits: np.ndarray, banned: frozenset[int] = frozenset(), stats: SoftmaxStats | None = None
+        self,
+        logits: np.ndarray,
+        banned: frozenset[int] = frozenset(),
+        stats: SoftmaxStats | None = None,
+        context: Sequence[int] = (),
     ) -> int:
         """Pick the next token (never one of `banned`). Never writes `logits`. `stats`: the step's, if read
-        already (greedy takes its argmax)."""
-        if self.temperature <= 0.0 and stats is not None and not banned:
+        already (greedy takes its argmax); `context`: the tokens the model holds (repeat penalty)."""
+        reshapes = self.shaping.reshapes
+        if self.temperature <= 0.0 and stats is not None and not banned and not reshapes:
             return stats.argmax
         choose_from = logits
+        if reshapes:
+            reply = self.reply_tokens() if self.reply_tokens is not None else ()
+            choose_from = self.shaping.reshape(logits, context, reply)
         if banned:  # a masked copy, only for the one step of a retry
-            choose_from = logits.copy()
+            choose_from = choose_from.copy()
             choose_from[list(banned)] = -np.inf
         if self.temperature <= 0.0:
             return int(choose_from.argmax())
         assert self.rng is not None
+        if self.shaping.truncates:
+            choose_from = self.shaping.truncate(choose_from)
         z = choose_from.astype(np.float64) / self.temperature
         p = np.exp(z - z.max())
         return int(self.rng.choice(p.size, p=p / p.sum()))
@@ -354,7 +369,7 @@ class LocalSession:
     def _decode(self, logits: np.ndarray, sampling: Sampling, banned: frozenset[int]) -> Generator[Step, None, None]:
         while True:
             stats = sampling.stats(logits)  # the logits read once for the choice and both signals
-            token = sampling.choose(logits, banned, stats)
+            token = sampling.choose(logits, banned, stats, self._held)
             banned = frozenset()
             # The state behind these logits, for a trigger probe (the step's own copy).
             hidden = hidden_state_of(self._hidden) if sampling.hidden and sampling.scored else None

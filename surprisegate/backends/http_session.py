@@ -557,14 +557,27 @@ class TokenIdServer(ServerTokenizer, ServerBackend):
     def sampling_params(sampling: Sampling, banned: frozenset[int]) -> dict[str, Any]:
         """The sampling fields both take: the temperature (0 greedy) over the whole distribution, EOS honoured,
         control tokens' text left out of the streamed text, and a ban as a logit bias of -100 (vLLM's limit)."""
+        shaping = sampling.shaping
         params: dict[str, Any] = {
             "temperature": max(0.0, float(sampling.temperature)),
             **FULL_DISTRIBUTION,
             "ignore_eos": False,
             "skip_special_tokens": True,
         }
-        if banned:
-            params["logit_bias"] = {str(int(t)): -100.0 for t in sorted(banned)}
+        # A client's settings (samplers.py) as theirs: repetition_penalty reads the whole prompt and output
+        # (no repeat_last_n window); the streamed logprobs stay the raw model output's.
+        params |= {
+            "top_p": shaping.top_p,
+            "top_k": shaping.top_k or -1,
+            "min_p": shaping.min_p,
+            "repetition_penalty": shaping.repeat_penalty,
+            "presence_penalty": shaping.presence_penalty,
+            "frequency_penalty": shaping.frequency_penalty,
+        }
+        bias = {str(int(t)): max(-100.0, min(100.0, float(b))) for t, b in sorted(shaping.logit_bias.items())}
+        bias |= {str(int(t)): -100.0 for t in sorted(banned)}
+        if bias:
+            params["logit_bias"] = bias
         return params
 
     def _info(self) -> dict[str, Any]:

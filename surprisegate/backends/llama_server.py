@@ -24,9 +24,10 @@ server's vocabulary size from `/v1/models`); calibrate per model and per k (DESI
 
 Sampling. The server samples: greedy is `temperature: 0` (its temperature sampler keeps the first
 highest logit, as numpy's argmax); a temperature T > 0 samples softmax(logits / T) with `samplers:
-["temperature"]` (no top-k/top-p/min-p truncation, as `Sampling.choose` in process) and a seed per request
-derived from `Sampling.seed` and the request's number in the session: reproducible run to run, not the
-in-process random stream.
+["temperature"]` and a seed per request derived from `Sampling.seed` and the request's number in the
+session: reproducible run to run, not the in-process random stream. A client's top-k, top-p, min-p,
+penalties and logit bias (`Sampling.shaping`) go in as the server's own sampler stages (`sampler_chain`);
+the logprobs it streams stay the raw distribution's, so the signal does not move with them.
 
 Bans. `banned` applies to the first step only: that step is a request of its own with `n_predict: 1` and
 `logit_bias: [[id, false], ...]` (-inf, a sampler stage: the reported logprobs stay those of the raw
@@ -77,6 +78,7 @@ from .http_session import (
 )
 from .http_stream import Endpoint, ServerError, Timeouts
 from .http_tokens import EOG_TEXTS, LRU, render_chat_template
+from .samplers import Shaping
 
 __all__ = [
     "DEFAULT_N_PREDICT",
@@ -296,16 +298,43 @@ class LlamaServerBackend(ServerBackend):
             # Bytes ride on the probabilities: at least the chosen token's, the top 20 when scored.
             "n_probs": max(sampling.top_logprobs, SIGNAL_TOP_K) if sampling.scored else 1,
             "temperature": max(0.0, float(sampling.temperature)),
-            "samplers": ["temperature"],
             "seed": seed,
             "ignore_eos": False,
-        }
-        if banned:
-            body["logit_bias"] = [[int(t), False] for t in sorted(banned)]
+        } | sampler_chain(sampling.shaping)
+        bias = [[int(t), float(b)] for t, b in sorted(sampling.shaping.logit_bias.items()) if t not in banned]
+        bias += [[int(t), False] for t in sorted(banned)]
+        if bias:
+            body["logit_bias"] = bias
         return ServerRequest("/completion", body, "sse", "token-ids", n_predict, body["n_probs"])
 
     def stream_parser(self, request: ServerRequest) -> _CompletionParser:
         return _CompletionParser(self)
+
+
+def sampler_chain(shaping: Shaping) -> dict[str, Any]:
+    """llama.cpp's sampler stages for a reply's settings, in its default order (penalties, top-k, top-p,
+    min-p, temperature); with none set the chain is the temperature alone, as in process. Its penalties read
+    the context's last repeat_last_n tokens for all three (OpenAI's frequency and presence count the reply's
+    own tokens in process: within a short reply the two agree where the prompt does not repeat the token)."""
+    stages: list[str] = []
+    fields: dict[str, Any] = {}
+    if shaping.penalises:
+        stages.append("penalties")
+        fields |= {
+            "repeat_penalty": shaping.repeat_penalty,
+            "repeat_last_n": shaping.repeat_last_n,
+            "frequency_penalty": shaping.frequency_penalty,
+            "presence_penalty": shaping.presence_penalty,
+        }
+    for stage, value, off in (
+        ("top_k", shaping.top_k, 0),
+        ("top_p", shaping.top_p, 1.0),
+        ("min_p", shaping.min_p, 0.0),
+    ):
+        if value != off:
+            stages.append(stage)
+            fields[stage] = value
+    return {"samplers": [*stages, "temperature"], **fields}
 
 
 class _CompletionParser:

@@ -11,9 +11,10 @@ The whole gate over Ollama's native API (DESIGN §4; wire samples ../shared/wire
   cached-token count ("cached": None; `prompt_n` is its `prompt_eval_count`, the prompt tokens it evaluated).
   Closing the iterator closes the connection: Ollama aborts the request.
 - sampling: `options.temperature` (0 greedy), `top_k: 0`, `top_p: 1`, `min_p: 0`, `repeat_penalty: 1` and no
-  other penalties (Ollama's defaults would apply top-k 40, top-p 0.9 and a repeat penalty of 1.1), a seed
-  per request. Ollama has no logit bias: a ban is not applied, and the request's record says
-  `ban_ignored`.
+  other penalties unless the reply's settings say otherwise (`Sampling.shaping`; Ollama's own defaults would
+  apply top-k 40, top-p 0.9 and a repeat penalty of 1.1), a seed per request. A logit bias is refused (its
+  token ids would be this backend's numbering, not the model's). Ollama has no logit bias: a ban is not
+  applied, and the request's record says `ban_ignored`.
 - token ids: ours. Ollama streams each token's text and bytes but no id, so this backend numbers texts: id 0
   is the end of turn (`eos_token_ids` = {0}; Ollama's `done_reason: "stop"` yields it), and every distinct
   piece gets an id by what it is: a chat-template piece (`tokenize(text, special=True)`), a piece of outside
@@ -187,15 +188,22 @@ class OllamaBackend(ServerBackend):
 
     # --- one streamed request (the hooks of http_session.ServerSession) ------------------------------
     def stream_request(self, prompt: list[int], sampling: Sampling, banned: frozenset[int], seed: int) -> ServerRequest:
+        shaping = sampling.shaping
+        if shaping.logit_bias:
+            raise InputError(
+                f"logit_bias={dict(shaping.logit_bias)!r}: Ollama's API takes no logit bias; drop it, or serve the "
+                "model with llama.cpp's server (--backend llama-server://...), which does"
+            )
         options: dict[str, Any] = {
             "num_predict": self.n_predict,
             "temperature": max(0.0, float(sampling.temperature)),
-            "top_k": 0,
-            "top_p": 1.0,
-            "min_p": 0.0,
-            "repeat_penalty": 1.0,
-            "presence_penalty": 0.0,
-            "frequency_penalty": 0.0,
+            "top_k": shaping.top_k,
+            "top_p": shaping.top_p,
+            "min_p": shaping.min_p,
+            "repeat_penalty": shaping.repeat_penalty,
+            "repeat_last_n": shaping.repeat_last_n,
+            "presence_penalty": shaping.presence_penalty,
+            "frequency_penalty": shaping.frequency_penalty,
             "seed": seed,
         }
         body: dict[str, Any] = {

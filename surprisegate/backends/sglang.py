@@ -14,7 +14,8 @@ tests/wire_inferred/sglang_* for the `input_ids` exchange, written from SGLang's
   `meta_info.cached_tokens` is the RadixAttention prefix-cache hit, in every event. Closing the iterator
   closes the connection: SGLang aborts the request.
 - sampling: `temperature` (0 greedy: logprobs are the raw log-softmax), `top_p: 1`, `top_k: -1`, `min_p: 0`,
-  no penalties (overriding the model's generation_config defaults SGLang applies); at temperature T > 0 SGLang
+  no penalties (overriding the model's generation_config defaults SGLang applies) unless the reply's settings
+  (`Sampling.shaping`) say otherwise; at temperature T > 0 SGLang
   reports logprobs after temperature scaling unless the server runs with SGLANG_RETURN_ORIGINAL_LOGPROB=1
   (DESIGN §1: calibrate with the same setting). `sampling_seed` per request when sampling. A ban is a 1-token
   request with `logit_bias` -100 (that one step's logprobs then include the bias).

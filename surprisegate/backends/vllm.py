@@ -13,8 +13,9 @@ tests/wire_inferred/vllm_* for the token-id exchange, written from vLLM's source
   in V1) reuses whole KV blocks of the earlier request: a resume after a rewind recomputes from the block
   holding the rewind point. Closing the iterator closes the connection: vLLM aborts the request.
 - sampling: `temperature` (0 greedy), `top_p: 1`, `top_k: -1`, `min_p: 0`, no penalties (overriding the
-  model's generation_config defaults vLLM would apply), and a seed per request (`Sampling.seed` and the
-  request's number). A ban is a 1-token request with `logit_bias` -100 (the largest vLLM allows).
+  model's generation_config defaults vLLM would apply) unless the reply's settings (`Sampling.shaping`) say
+  otherwise, and a seed per request (`Sampling.seed` and the request's number). A ban is a 1-token request
+  with `logit_bias` -100 (the largest vLLM allows).
 - tokens: `POST /tokenize` (`add_special_tokens: false`, `return_token_strs`) and `POST /detokenize`. The
   tokenizer parses special tokens in any text, so untrusted text is cut inside control-token strings and the
   parts tokenized apart (http_tokens.py); the ids are checked against the known control tokens (those of

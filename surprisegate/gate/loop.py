@@ -23,7 +23,8 @@ from typing import Any
 
 from ..arms import Arm, Evidence, Query
 from ..backends import BlackBoxBackend, HiddenStates, Sampling, SteerableBackend, Step
-from ..config import Config, evidence_text
+from ..backends.samplers import Shaping
+from ..config import SAMPLING_KEYS, Config, evidence_text
 from ..errors import BackendFault, InputError
 from ..text import current_sentence
 from .claims import sentence_arm_query
@@ -124,6 +125,7 @@ class _ReplyLoop:
         self.prompt: ReplyPrompt | None = None  # rendered at the start (a server may fail: the receipt says so)
         self.decoding = Decoding(backend.session(), _sampling(config, self.scored, self.policy.probe is not None))
         self.emitter, self.reply, self.stops = Emitter(config.stream == "holdback"), Reply(), StopStrings(stop)
+        self.decoding.sampling.reply_tokens = lambda: self.reply.tokens  # frequency/presence count the reply's own
         self.scribe = SessionScribe(backend, self.decoding)  # lent to arms that have the model write (programs)
         self.rounds: list[ConvergenceRecord] = []
         self.at_end_of_turn = False  # a trigger judged at the model's end of turn
@@ -385,7 +387,13 @@ def _arm_query(loop: _ReplyLoop) -> Query:
 
 def _sampling(config: Config, scored: bool, hidden: bool) -> Sampling:
     """Hidden states only when a probe will read them (the backend then keeps its tapped layer's state)."""
-    return Sampling(config.temperature, config.seed, scored, config.top_logprobs, hidden=hidden)
+    return Sampling(
+        config.temperature, config.seed, scored, config.top_logprobs, hidden=hidden, shaping=_shaping(config)
+    )
+
+
+def _shaping(config: Config) -> Shaping:
+    return Shaping(**{k: getattr(config, k) for k in SAMPLING_KEYS} | {"logit_bias": dict(config.logit_bias)})
 
 
 def _grounding(trigger: Trigger, record: ConvergenceRecord, chosen: Evidence | None, resumed: str | None) -> Grounding:

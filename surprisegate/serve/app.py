@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..backends import SteerableBackend
 from ..gate.events import Token
 from ..text import first_stop
-from .gate import Admission, ClientView, Finished, Generation, RotatingReceipts, check_context
+from .gate import Admission, ClientView, Finished, Generation, RotatingReceipts, check_context, check_logit_bias
 from .metrics import CONTENT_TYPE, Metrics
 from .replies import ReplyShape, StopCutter, finish_reason, token_info, token_infos
 from .wire import ApiError, GateRequest, Limits, parse_chat, parse_completion, parse_json, shown
@@ -109,6 +109,7 @@ class Server:
         config = self.runtime.config
         parsed = parse(parse_json(raw), config, self.settings.limits, (self.model,), self.detect_only)
         await anyio.to_thread.run_sync(check_context, self.runtime.backend, parsed)  # tokenizing: off the loop
+        check_logit_bias(self.runtime.backend, parsed)
         gen = await self._admit(request, parsed)
         if gen is None:
             return Response(status_code=DISCONNECTED)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from ..config import Config
+from ..config import SAMPLING_KEYS, Config
 from ..errors import InputError
 from ..gate.events import Done, Event
 from ..gate.loop import stream
@@ -142,6 +142,21 @@ def check_context(backend: Any, request: GateRequest) -> None:
         )
 
 
+def check_logit_bias(backend: Any, request: GateRequest) -> None:
+    """A biased token id past the model's vocabulary is the client's to fix (400); checked where the backend
+    says its vocabulary size (`capabilities.VocabSize`)."""
+    n_vocab = getattr(backend, "n_vocab", None)
+    if not isinstance(n_vocab, int):
+        return
+    bad = sorted(t for t in request.config.logit_bias if t >= n_vocab)
+    if bad:
+        raise ApiError(
+            f"logit_bias names token id {bad[0]}, past this model's vocabulary of {n_vocab} tokens (ids 0 to "
+            f"{n_vocab - 1}); send ids the model's tokenizer gives",
+            param=f"logit_bias.{bad[0]}",
+        )
+
+
 @dataclass
 class Finished:
     """The Done event with the receipt built (and written) in the worker thread. `receipt` is what the
@@ -242,6 +257,7 @@ CLIENT_CONFIG_KEYS = (
     "max_tokens",
     "temperature",
     "seed",
+    *SAMPLING_KEYS,
     "top_logprobs",
     "tail_cut",
     "claim_scope",

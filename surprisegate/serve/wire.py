@@ -58,15 +58,17 @@ UNSERVED = {
     "function_call": "function calls",
     "parallel_tool_calls": "tool calls",
     "response_format": "structured output",
-    "logit_bias": "logit bias",
     "audio": "audio output",
-    "modalities": "other modalities",
     "prediction": "predicted outputs",
     "web_search_options": "the provider's web search",
     "reasoning_effort": "reasoning models",
     "suffix": "insertion",
 }
 IGNORED = ("user", "metadata", "store", "service_tier")  # bookkeeping fields with no effect on the reply
+# Sampling fields beyond OpenAI's own that vLLM, llama.cpp's server and Ollama-minded clients send
+# (repetition_penalty is vLLM's and HF's name for llama.cpp's repeat_penalty).
+SAMPLING_FIELDS = ("top_k", "min_p", "repeat_penalty", "repetition_penalty", "repeat_last_n", "logit_bias")
+MAX_LOGIT_BIAS = 300  # entries, OpenAI's own limit
 CHAT_FIELDS = (
     "model",
     "messages",
@@ -83,6 +85,8 @@ CHAT_FIELDS = (
     "n",
     "presence_penalty",
     "frequency_penalty",
+    *SAMPLING_FIELDS,
+    "modalities",
     "surprisegate",
 )
 COMPLETION_FIELDS = (
@@ -101,6 +105,7 @@ COMPLETION_FIELDS = (
     "echo",
     "presence_penalty",
     "frequency_penalty",
+    *SAMPLING_FIELDS,
     "surprisegate",
 )
 
@@ -390,14 +395,11 @@ def check_fields(body: dict, allowed: tuple[str, ...]) -> None:
         raise ApiError(
             f"{key}={shown(body[key])}: one reply per request is served; drop {key} or set it to 1", param=key
         )
-    for key in ("presence_penalty", "frequency_penalty"):
-        if _number(body, key, -2.0, 2.0) not in (None, 0.0):
-            raise ApiError(f"{key}={shown(body[key])} is not served (the gate decodes unpenalized); drop it", param=key)
-    if _number(body, "top_p", 0.0, 1.0) not in (None, 1.0):
+    modalities = body.get("modalities")
+    if modalities is not None and modalities != ["text"]:
         raise ApiError(
-            f"top_p={shown(body['top_p'])}: only top_p=1 is served exactly (sampling uses the whole distribution "
-            "at the given temperature); drop top_p or set it to 1",
-            param="top_p",
+            f'modalities={shown(modalities)}: this server writes text only; send ["text"] or drop modalities',
+            param="modalities",
         )
 
 
@@ -590,6 +592,60 @@ def sampling_overrides(body: dict, limits: Limits) -> dict[str, Any]:
     seed = _int(body, "seed", 0, 2**63 - 1)
     if seed is not None:
         out["seed"] = seed
+    return out | shaping_overrides(body)
+
+
+def shaping_overrides(body: dict) -> dict[str, Any]:
+    """top_p, top_k, min_p, the penalties and logit_bias as config values (backends/samplers.py); the
+    defaults of each (1, 0 or -1, 0, 0, 1, {}) change nothing and are left out."""
+    out: dict[str, Any] = {}
+    top_p = _number(body, "top_p", 0.0, 1.0)
+    if top_p == 0.0:
+        raise ApiError("top_p=0 leaves no token to sample; send a number over 0 (1 = off), e.g. 0.9", param="top_p")
+    top_k = _int(body, "top_k", -1, 1_000_000, why=" (0 or -1 = off)")
+    min_p = _number(body, "min_p", 0.0, 1.0)
+    names = [k for k in ("repeat_penalty", "repetition_penalty") if body.get(k) is not None]
+    if len(names) == 2 and body["repeat_penalty"] != body["repetition_penalty"]:
+        raise ApiError(
+            "repeat_penalty and repetition_penalty are one setting (llama.cpp's and vLLM's name) and differ; send one",
+            param="repetition_penalty",
+        )
+    repeat = _number(body, names[0], 0.0, 10.0) if names else None
+    if repeat == 0.0:
+        raise ApiError(f"{names[0]}=0 divides by zero; send a number over 0 (1 = off), e.g. 1.1", param=names[0])
+    values = {
+        "top_p": top_p,
+        "top_k": None if top_k is None else max(top_k, 0),
+        "min_p": min_p,
+        "repeat_penalty": repeat,
+        "repeat_last_n": _int(body, "repeat_last_n", 0, 1_000_000),
+        "frequency_penalty": _number(body, "frequency_penalty", -2.0, 2.0),
+        "presence_penalty": _number(body, "presence_penalty", -2.0, 2.0),
+    }
+    out |= {k: v for k, v in values.items() if v is not None}
+    bias = logit_bias(body.get("logit_bias"))
+    if bias:
+        out["logit_bias"] = bias
+    return out
+
+
+def logit_bias(value: Any) -> dict[int, float]:
+    """OpenAI's logit_bias: {"token id": bias from -100 to 100}, at most MAX_LOGIT_BIAS entries."""
+    if value is None:
+        return {}
+    example = 'e.g. {"1234": -100}'
+    if not isinstance(value, dict):
+        raise ApiError(f"logit_bias={shown(value)} must map token ids to biases, {example}", param="logit_bias")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise ApiError(f"logit_bias has {len(value)} entries, over {MAX_LOGIT_BIAS}; send fewer", param="logit_bias")
+    out: dict[int, float] = {}
+    for key in value:
+        param = f"logit_bias.{name(key)}"
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 9):
+            raise ApiError(f"logit_bias key {shown(key)} is not a token id; use ids as strings, {example}", param=param)
+        number = _number(value, key, -100.0, 100.0, param=param)
+        assert number is not None
+        out[int(key)] = number
     return out
 
 
