@@ -977,6 +977,13 @@ def _serve_main():
     help="Receipts sent to clients include the server's config (system prompt, tool roots, allow-lists, model "
     "path); by default they carry only the gate settings a request may set.",
 )
+@click.option(
+    "--cors-origin",
+    "cors_origins",
+    multiple=True,
+    help="A browser origin allowed to call the server (repeat for more, e.g. --cors-origin http://localhost:3000; "
+    "'*' allows any); none by default, so browser pages elsewhere are blocked.",
+)
 def serve(
     host: str,
     port: int,
@@ -993,6 +1000,7 @@ def serve(
     max_grounding_s: float,
     allow_python: bool,
     receipts_show_config: bool,
+    cors_origins: tuple[str, ...],
     **kwargs,
 ) -> None:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/completions) with the gate in the loop.
@@ -1014,6 +1022,7 @@ def serve(
         limits=serve_main.Limits(max_grounding_s=max_grounding_s, client_system=client_system),
         allow_python=allow_python,
         show_config=receipts_show_config,
+        cors_origins=cors_origins,
     )
     serve_main.serve_forever(resolve_layers(kwargs), options, _say)
 

@@ -29,6 +29,7 @@ from click.testing import CliRunner  # noqa: E402
 from surprisegate.arms import Evidence  # noqa: E402
 from surprisegate.backends import LocalSession  # noqa: E402
 from surprisegate.config import Config, ConfigLayers  # noqa: E402
+from surprisegate.errors import InputError  # noqa: E402
 from surprisegate.gate.receipts import read_receipts  # noqa: E402
 from surprisegate.serve.app import ServeSettings, create_app  # noqa: E402
 from surprisegate.serve.gate import CLIENT_CONFIG_KEYS, RotatingReceipts  # noqa: E402
@@ -253,10 +254,85 @@ def test_a_stream_through_the_client_with_usage_and_logprobs(server):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     lps = [t.logprob for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
     final = next(c for c in chunks if c.choices and c.choices[0].finish_reason)
-    receipt = final.model_extra["surprisegate"]["receipt"]
+    assert "surprisegate" not in final.model_extra  # the receipt rides on the last chunk, after usage
+    receipt = chunks[-1].model_extra["surprisegate"]["receipt"]  # the README's snippet, with include_usage
     assert text == receipt["reply"] == "You asked: Stream it?. Done."
     assert lps == pytest.approx([-s * LN2 for s in receipt["extra"]["token_surprises"]], abs=1e-3)
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == receipt["n_tokens"]
+
+
+def test_models_retrieve_names_the_served_model_and_404s_others(server):
+    assert client(server).models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as err:
+        client(server).models.retrieve("gpt-4o")
+    assert err.value.body["code"] == "model_not_found"
+
+
+def test_a_receipt_is_read_back_by_id_by_the_caller_that_made_it(server):
+    raw = client(server).chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "Keep my receipt?"}]
+    )
+    reply_id = raw.headers["x-surprisegate-receipt"]
+    sent = receipt_of(raw.parse())
+    same = {"authorization": "Bearer unused"}  # the key the client sent (any key, on this keyless server)
+    got = httpx.get(f"{server.url}/v1/receipts/{reply_id}", headers=same)
+    assert got.status_code == 200 and got.json() == sent
+    # another caller (another bearer key, or none) is not that caller
+    for other in ({"authorization": "Bearer someone-else"}, {}):
+        assert_openai_error(
+            httpx.get(f"{server.url}/v1/receipts/{reply_id}", headers=other), 404, code="receipt_not_found"
+        )
+    assert_openai_error(httpx.get(f"{server.url}/v1/receipts/no-such-id", headers=same), 404, code="receipt_not_found")
+    # a stream's receipt too: what the SDK's stream helpers and LangChain drop is one GET away
+    with client(server).chat.completions.with_streaming_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "Streamed?"}], stream=True
+    ) as streamed:
+        stream_id = streamed.headers["x-surprisegate-receipt"]
+        list(streamed.iter_lines())
+    assert (
+        httpx.get(f"{server.url}/v1/receipts/{stream_id}", headers=same).json()["reply"]
+        == "You asked: Streamed?. Done."
+    )
+
+
+def test_without_receipts_the_receipt_route_says_so():
+    srv = start(scripted_runtime())
+    try:
+        raw = client(srv).chat.completions.with_raw_response.create(model=MODEL, messages=USER)
+        reply_id = raw.headers["x-surprisegate-receipt"]
+        error = assert_openai_error(httpx.get(f"{srv.url}/v1/receipts/{reply_id}"), 404, code="receipts_off")
+        assert "--no-receipts" in error["message"]
+    finally:
+        srv.stop()
+
+
+def test_cors_only_for_the_origins_the_operator_names(receipts_file):
+    preflight = {
+        "origin": "http://localhost:3000",
+        "access-control-request-method": "POST",
+        "access-control-request-headers": "authorization, content-type, x-stainless-os",
+    }
+    closed = start(scripted_runtime())
+    opened = start(scripted_runtime(), cors_origins=("http://localhost:3000",))
+    try:
+        assert (
+            "access-control-allow-origin"
+            not in httpx.options(closed.url + "/v1/chat/completions", headers=preflight).headers
+        )
+        r = httpx.options(opened.url + "/v1/chat/completions", headers=preflight)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://localhost:3000"
+        assert "x-stainless-os" in r.headers["access-control-allow-headers"].lower()
+        elsewhere = httpx.options(
+            opened.url + "/v1/chat/completions", headers=preflight | {"origin": "http://evil.test"}
+        )
+        assert "access-control-allow-origin" not in elsewhere.headers
+        body = {"model": MODEL, "messages": USER}
+        r = httpx.post(opened.url + "/v1/chat/completions", json=body, headers={"origin": "http://localhost:3000"})
+        assert r.headers["access-control-allow-origin"] == "http://localhost:3000"
+        assert "x-surprisegate-receipt" in r.headers["access-control-expose-headers"].lower()
+    finally:
+        closed.stop()
+        opened.stop()
 
 
 def test_a_stream_sends_top_logprobs_with_their_tokens(server):
@@ -386,6 +462,39 @@ def gated():
     srv = start(scripted_runtime(Sessions(script_testland), config, {"memory": StaticArm()}))
     yield srv
     srv.stop()
+
+
+class SlowArm(StaticArm):
+    """Grounding that takes its time: the stream holds its text back meanwhile."""
+
+    def ground(self, query, deadline):
+        time.sleep(2.6)
+        return super().ground(query, deadline)
+
+
+def test_a_held_back_stream_keeps_the_wire_moving_while_the_gate_grounds():
+    config = Config(
+        mode="intervene", signal="surprise", statistic="max", window=4, threshold=3.0, min_tokens=1, system_prompt=""
+    ).replace(kind_thresholds={}, round_deadline_s=4.0)
+    srv = start(scripted_runtime(Sessions(script_testland), config, {"memory": SlowArm()}))
+    try:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "What is the capital of Testland?"}]}
+        started = time.monotonic()
+        arrivals: list[tuple[float, str]] = []
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body | {"stream": True}, timeout=30) as r:
+            for line in r.iter_lines():
+                if line:
+                    arrivals.append((time.monotonic() - started, line))
+        times = [t for t, _ in arrivals]
+        gaps = [b - a for a, b in zip([0.0, *times], times, strict=False)]
+        comments = [line for _, line in arrivals if line.startswith(":")]
+        chunks = [json.loads(line[6:]) for _, line in arrivals if line.startswith("data: {")]
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        assert text == RIGHT and chunks[-1]["surprisegate"]["receipt"]["rounds"]  # it did ground
+        assert times[0] < 1.0  # the first byte (the role chunk) comes before any grounding
+        assert comments and max(gaps) < 2.0  # keep-alives while the arm took 2.6 s
+    finally:
+        srv.stop()
 
 
 def test_the_server_default_is_plain_and_a_request_turns_the_gate_on(gated):
@@ -916,7 +1025,7 @@ def test_real_model_grounds_the_capital_from_memory_with_logprobs(real):
 def test_real_model_streams_the_calculators_product(real):
     chunks = list(real_ask(real, TIMES, stream=True, logprobs=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    receipt = next(c for c in chunks if c.choices and c.choices[0].finish_reason).model_extra["surprisegate"]["receipt"]
+    receipt = chunks[-1].model_extra["surprisegate"]["receipt"]  # the last chunk, after usage
     assert "1776" in text.replace(",", "") and text == receipt["reply"]
     assert grounded_by(receipt) == ["tool:calculator"]
     lps = [t.logprob for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
@@ -1023,3 +1132,66 @@ def test_a_short_answer_budget_keeps_the_reply_scope(paragraphs):
     # Reply scope: the window rule over the reply, max_rounds per reply (the same claim, found by the window).
     assert receipt_of(short)["config"]["max_tokens"] == 64
     assert all(r["trigger"]["statistic"] != "sentence:surprise" for r in receipt_of(short)["rounds"])
+
+
+def test_cors_origins_are_checked_when_the_server_starts():
+    from surprisegate.serve.main import check_origins
+
+    assert check_origins(("http://localhost:3000", "https://app.example.com", "*")) == (
+        "http://localhost:3000",
+        "https://app.example.com",
+        "*",
+    )
+    for bad in ("localhost:3000", "http://localhost:3000/chat", "ftp://x"):
+        with pytest.raises(InputError, match="--cors-origin"):
+            check_origins((bad,))
+
+
+# --------------------------------------------------------------------------------------------------
+# POST /v1/responses: OpenAI's newer API, text in and out, through the official client
+# --------------------------------------------------------------------------------------------------
+def test_responses_through_the_client_plain_and_streamed(server):
+    c = client(server)
+    r = c.responses.create(model=MODEL, input="What is two plus two?", max_output_tokens=100)
+    assert r.output_text == "You asked: What is two plus two?. Done." and r.status == "completed"
+    assert r.id.startswith("resp_") and r.usage.output_tokens == r.model_extra["surprisegate"]["receipt"]["n_tokens"]
+    assert r.model_extra["surprisegate"]["receipt"]["extra"]["serve"]["endpoint"] == "responses"
+    # message items, instructions, parts: the same chat as the chat endpoint's
+    items = [
+        {"role": "user", "content": "Hi?"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Hello."}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "Again?"}]},
+    ]
+    r = c.responses.create(model=MODEL, input=items, instructions="Be brief.")
+    receipt = r.model_extra["surprisegate"]["receipt"]
+    assert r.output_text == "You asked: Again?. Done."
+    assert [m["role"] for m in receipt["messages"]] == ["system", "user", "assistant", "user"]
+    with c.responses.stream(model=MODEL, input="Stream it?") as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert final.output_text == "You asked: Stream it?. Done." and final.status == "completed"
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-1] == "response.completed" and kinds.count("response.output_text.delta") > 1
+    cut = c.responses.create(model=MODEL, input="What is two plus two?", max_output_tokens=5)
+    assert cut.status == "incomplete" and cut.output_text == "You a"
+
+
+@pytest.mark.parametrize(
+    "extra,param",
+    [
+        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+        ({"previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "input[0]"),
+        ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
+        ({"mystery": 1}, "mystery"),
+    ],
+)
+def test_responses_refuses_what_it_cannot_serve_naming_it(server, extra, param):
+    body = {"model": MODEL, "input": "Hi?"} | extra
+    assert_openai_error(httpx.post(server.url + "/v1/responses", json=body), 400, param)

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import json
 import logging
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +26,7 @@ from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -34,12 +38,15 @@ from ..text import first_stop
 from .gate import Admission, ClientView, Finished, Generation, RotatingReceipts, check_context, check_logit_bias
 from .metrics import CONTENT_TYPE, Metrics
 from .replies import ReplyShape, StopCutter, finish_reason, token_info, token_infos
-from .wire import ApiError, GateRequest, Limits, parse_chat, parse_completion, parse_json, shown
+from .wire import ApiError, GateRequest, Limits, parse_chat, parse_completion, parse_json, parse_responses, shown
 
 # An unread body would be parsed as the next request on a kept-alive connection: close it after the error.
 CLOSE = {"Connection": "close"}
 log = logging.getLogger("surprisegate.serve")
 DISCONNECTED = 499  # nginx's "client closed request": counted, never seen by the client
+# A stream's keep-alive: an SSE comment this often, so that while text is held back (grounding, a rewrite)
+# the wire is never silent for longer; clients skip comments, proxies and read timeouts see bytes.
+KEEPALIVE_S = 1.0
 
 
 @dataclass
@@ -54,6 +61,8 @@ class ServeSettings:
     api_key: str | None = None  # from SURPRISEGATE_API_KEY; never in a config or a receipt
     model_name: str | None = None  # the id clients send; default: the model file's stem
     show_config: bool = False  # clients' receipts carry the server's config too (--receipts-show-config)
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call (--cors-origin); none by default
+    recent_receipts: int = 1024  # client receipts kept in memory for GET /v1/receipts/{id} (with receipts on)
 
 
 def served_name(model_id: str) -> str:
@@ -79,6 +88,7 @@ class Server:
         self.token_bytes = runtime.backend.token_bytes if isinstance(runtime.backend, SteerableBackend) else None
         thresholds = runtime.thresholds
         self.detect_only = bool(thresholds is not None and thresholds.detect_only)
+        self.recent = RecentReceipts(settings.recent_receipts if settings.receipts is not None else 0)
 
     # --- routes -----------------------------------------------------------------------------------
     async def chat(self, request: Request) -> Response:
@@ -87,10 +97,48 @@ class Server:
     async def completions(self, request: Request) -> Response:
         return await self._complete(request, parse_completion)
 
+    async def responses(self, request: Request) -> Response:
+        return await self._complete(request, parse_responses)
+
     async def models(self, request: Request) -> Response:
         self.authorize(request)
-        card = {"id": self.model, "object": "model", "created": self.started, "owned_by": "surprisegate"}
-        return JSONResponse({"object": "list", "data": [card]})
+        return JSONResponse({"object": "list", "data": [self._card()]})
+
+    async def model_card(self, request: Request) -> Response:
+        """GET /v1/models/{id} (the SDK's models.retrieve)."""
+        self.authorize(request)
+        asked = request.path_params["model_id"]
+        if asked != self.model:
+            raise ApiError(
+                f"model {shown(asked)} is not served here; this server serves {self.model} (GET /v1/models)",
+                status=404,
+                param="model",
+                code="model_not_found",
+            )
+        return JSONResponse(self._card())
+
+    def _card(self) -> dict[str, Any]:
+        return {"id": self.model, "object": "model", "created": self.started, "owned_by": "surprisegate"}
+
+    async def receipt(self, request: Request) -> Response:
+        """GET /v1/receipts/{id}: a reply's receipt (as its caller was sent it) for the caller that made it."""
+        self.authorize(request)
+        reply_id = request.path_params["reply_id"]
+        if not self.recent.capacity:
+            raise ApiError(
+                "this server keeps no receipts (--no-receipts); read the receipt from the reply itself",
+                status=404,
+                code="receipts_off",
+            )
+        receipt = self.recent.get(reply_id, caller_of(request))
+        if receipt is None:
+            raise ApiError(
+                f"no receipt {shown(reply_id)} for this caller: the id is the reply's X-Surprisegate-Receipt header "
+                f"(or its receipt's reply_id); the server keeps the last {self.recent.capacity} in memory",
+                status=404,
+                code="receipt_not_found",
+            )
+        return JSONResponse(receipt)
 
     async def health(self, request: Request) -> Response:
         a = self.admission
@@ -115,8 +163,13 @@ class Server:
             return Response(status_code=DISCONNECTED)
         shape = ReplyShape(parsed, gen.reply_id, self.model)
         headers = {"X-Surprisegate-Receipt": gen.reply_id}
+        if parsed.stream and parsed.endpoint == "responses":
+            events = self._response_events(gen, shape, caller_of(request))
+            return EventSourceResponse(events, headers=headers, sep="\n", ping=KEEPALIVE_S)
         if parsed.stream:
-            return EventSourceResponse(self._sse(gen, shape), headers=headers, sep="\n", ping=15)
+            return EventSourceResponse(
+                self._sse(gen, shape, caller_of(request)), headers=headers, sep="\n", ping=KEEPALIVE_S
+            )
         return await self._collect(request, gen, shape, headers)
 
     async def _admit(self, request: Request, parsed: GateRequest) -> Generation | None:
@@ -154,17 +207,21 @@ class Server:
             raise ApiError("the reply ended without a result; retry", status=500, kind="server_error")
         done, receipt = finished[0].done, finished[0].receipt
         self.metrics.reply(receipt)
+        self.recent.put(gen.reply_id, caller_of(request), receipt)
         cut = first_stop(done.text, shape.request.stops)
         text = done.text if cut is None else done.text[:cut]
         tokens = token_infos(receipt, self.token_bytes, cut) if shape.request.logprobs else []
-        body = shape.body(text, finish_reason(done.finish_reason, cut is not None), receipt, tokens)
+        finish = finish_reason(done.finish_reason, cut is not None)
+        if shape.request.endpoint == "responses":
+            return JSONResponse(shape.response(text, receipt, finish), headers=headers)
+        body = shape.body(text, finish, receipt, tokens)
         return JSONResponse(body, headers=headers)
 
-    async def _sse(self, gen: Generation, shape: ReplyShape) -> AsyncIterator[str]:
+    async def _sse(self, gen: Generation, shape: ReplyShape, caller: str) -> AsyncIterator[str]:
         """The reply as chunks; rewound text never reaches them (holdback: Token events are final)."""
         left = True  # until the stream ends or fails on our side, an exit here means the client went away
         try:
-            async for chunk in self._chunks(gen, shape):
+            async for chunk in self._chunks(gen, shape, caller):
                 yield json.dumps(chunk, ensure_ascii=False)
             left = False
             yield "[DONE]"
@@ -179,7 +236,7 @@ class Server:
             if left:
                 self.metrics.disconnects.inc()
 
-    async def _chunks(self, gen: Generation, shape: ReplyShape) -> AsyncIterator[dict]:
+    async def _chunks(self, gen: Generation, shape: ReplyShape, caller: str) -> AsyncIterator[dict]:
         r = shape.request
         cutter = StopCutter(r.stops)
         # Top logprobs go with their tokens where the events carry them (a model with token ids); a chat API's
@@ -198,12 +255,51 @@ class Server:
                 if tail is not None:
                     yield tail
                 self.metrics.reply(item.receipt)
+                self.recent.put(gen.reply_id, caller, item.receipt)
                 stopped = cutter.cut is not None or first_stop(item.done.text, r.stops) is not None
-                yield shape.chunk(
-                    None, finish_reason=finish_reason(item.done.finish_reason, stopped), receipt=item.receipt
-                )
+                # The receipt rides on the stream's last chunk: the usage chunk when one was asked for.
+                last = None if r.include_usage else item.receipt
+                yield shape.chunk(None, finish_reason=finish_reason(item.done.finish_reason, stopped), receipt=last)
                 if r.include_usage:
                     yield shape.usage_chunk(item.receipt)
+
+    async def _response_events(self, gen: Generation, shape: ReplyShape, caller: str) -> AsyncIterator[dict]:
+        """A Responses stream: typed events (`event:` and a `data:` holding the same `type`), numbered, the
+        reply's text as output_text deltas once it can no longer change, the receipt on response.completed."""
+        numbered = ResponseEvents(shape)
+        left = True
+        try:
+            yield numbered("response.created", response=shape.response(None, None))
+            yield numbered("response.in_progress", response=shape.response(None, None))
+            item = shape.response_message("", "in_progress") | {"content": []}
+            yield numbered("response.output_item.added", output_index=0, item=item)
+            part = shape.response_text("")
+            yield numbered("response.content_part.added", **numbered.where, part=part)
+            async for event in gen.events():
+                if isinstance(event, Token) and event.text:
+                    yield numbered("response.output_text.delta", **numbered.where, delta=event.text, logprobs=[])
+                elif isinstance(event, Finished):
+                    self.metrics.reply(event.receipt)
+                    self.recent.put(gen.reply_id, caller, event.receipt)
+                    text = event.done.text
+                    finish = finish_reason(event.done.finish_reason, False)
+                    yield numbered("response.output_text.done", **numbered.where, text=text, logprobs=[])
+                    yield numbered("response.content_part.done", **numbered.where, part=shape.response_text(text))
+                    whole = shape.response(text, event.receipt, finish)
+                    yield numbered("response.output_item.done", output_index=0, item=whole["output"][0])
+                    kind = "response.completed" if whole["status"] == "completed" else "response.incomplete"
+                    yield numbered(kind, response=whole)
+            left = False
+        except ApiError as err:
+            left = False
+            yield numbered("error", **err.body()["error"])
+        except Exception as err:  # noqa: BLE001 - a fault in the reply's thread: said in the stream
+            left = False
+            yield numbered("error", **internal_error(err, f"stream {gen.reply_id}").body()["error"])
+        finally:
+            gen.cancel()
+            if left:
+                self.metrics.disconnects.inc()
 
     # --- auth -------------------------------------------------------------------------------------------
     def authorize(self, request: Request) -> None:
@@ -229,6 +325,19 @@ class Server:
     def shutdown(self) -> None:
         for gen in list(self.live):
             gen.cancel()
+
+
+class ResponseEvents:
+    """Numbers a Responses stream's events (sequence_number from 0) and shapes each as an SSE event."""
+
+    def __init__(self, shape: ReplyShape) -> None:
+        self.next = 0
+        self.where = {"item_id": shape.message_id, "output_index": 0, "content_index": 0}
+
+    def __call__(self, kind: str, **fields: Any) -> dict[str, str]:
+        data = {"type": kind, "sequence_number": self.next, **fields}
+        self.next += 1
+        return {"event": kind, "data": json.dumps(data, ensure_ascii=False)}
 
 
 def held_chunk(
@@ -352,7 +461,37 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(error.body(), status_code=500)
 
 
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health", "/metrics")
+
+
+def caller_of(request: Request) -> str:
+    """Who made a request, as far as this server can tell: a digest of its bearer key ("" without one)."""
+    _, _, token = request.headers.get("authorization", "").partition(" ")
+    return hashlib.sha256(token.strip().encode()).hexdigest()[:32] if token.strip() else ""
+
+
+class RecentReceipts:
+    """The last `capacity` client receipts by reply id, each readable only by the caller that made it."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._kept: OrderedDict[str, tuple[str, dict[str, Any]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, reply_id: str, caller: str, receipt: dict[str, Any]) -> None:
+        if not self.capacity:
+            return
+        with self._lock:
+            self._kept[reply_id] = (caller, receipt)
+            while len(self._kept) > self.capacity:
+                self._kept.popitem(last=False)
+
+    def get(self, reply_id: str, caller: str) -> dict[str, Any] | None:
+        with self._lock:
+            kept = self._kept.get(reply_id)
+        if kept is None or not hmac.compare_digest(kept[0], caller):
+            return None
+        return kept[1]
 
 
 class CountRequests:
@@ -379,6 +518,23 @@ class CountRequests:
             self.metrics.requests.labels(endpoint, str(status[0])).inc()
 
 
+def cors(origins: tuple[str, ...]) -> list[Middleware]:
+    """CORS for the origins the operator named (none: no CORS headers, so browsers keep other pages out).
+    The receipt id header is exposed so a page can read its reply's receipt."""
+    if not origins:
+        return []
+    return [
+        Middleware(
+            CORSMiddleware,
+            allow_origins=list(origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["*"],  # the SDKs send their own (x-stainless-*); credentials are never allowed
+            expose_headers=["X-Surprisegate-Receipt"],
+            max_age=600,
+        )
+    ]
+
+
 def create_app(runtime: Any, settings: ServeSettings | None = None) -> Starlette:
     """The OpenAI-compatible app over a loaded runtime (runtime.assemble: backend, arms, config)."""
     server = Server(runtime, settings or ServeSettings())
@@ -392,11 +548,14 @@ def create_app(runtime: Any, settings: ServeSettings | None = None) -> Starlette
         routes=[
             Route("/v1/chat/completions", guarded(server.chat), methods=["POST"]),
             Route("/v1/completions", guarded(server.completions), methods=["POST"]),
+            Route("/v1/responses", guarded(server.responses), methods=["POST"]),
             Route("/v1/models", guarded(server.models), methods=["GET"]),
+            Route("/v1/models/{model_id:path}", guarded(server.model_card), methods=["GET"]),
+            Route("/v1/receipts/{reply_id}", guarded(server.receipt), methods=["GET"]),
             Route("/health", guarded(server.health), methods=["GET"]),
             Route("/metrics", guarded(server.metrics_text), methods=["GET"]),
         ],
-        middleware=[Middleware(CountRequests, metrics=server.metrics)],
+        middleware=[Middleware(CountRequests, metrics=server.metrics), *cors(server.settings.cors_origins)],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
         lifespan=lifespan,
     )

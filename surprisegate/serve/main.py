@@ -4,6 +4,7 @@ slots the backend allows, receipts and auth. cli.py's `serve` command calls `ser
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ class ServeOptions:
     model_name: str | None = None
     allow_python: bool = False  # run clients' Python snippets: the operator's decision, off by default
     show_config: bool = False  # receipts sent to clients include the server's config (roots, prompts, paths)
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed (none by default)
     limits: Limits = field(default_factory=Limits)
 
 
@@ -77,7 +79,19 @@ def build_settings(options: ServeOptions, slots: int, model_id: str) -> ServeSet
         api_key=os.environ.get("SURPRISEGATE_API_KEY") or None,  # never in the config, so never in a receipt
         model_name=options.model_name or served_name(model_id),
         show_config=options.show_config,
+        cors_origins=check_origins(options.cors_origins),
     )
+
+
+def check_origins(origins: tuple[str, ...]) -> tuple[str, ...]:
+    """--cors-origin values: '*' or scheme://host[:port], nothing after it (a browser's Origin has no path)."""
+    for origin in origins:
+        if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+            raise InputError(
+                f"--cors-origin={origin!r} is not an origin; use scheme://host[:port] with no path, e.g. "
+                "--cors-origin http://localhost:3000 (or '*' for any)"
+            )
+    return tuple(origins)
 
 
 def served_layers(layers: ConfigLayers, options: ServeOptions) -> ConfigLayers:

@@ -163,7 +163,12 @@ class ReplyShape:
 
     @property
     def object_id(self) -> str:
-        return ("chatcmpl-" if self.request.endpoint == "chat" else "cmpl-") + self.reply_id
+        prefix = {"chat": "chatcmpl-", "completion": "cmpl-", "responses": "resp_"}[self.request.endpoint]
+        return prefix + self.reply_id
+
+    @property
+    def message_id(self) -> str:
+        return "msg_" + self.reply_id
 
     def usage(self, receipt: dict[str, Any]) -> dict[str, int]:
         prompt = int(receipt.get("extra", {}).get("prompt_tokens", 0))
@@ -233,7 +238,8 @@ class ReplyShape:
         return out
 
     def usage_chunk(self, receipt: dict[str, Any]) -> dict[str, Any]:
-        """The extra last chunk `stream_options.include_usage` asks for: no choices, the usage."""
+        """The extra last chunk `stream_options.include_usage` asks for: no choices, the usage, and the receipt
+        (a stream's receipt is always on its last chunk)."""
         kind = "chat.completion.chunk" if self.request.endpoint == "chat" else "text_completion"
         return {
             "id": self.object_id,
@@ -242,6 +248,60 @@ class ReplyShape:
             "model": self.model,
             "choices": [],
             "usage": self.usage(receipt),
+            "surprisegate": self.extension(receipt),
+        }
+
+    # --- POST /v1/responses ------------------------------------------------------------------------
+    def response(self, text: str | None, receipt: dict[str, Any] | None, finish: str | None = None) -> dict[str, Any]:
+        """The Response object: in progress (no text yet), or completed with one output_text message
+        (`incomplete` when the token limit cut it)."""
+        done = receipt is not None
+        status = "in_progress" if not done else ("incomplete" if finish == "length" else "completed")
+        out: dict[str, Any] = {
+            "id": self.object_id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": None,
+            "max_output_tokens": self.request.config.max_tokens,
+            "model": self.model,
+            "output": [self.response_message(text or "", status)] if done else [],
+            "parallel_tool_calls": False,
+            "temperature": self.request.config.temperature,
+            "tool_choice": "none",
+            "tools": [],
+            "top_p": self.request.config.top_p,
+            "text": {"format": {"type": "text"}},
+            "truncation": "disabled",
+            "usage": self.response_usage(receipt) if receipt is not None else None,
+        }
+        if receipt is not None:
+            out["surprisegate"] = self.extension(receipt)
+        return out
+
+    def response_message(self, text: str, status: str = "completed") -> dict[str, Any]:
+        return {
+            "type": "message",
+            "id": self.message_id,
+            "status": status,
+            "role": "assistant",
+            "content": [self.response_text(text)],
+        }
+
+    @staticmethod
+    def response_text(text: str) -> dict[str, Any]:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+    def response_usage(self, receipt: dict[str, Any]) -> dict[str, Any]:
+        usage = self.usage(receipt)
+        return {
+            "input_tokens": usage["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": usage["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage["total_tokens"],
         }
 
 

@@ -109,6 +109,35 @@ COMPLETION_FIELDS = (
     "surprisegate",
 )
 
+# POST /v1/responses (OpenAI's newer API): text in, text out. Tools, stored state and non-text formats are named
+# in a 400 like the chat endpoint's unserved fields.
+RESPONSES_FIELDS = (
+    "model",
+    "input",
+    "instructions",
+    "stream",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "text",
+    "tool_choice",
+    "parallel_tool_calls",
+    "truncation",
+    "include",
+    *SAMPLING_FIELDS,
+    "surprisegate",
+)
+RESPONSES_UNSERVED = {
+    "tools": "tool calls",
+    "previous_response_id": "stored conversations (send the whole conversation in input)",
+    "conversation": "stored conversations (send the whole conversation in input)",
+    "reasoning": "reasoning models",
+    "background": "background responses",
+    "prompt": "stored prompt templates",
+}
+RESPONSES_IGNORED = (*IGNORED, "prompt_cache_key", "safety_identifier", "stream_options")
+
 MAX_DEPTH = 32  # JSON nesting a body may have: a chat needs 5 (body, messages, turn, content parts, part)
 SHOWN_CHARS = 60  # most characters of a client's value an error message shows
 NAME_CHARS = 40  # most characters of a client's key shown in a message or `param`
@@ -215,7 +244,7 @@ class Limits:
 class GateRequest:
     """One checked request: what to answer, with which config, and how to shape the reply."""
 
-    endpoint: str  # "chat" | "completion"
+    endpoint: str  # "chat" | "completion" | "responses"
     messages: list[dict[str, str]]
     config: Config
     stream: bool = False
@@ -798,6 +827,83 @@ def parse_completion(
     top = _int(body, "logprobs", 0, 5)
     messages = chat_turns([{"role": "user", "content": prompt}], limits, base.system_prompt)
     return _gate_request("completion", body, base, limits, messages, top is not None, top or 0, detect_only)
+
+
+def parse_responses(
+    body: dict, base: Config, limits: Limits, served: tuple[str, ...], detect_only: bool = False
+) -> GateRequest:
+    """POST /v1/responses: `input` (a string, or message items) and `instructions` as the chat; the reply is
+    one output_text message. `max_output_tokens` is max_tokens."""
+    unserved = [k for k in body if k in RESPONSES_UNSERVED and body[k] not in (None, [], {}, False)]
+    if unserved:
+        what = ", ".join(f"{k} ({RESPONSES_UNSERVED[k]})" for k in unserved)
+        raise ApiError(f"this server cannot serve {what}; drop {', '.join(unserved)}", param=unserved[0])
+    unknown = [
+        k for k in body if k not in RESPONSES_FIELDS and k not in RESPONSES_IGNORED and k not in RESPONSES_UNSERVED
+    ]
+    if unknown:
+        raise ApiError(
+            f'unrecognized request field(s) {_names(unknown)}; drop them (gate settings go in "surprisegate": {{...}})',
+            param=name(unknown[0]),
+        )
+    check_model(body, served)
+    text_format = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else body.get("text")
+    if text_format not in (None, {"type": "text"}):
+        raise ApiError(
+            f"text.format={shown(text_format)}: structured output is not served yet; drop text.format",
+            param="text.format",
+        )
+    if body.get("tool_choice") not in (None, "auto", "none"):
+        raise ApiError(f"tool_choice={shown(body['tool_choice'])}: tool calls are not served", param="tool_choice")
+    turns = response_turns(body.get("input"), body.get("instructions"))
+    messages = chat_turns(turns, limits, base.system_prompt)
+    chat_like = {k: v for k, v in body.items() if k not in ("max_output_tokens", "stream_options")}
+    if body.get("max_output_tokens") is not None:
+        chat_like["max_tokens"] = body["max_output_tokens"]
+    return _gate_request("responses", chat_like, base, limits, messages, False, 0, detect_only)
+
+
+def response_turns(value: Any, instructions: Any) -> list[dict[str, Any]]:
+    """The chat from a Responses request: `instructions` first as a system turn (the server's rule for a
+    client's system text applies), then `input`: a string is one user turn; a list holds message items
+    ({"role", "content": a string or input_text/output_text parts})."""
+    turns: list[dict[str, Any]] = []
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise ApiError(f"instructions={shown(instructions)} must be a string", param="instructions")
+        if instructions.strip():
+            turns.append({"role": "system", "content": instructions})
+    if isinstance(value, str):
+        return [*turns, {"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise ApiError(
+            f'input={shown(value)} must be a string or a non-empty list of {{"role": "user", "content": "..."}} items',
+            param="input",
+        )
+    for i, item in enumerate(value):
+        param = f"input[{i}]"
+        if not isinstance(item, dict) or item.get("type", "message") != "message" or "role" not in item:
+            kind = item.get("type") if isinstance(item, dict) else None
+            raise ApiError(
+                f"{param}={shown(item)}: only message items are served"
+                + (f" ({kind} items are not)" if isinstance(kind, str) else "")
+                + '; send {"role": "user", "content": "..."}',
+                param=param,
+            )
+        content = item.get("content")
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text"):
+                    raise ApiError(
+                        f"{param}.content[{j}]={shown(part)}: only text parts are served; send "
+                        '{"type": "input_text", "text": "..."}',
+                        param=f"{param}.content[{j}]",
+                    )
+                texts.append({"type": "text", "text": part.get("text")})
+            content = texts
+        turns.append({"role": item["role"], "content": content})
+    return turns
 
 
 def _gate_request(
