@@ -9,7 +9,7 @@ demo: setup
 
 # The whole suite needs every optional part installed (both backends, Milvus, the plots, the peers), so `make test`
 # asks for all of them; the same command runs in CI (.ci/run).
-test: export EXTRAS ?= llamacpp,test,transformers,eval,milvus,minilm,peers
+test: export EXTRAS ?= llamacpp,test,transformers,eval,milvus,minilm,peers,clients
 test: setup
 	bash scripts/check.sh
 	.venv/bin/python -m pytest -q

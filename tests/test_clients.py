@@ -1,0 +1,192 @@
+"""The real-clients tier (issue 44): the clients applications use, driven against a real `serve`.
+
+The `openai` SDK (sync and async, chat, completions, responses), LangChain's ChatOpenAI, LlamaIndex's
+OpenAILike, litellm and the `llm` CLI (the `clients` extra; `make test` installs it). Each does a chat, a
+stream and a two-turn conversation and reads the reply's receipt back (in the body where the client keeps
+unknown fields, else by id from the X-Surprisegate-Receipt header over GET /v1/receipts/{id}). What serve
+does not serve yet (tool calls, structured output) is refused with a 400 that names it: the client raises
+and the message says so. A scripted server keeps most of them fast; the slow tests run the embedded model
+with the gate on by default (so clients that cannot send the `surprisegate` extension are gated too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from test_serve import MODEL, scripted_runtime, start
+
+langchain_openai = pytest.importorskip("langchain_openai", reason="the clients extra: pip install -e '.[clients]'")
+openai_like = pytest.importorskip("llama_index.llms.openai_like", reason="the clients extra")
+litellm = pytest.importorskip("litellm", reason="the clients extra")
+
+from langchain_core.messages import AIMessage, HumanMessage  # noqa: E402
+from llama_index.core.llms import ChatMessage  # noqa: E402
+
+KEY = "clients-key"
+ASKED = "What is two plus two?"
+
+
+def answer(question: str) -> str:
+    return f"You asked: {question}. Done."  # the scripted server's reply (test_serve.echo)
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = start(scripted_runtime(), api_key=KEY, receipts=None)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def keeping(tmp_path_factory):
+    """The same with receipts kept, so they can be read back by id."""
+    from surprisegate.serve.gate import RotatingReceipts
+
+    srv = start(scripted_runtime(), api_key=KEY, receipts=RotatingReceipts(tmp_path_factory.mktemp("c") / "r.jsonl"))
+    yield srv
+    srv.stop()
+
+
+def receipt_by_id(srv, reply_id: str) -> dict:
+    r = httpx.get(f"{srv.url}/v1/receipts/{reply_id}", headers={"authorization": f"Bearer {KEY}"})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+# ------------------------------------------------------------------------------------------ LangChain
+def chat_model(srv, **kw):
+    return langchain_openai.ChatOpenAI(
+        model=MODEL, base_url=srv.url + "/v1", api_key=KEY, max_retries=0, timeout=120, **kw
+    )
+
+
+def test_langchain_chat_stream_two_turns_and_the_receipt(keeping):
+    llm = chat_model(keeping, include_response_headers=True)
+    reply = llm.invoke(ASKED)
+    assert reply.content == answer(ASKED)
+    receipt = receipt_by_id(keeping, reply.response_metadata["headers"]["x-surprisegate-receipt"])
+    assert receipt["reply"] == reply.content
+    streamed = "".join(chunk.content for chunk in llm.stream("Stream it?"))
+    assert streamed == answer("Stream it?")
+    turns = [HumanMessage("Hi?"), AIMessage(answer("Hi?")), HumanMessage("Again?")]
+    assert llm.invoke(turns).content == answer("Again?")
+    assert asyncio.run(llm.ainvoke(ASKED)).content == answer(ASKED)
+
+
+def test_langchain_tools_and_structured_output_are_refused_by_name(server):
+    import openai
+
+    def weather(city: str) -> str:
+        """The weather in a city."""
+        return "sunny"
+
+    with pytest.raises(openai.BadRequestError, match="tool calls"):
+        chat_model(server).bind_tools([weather]).invoke("Weather in Paris?")
+    with pytest.raises(openai.BadRequestError, match="structured output"):
+        chat_model(server).with_structured_output({"title": "City", "type": "object", "properties": {}}).invoke("x")
+
+
+# ------------------------------------------------------------------------------------------ LlamaIndex
+def test_llamaindex_openailike_chat_stream_two_turns_and_the_receipt(server):
+    llm = openai_like.OpenAILike(
+        model=MODEL, api_base=server.url + "/v1", api_key=KEY, is_chat_model=True, max_retries=0, timeout=120
+    )
+    reply = llm.chat([ChatMessage(role="user", content=ASKED)])
+    assert reply.message.content == answer(ASKED)
+    assert reply.raw.model_extra["surprisegate"]["receipt"]["reply"] == answer(ASKED)  # the SDK object kept whole
+    streamed = [r.delta for r in llm.stream_chat([ChatMessage(role="user", content="Stream it?")])]
+    assert "".join(d or "" for d in streamed) == answer("Stream it?")
+    turns = [
+        ChatMessage(role="user", content="Hi?"),
+        ChatMessage(role="assistant", content=answer("Hi?")),
+        ChatMessage(role="user", content="Again?"),
+    ]
+    assert llm.chat(turns).message.content == answer("Again?")
+    assert llm.complete("Complete me?").text == answer("Complete me?")
+
+
+# ------------------------------------------------------------------------------------------ litellm
+def test_litellm_chat_stream_and_the_receipt(keeping):
+    common = {"model": f"openai/{MODEL}", "api_base": keeping.url + "/v1", "api_key": KEY}
+    reply = litellm.completion(messages=[{"role": "user", "content": ASKED}], **common)
+    assert reply.choices[0].message.content == answer(ASKED)
+    headers = reply._hidden_params.get("additional_headers") or {}
+    reply_id = next(v for k, v in headers.items() if k.lower().endswith("x-surprisegate-receipt"))
+    assert receipt_by_id(keeping, reply_id)["reply"] == answer(ASKED)
+    stream = litellm.completion(messages=[{"role": "user", "content": "Stream it?"}], stream=True, **common)
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == answer("Stream it?")
+    turns = [
+        {"role": "user", "content": "Hi?"},
+        {"role": "assistant", "content": answer("Hi?")},
+        {"role": "user", "content": "Again?"},
+    ]
+    assert litellm.completion(messages=turns, **common).choices[0].message.content == answer("Again?")
+
+
+# ------------------------------------------------------------------------------------------ the llm CLI
+def run_llm(srv, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`llm` with an extra-openai-models.yaml pointing at the server (its documented way to add one)."""
+    (tmp_path / "extra-openai-models.yaml").write_text(
+        f"- model_id: gate\n  model_name: {MODEL}\n  api_base: {srv.url}/v1\n  api_key_name: gate\n"
+    )
+    (tmp_path / "keys.json").write_text(json.dumps({"gate": KEY}))
+    env = os.environ | {"LLM_USER_PATH": str(tmp_path)}
+    cli = Path(sys.executable).with_name("llm")
+    return subprocess.run([str(cli), *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_the_llm_cli_prompts_streams_and_continues_a_conversation(server, tmp_path):
+    done = run_llm(server, tmp_path, "-m", "gate", ASKED)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == answer(ASKED)
+    done = run_llm(server, tmp_path, "-m", "gate", "--no-stream", "Again?")
+    assert done.stdout.strip() == answer("Again?")
+    follow = run_llm(server, tmp_path, "-c", "And now?")  # -c: the last conversation, sent as turns
+    assert follow.returncode == 0, follow.stderr
+    assert follow.stdout.strip() == answer("And now?")
+
+
+# ------------------------------------------------------------------------------------------ the real model
+@pytest.fixture(scope="module")
+def gated(tmp_path_factory):
+    from test_serve import real_server
+
+    srv = real_server(tmp_path_factory, {"mode": "intervene"})  # gated by default: no extension needed
+    yield srv
+    srv.stop()
+
+
+BURKINA = "What is the capital of Burkina Faso?"
+
+
+@pytest.mark.slow
+def test_every_client_gets_the_grounded_answer_from_the_embedded_model(gated, tmp_path):
+    model = httpx.get(gated.url + "/v1/models").json()["data"][0]["id"]
+    lc = langchain_openai.ChatOpenAI(model=model, base_url=gated.url + "/v1", api_key="unused", max_retries=0)
+    assert "Ouagadougou" in lc.invoke(BURKINA).content
+    li = openai_like.OpenAILike(model=model, api_base=gated.url + "/v1", api_key="unused", is_chat_model=True)
+    reply = li.chat([ChatMessage(role="user", content=BURKINA)])
+    assert "Ouagadougou" in reply.message.content
+    assert reply.raw.model_extra["surprisegate"]["receipt"]["rounds"]
+    lite = litellm.completion(
+        model=f"openai/{model}",
+        api_base=gated.url + "/v1",
+        api_key="unused",
+        messages=[{"role": "user", "content": BURKINA}],
+    )
+    assert "Ouagadougou" in lite.choices[0].message.content
+    (tmp_path / "extra-openai-models.yaml").write_text(
+        f"- model_id: gate\n  model_name: {model}\n  api_base: {gated.url}/v1\n"
+    )
+    env = os.environ | {"LLM_USER_PATH": str(tmp_path), "OPENAI_API_KEY": "unused"}
+    cli = Path(sys.executable).with_name("llm")
+    done = subprocess.run([str(cli), "-m", "gate", BURKINA], capture_output=True, text=True, env=env, timeout=300)
+    assert "Ouagadougou" in done.stdout, done.stderr
