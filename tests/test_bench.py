@@ -197,3 +197,20 @@ def test_profile_decode_times_each_part_in_place(tmp_path):
     assert "Llama.sample (plain: reads the logits in C)" in figures["plain"]["parts_us_per_token"]
     assert "Sampling.stats (softmax pass)" in figures["detect"]["parts_us_per_token"]
     assert "hidden_state_of (tapped copy)" in figures["detect_tapped"]["parts_us_per_token"]
+
+
+def test_stream_timing_times_first_byte_first_content_and_silence_per_mode():
+    from surprisegate.research.bench_server import stream_timing
+    from test_serve import MODEL, Sessions, scripted_runtime, start
+
+    srv = start(scripted_runtime(Sessions(delay_s=0.01)))
+    try:
+        out = stream_timing(srv.url, MODEL, pairs=2)
+    finally:
+        srv.stop()
+    assert out["pairs"] == 2 and out["question"]
+    for mode in ("off", "intervene"):
+        figures = out[mode]
+        assert 0 < figures["first_byte_ms"] <= figures["first_content_ms"]
+        assert 0 < figures["longest_silence_ms"] < 2000 and figures["fired"] == 0  # nothing grounds an echo
+    assert out["first_content_intervene_over_off"] > 0

@@ -10,6 +10,9 @@ no memory store), then, all in one run:
               ratios (goal <= 1.10)
   throughput  requests/s with 8 clients / with 1 client, best of two alternating runs each (goal >= 1.5
               where sessions decode together)
+  streams     one question the gate grounds, streamed with intervene and with off in alternating pairs:
+              time to the first byte and to the first content, and the longest silence on the wire
+              (goals: first byte < 0.3 s, no silence over 2 s: keep-alives go out while text is held)
 and checks that the server is healthy afterwards. Then, with serve stopped, the ceiling that throughput
 has on this machine: the same model in this process, one `llama_decode` of 8 one-token sequences against
 one of a single sequence (`decode_8_over_1`, tokens/s), and a prompt's prefill time against a reply's
@@ -225,6 +228,70 @@ def throughput_ratio(url: str, model: str, per_client: int, first_k: int, runs: 
     return max(eights) / max(ones)
 
 
+STREAM_QUESTION = "What is 37 times 48?"  # the embedded model gets it wrong: the gate grounds it (calculator)
+
+
+@dataclass
+class StreamTiming:
+    first_byte_ms: float  # the response's first line (the role chunk)
+    first_content_ms: float  # the first chunk with text
+    longest_silence_ms: float  # the longest wait between any two lines (keep-alive comments count)
+    fired: bool  # the gate grounded the reply
+
+
+def timed_stream(url: str, model: str, mode: str) -> StreamTiming:
+    """One streamed chat, every line's arrival timed from the request's start."""
+    import httpx
+
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": STREAM_QUESTION}],
+        "stream": True,
+        "surprisegate": {"mode": mode},
+    }
+    started = time.perf_counter()
+    arrivals: list[float] = []
+    first_content, receipt = None, cast(dict[str, Any], {})
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as resp:
+        for line in resp.iter_lines():
+            if not line:
+                continue
+            arrivals.append((time.perf_counter() - started) * 1000)
+            if line.startswith("data: {"):
+                chunk = json.loads(line[len("data: ") :])
+                if first_content is None and chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                    first_content = arrivals[-1]
+                receipt = chunk.get("surprisegate", {}).get("receipt", receipt)
+    gaps = [b - a for a, b in zip([0.0, *arrivals], arrivals, strict=False)]
+    fired = any(r.get("action") == "rewound" for r in receipt.get("rounds", []))
+    return StreamTiming(arrivals[0], first_content or arrivals[-1], max(gaps), fired)
+
+
+def stream_timing(url: str, model: str, pairs: int = 5) -> dict[str, Any]:
+    """`pairs` streams of the same question with the gate (intervene) and without (off), alternating: the
+    medians of each figure per mode, and the median of the pairs' first-content ratios."""
+    runs: dict[str, list[StreamTiming]] = {"off": [], "intervene": []}
+    for _ in range(pairs):
+        for mode in runs:
+            runs[mode].append(timed_stream(url, model, mode))
+
+    def medians(timings: list[StreamTiming]) -> dict[str, Any]:
+        return {
+            "first_byte_ms": round(statistics.median(t.first_byte_ms for t in timings), 1),
+            "first_content_ms": round(statistics.median(t.first_content_ms for t in timings), 1),
+            "longest_silence_ms": round(max(t.longest_silence_ms for t in timings), 1),
+            "fired": sum(t.fired for t in timings),
+        }
+
+    ratios = [g.first_content_ms / o.first_content_ms for g, o in zip(runs["intervene"], runs["off"], strict=True)]
+    return {
+        "question": STREAM_QUESTION,
+        "pairs": pairs,
+        **{mode: medians(timings) for mode, timings in runs.items()},
+        "first_content_intervene_over_off": round(statistics.median(ratios), 2),
+    }
+
+
 def receipts_lost(receipts: Path, answered: list[Outcome]) -> int:
     """Answered requests whose receipt is not in the file exactly once."""
     from ..gate.receipts import read_receipts
@@ -306,6 +373,8 @@ def _measure(
     gated = gated_over_plain(server.url, model, 10, first_k)
     progress("bench server: throughput with 8 clients ÷ 1 client ...")
     throughput = throughput_ratio(server.url, model, 4, first_k + 10)
+    progress("bench server: streams with the gate and without (first byte, first content, longest silence) ...")
+    streams = stream_timing(server.url, model)
     after = request(server.url, model, 0, False, "detect")
     healthy = httpx.get(server.url + "/health").json().get("status") == "ok" and after.status == 200
     server.stop()  # the ceiling is measured on an idle machine
@@ -322,6 +391,7 @@ def _measure(
         "p95_ms": round(latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))], 1) if latencies else None,
         "gated_over_plain": round(gated, 3),
         "throughput_8_over_1": round(throughput, 3),
+        "streams": streams,
         "ceiling": ceiling,
         "healthy_after": healthy,
         "clients": clients,
