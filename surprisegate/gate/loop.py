@@ -123,9 +123,8 @@ class _ReplyLoop:
         probe = _probe_for(backend, config) if self.scored else None
         self.policy = TriggerPolicy(config, self.question, assistant_prefix, probe)
         self.prompt: ReplyPrompt | None = None  # rendered at the start (a server may fail: the receipt says so)
-        self.decoding = Decoding(backend.session(), _sampling(config, self.scored, self.policy.probe is not None))
         self.emitter, self.reply, self.stops = Emitter(config.stream == "holdback"), Reply(), StopStrings(stop)
-        self.decoding.sampling.reply_tokens = lambda: self.reply.tokens  # frequency/presence count the reply's own
+        self.decoding = Decoding(backend.session(), _sampling(config, self.scored, self.policy.probe, self.reply))
         self.scribe = SessionScribe(backend, self.decoding)  # lent to arms that have the model write (programs)
         self.rounds: list[ConvergenceRecord] = []
         self.at_end_of_turn = False  # a trigger judged at the model's end of turn
@@ -385,11 +384,12 @@ def _arm_query(loop: _ReplyLoop) -> Query:
     )
 
 
-def _sampling(config: Config, scored: bool, hidden: bool) -> Sampling:
-    """Hidden states only when a probe will read them (the backend then keeps its tapped layer's state)."""
-    return Sampling(
-        config.temperature, config.seed, scored, config.top_logprobs, hidden=hidden, shaping=_shaping(config)
-    )
+def _sampling(config: Config, scored: bool, probe: TriggerProbe | None, reply: Reply) -> Sampling:
+    """Hidden states only when a probe will read them (the backend then keeps its tapped layer's state);
+    frequency and presence penalties count the reply's own tokens, which the loop keeps."""
+    sampling = Sampling(config.temperature, config.seed, scored, config.top_logprobs, hidden=probe is not None)
+    sampling.shaping, sampling.reply_tokens = _shaping(config), lambda: reply.tokens
+    return sampling
 
 
 def _shaping(config: Config) -> Shaping:
