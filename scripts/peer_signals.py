@@ -31,7 +31,9 @@ import math
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -72,12 +74,20 @@ def _finite_peak(values) -> float:
     return max(finite) if finite else 0.0
 
 
+def _rind_sentences(model: PeerModel, ids, pieces, scores, text: str, costs: Costs) -> list[tuple[str, float]]:
+    """(sentence, the largest value rind_check compares there) for each sentence of `text` (spaCy's split)."""
+    if not ids:
+        return []
+    signals = dragin.rind_signals(pieces, ids, scores, model.last_layer_attention(ids, costs), model.space_token)
+    return [
+        (split[sid], _finite_peak(values))
+        for sid, split, _, _, values in dragin.rind_values(text, signals, nlp.sentences)
+    ]
+
+
 def _rind_peak(model: PeerModel, ids, pieces, scores, text: str, costs: Costs) -> float:
     """The largest value rind_check compares, over every sentence (it fires above a threshold iff this does)."""
-    if not ids:
-        return 0.0
-    signals = dragin.rind_signals(pieces, ids, scores, model.last_layer_attention(ids, costs), model.space_token)
-    return _finite_peak(v for *_, values in dragin.rind_values(text, signals, nlp.sentences) for v in values)
+    return max((v for _, v in _rind_sentences(model, ids, pieces, scores, text, costs)), default=0.0)
 
 
 def _etc_peaks(model: PeerModel, question: str, config: Config, gen, costs: Costs) -> tuple[float, float]:
@@ -107,7 +117,24 @@ def _window_peak(entropy_bits: np.ndarray, window: int, threshold: float) -> flo
     return float(means.max() - threshold)
 
 
-def item_signals(model: PeerModel, item: dict, config: Config, samples: int) -> dict:
+@dataclass
+class GreedyReply:
+    """An item's greedy reply (the end token left out) with what every signal reads of it."""
+
+    question: str
+    prompt: list[int]
+    gen: Any
+    ids: list[int]
+    pieces: list[str]
+    scores: np.ndarray
+    reply: str
+    entropy: np.ndarray  # nats, per token
+    chosen: list[float]  # each chosen token's probability
+    costs: Costs
+    started: float
+
+
+def greedy_reply(model: PeerModel, item: dict, config: Config) -> GreedyReply:
     started = time.monotonic()
     question, prefix = prompt_for(item)
     costs = Costs()
@@ -115,9 +142,15 @@ def item_signals(model: PeerModel, item: dict, config: Config, samples: int) -> 
     gen = model.generate(prompt, config.max_tokens, costs)
     n = gen.reply_len
     ids, pieces, scores = gen.ids[:n], gen.pieces[:n], gen.scores[:n]
-    reply = model.decode(ids)
     entropy = dragin.token_entropies(scores) if n else np.zeros(0)
     chosen = [float(np.exp(s[t] - s.max()) / np.exp(s - s.max()).sum()) for s, t in zip(scores, ids, strict=True)]
+    return GreedyReply(question, prompt, gen, ids, pieces, scores, model.decode(ids), entropy, chosen, costs, started)
+
+
+def item_signals(model: PeerModel, item: dict, config: Config, samples: int) -> dict:
+    r = greedy_reply(model, item, config)
+    question, gen, costs, prompt, reply = r.question, r.gen, r.costs, r.prompt, r.reply
+    ids, pieces, scores, entropy, chosen, n = r.ids, r.pieces, r.scores, r.entropy, r.chosen, len(r.ids)
     kind = question_kind(question)
     threshold = config.kind_thresholds.get(kind, config.threshold)
     etc_peak, trend_peak = _etc_peaks(model, question, config, gen, costs)
@@ -138,7 +171,7 @@ def item_signals(model: PeerModel, item: dict, config: Config, samples: int) -> 
             "window-plain": _window_peak(entropy / math.log(2), config.window, 0.0),
         },
         "tokens": n,
-        "seconds": round(time.monotonic() - started, 2),
+        "seconds": round(time.monotonic() - r.started, 2),
     }
 
 
@@ -160,19 +193,6 @@ def claim_units(pairs, claims: list[dict]) -> list[list]:
     """[sentence, value, label] for the sentences that state an asked claim (label wrong or right)."""
     units = [[text, float(value), sentence_label(text, claims)] for text, value in pairs]
     return [u for u in units if u[2] != "none"]
-
-
-def _dragin_sentences(model: PeerModel, gen, reply: str, costs: Costs) -> list[tuple[str, float]]:
-    n = gen.reply_len
-    if not n:
-        return []
-    signals = dragin.rind_signals(
-        gen.pieces[:n], gen.ids[:n], gen.scores[:n], model.last_layer_attention(gen.ids[:n], costs), model.space_token
-    )
-    return [
-        (split[sid], _finite_peak(values))
-        for sid, split, _, _, values in dragin.rind_values(reply, signals, nlp.sentences)
-    ]
 
 
 def _etc_sentences(
@@ -209,16 +229,9 @@ def _etc_sentences(
 
 def sentence_signals(model: PeerModel, item: dict, config: Config, samples: int) -> dict:
     """A long-form item's reply and, per method, its claim sentences with their values (see the docstring)."""
-    started = time.monotonic()
-    question, prefix = prompt_for(item)
-    costs = Costs()
-    prompt = prompt_ids(model, question, config, [], prefix)
-    gen = model.generate(prompt, config.max_tokens, costs)
-    n = gen.reply_len
-    ids, scores = gen.ids[:n], gen.scores[:n]
-    reply = model.decode(ids)
-    entropy = dragin.token_entropies(scores) if n else np.zeros(0)
-    chosen = [float(np.exp(s[t] - s.max()) / np.exp(s - s.max()).sum()) for s, t in zip(scores, ids, strict=True)]
+    r = greedy_reply(model, item, config)
+    question, gen, costs, prompt, reply = r.question, r.gen, r.costs, r.prompt, r.reply
+    ids, entropy, chosen, n = r.ids, r.entropy, r.chosen, len(r.ids)
     tokens = token_spans([len(model.decode(ids[: i + 1])) for i in range(n)])
     spacy_split = nlp.sentences(reply)
     claims = item["claims"]
@@ -236,7 +249,7 @@ def sentence_signals(model: PeerModel, item: dict, config: Config, samples: int)
         "seakr": seakr_uncertainty(model, prompt, samples, config.max_tokens, costs, seed=0) if samples else None,
     }
     units = {
-        "dragin": claim_units(_dragin_sentences(model, gen, reply, costs), claims),
+        "dragin": claim_units(_rind_sentences(model, r.ids, r.pieces, r.scores, r.reply, r.costs), claims),
         "etc": claim_units([(s, w) for s, w, _ in etc_rows], claims),
         "etc-trend": claim_units([(s, t) for s, _, t in etc_rows], claims),
         "flare": claim_units([(reply[a:b], v) for (a, b), v in zip(punkt_spans, flare, strict=True)], claims),
@@ -251,7 +264,7 @@ def sentence_signals(model: PeerModel, item: dict, config: Config, samples: int)
         "reply": reply,
         "units": units,
         "tokens": n,
-        "seconds": round(time.monotonic() - started, 2),
+        "seconds": round(time.monotonic() - r.started, 2),
     }
 
 

@@ -17,6 +17,7 @@ sys.path.insert(0, str(SCRIPTS))
 spec = importlib.util.spec_from_file_location("peer_signals", SCRIPTS / "peer_signals.py")
 assert spec is not None and spec.loader is not None
 peer_signals = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = peer_signals  # its dataclasses look their module up by name
 spec.loader.exec_module(peer_signals)
 
 CLAIMS = [
