@@ -19,6 +19,7 @@ from typing import Any
 
 from . import shipped_thresholds
 from .backends.registry import parse_backend
+from .backends.samplers import Shaping
 from .errors import ConfigError
 from .gate.signals import SIGNALS
 from .gate.surprise import STATISTICS
@@ -622,6 +623,13 @@ SAMPLING_KEYS = (
     "presence_penalty",
     "logit_bias",
 )
+
+
+def shaping_of(config: Config) -> Shaping:
+    """The reply's sampling settings beyond the temperature (backends/samplers.py)."""
+    return Shaping(**{k: getattr(config, k) for k in SAMPLING_KEYS} | {"logit_bias": dict(config.logit_bias)})
+
+
 CALIBRATED_KEYS = ("signal", "statistic", "window", "min_tokens", "threshold", "kind_thresholds", "sentence_threshold")
 THRESHOLD_KEYS = ("threshold", "kind_thresholds")
 

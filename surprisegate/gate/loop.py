@@ -23,8 +23,7 @@ from typing import Any
 
 from ..arms import Arm, Evidence, Query
 from ..backends import BlackBoxBackend, HiddenStates, Sampling, SteerableBackend, Step
-from ..backends.samplers import Shaping
-from ..config import SAMPLING_KEYS, Config, evidence_text
+from ..config import Config, evidence_text, shaping_of
 from ..errors import BackendFault, InputError
 from ..text import current_sentence
 from .claims import sentence_arm_query
@@ -388,12 +387,8 @@ def _sampling(config: Config, scored: bool, probe: TriggerProbe | None, reply: R
     """Hidden states only when a probe will read them (the backend then keeps its tapped layer's state);
     frequency and presence penalties count the reply's own tokens, which the loop keeps."""
     sampling = Sampling(config.temperature, config.seed, scored, config.top_logprobs, hidden=probe is not None)
-    sampling.shaping, sampling.reply_tokens = _shaping(config), lambda: reply.tokens
+    sampling.shaping, sampling.reply_tokens = shaping_of(config), lambda: reply.tokens
     return sampling
-
-
-def _shaping(config: Config) -> Shaping:
-    return Shaping(**{k: getattr(config, k) for k in SAMPLING_KEYS} | {"logit_bias": dict(config.logit_bias)})
 
 
 def _grounding(trigger: Trigger, record: ConvergenceRecord, chosen: Evidence | None, resumed: str | None) -> Grounding:

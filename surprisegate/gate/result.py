@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import Config
+from ..config import Config, shaping_of
 from .receipts import ConvergenceRecord, receipt_record
 from .surprise import aggregates
 
@@ -85,32 +85,18 @@ def rounded(values: list[float]) -> list[float]:
 
 
 IN_PROCESS = ("llamacpp", "transformers")  # backends whose logits the loop reads itself
-SHAPING_DEFAULTS = {
-    "top_k": 0,
-    "top_p": 1.0,
-    "min_p": 0.0,
-    "repeat_penalty": 1.0,
-    "frequency_penalty": 0.0,
-    "presence_penalty": 0.0,
-    "logit_bias": {},
-}
 
 
 def sampling_record(config: Config, backend_name: str) -> dict[str, Any]:
     """The receipt's `sampling`: the settings that shaped which tokens were chosen, and where the surprise and
     entropy were read (never from the shaped distribution in process: the signal means the same whatever the
     settings)."""
-    shaped = {k: getattr(config, k) for k, default in SHAPING_DEFAULTS.items() if getattr(config, k) != default}
-    if "repeat_penalty" in shaped:
-        shaped["repeat_last_n"] = config.repeat_last_n
-    if "logit_bias" in shaped:
-        shaped["logit_bias"] = {str(k): v for k, v in sorted(config.logit_bias.items())}
     signal = (
         "the model's raw distribution (temperature 1, before logit bias, penalties and top-k/top-p/min-p)"
         if backend_name in IN_PROCESS
         else "the logprobs the backend returned with each token (see its notes in the README's Backends)"
     )
-    return {"temperature": config.temperature, "shaped_by": shaped, "signal_from": signal}
+    return {"temperature": config.temperature, "shaped_by": shaping_of(config).settings(), "signal_from": signal}
 
 
 def build_receipt(

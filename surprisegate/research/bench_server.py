@@ -113,16 +113,19 @@ class ServeProcess:
 # --------------------------------------------------------------------------------------------
 # one request
 # --------------------------------------------------------------------------------------------
-def request(url: str, model: str, k: int, stream: bool, mode: str) -> Outcome:
-    import httpx
-
-    q, _ = question(k)
-    body = {
+def chat_body(model: str, text: str, stream: bool, mode: str) -> dict[str, Any]:
+    return {
         "model": model,
-        "messages": [{"role": "user", "content": q}],
+        "messages": [{"role": "user", "content": text}],
         "stream": stream,
         "surprisegate": {"mode": mode},
     }
+
+
+def request(url: str, model: str, k: int, stream: bool, mode: str) -> Outcome:
+    import httpx
+
+    body = chat_body(model, question(k)[0], stream, mode)
     started = time.perf_counter()
     try:
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as resp:
@@ -243,12 +246,7 @@ def timed_stream(url: str, model: str, mode: str) -> StreamTiming:
     """One streamed chat, every line's arrival timed from the request's start."""
     import httpx
 
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": STREAM_QUESTION}],
-        "stream": True,
-        "surprisegate": {"mode": mode},
-    }
+    body = chat_body(model, STREAM_QUESTION, True, mode)
     started = time.perf_counter()
     arrivals: list[float] = []
     first_content, receipt = None, cast(dict[str, Any], {})

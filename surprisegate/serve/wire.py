@@ -407,18 +407,26 @@ def _text(value: Any, param: str) -> str:
 # --------------------------------------------------------------------------------------------
 # the fields every endpoint shares
 # --------------------------------------------------------------------------------------------
-def check_fields(body: dict, allowed: tuple[str, ...]) -> None:
-    """Unservable fields and unknown ones get a 400 that names them (never silently ignored)."""
-    unserved = [k for k in body if k in UNSERVED and body[k] not in (None, [], {}, {"type": "text"})]
-    if unserved:
-        what = ", ".join(f"{k} ({UNSERVED[k]})" for k in unserved)
-        raise ApiError(f"this server cannot serve {what}; drop {', '.join(unserved)}", param=unserved[0])
-    unknown = [k for k in body if k not in allowed and k not in IGNORED and k not in UNSERVED]
+def check_names(
+    body: dict, allowed: tuple[str, ...], unserved: dict[str, str], ignored: tuple[str, ...], unset: tuple
+) -> None:
+    """Unservable fields (set to anything but one of `unset`) and unknown ones get a 400 that names them
+    (never silently ignored)."""
+    refused = [k for k in body if k in unserved and body[k] not in unset]
+    if refused:
+        what = ", ".join(f"{k} ({unserved[k]})" for k in refused)
+        raise ApiError(f"this server cannot serve {what}; drop {', '.join(refused)}", param=refused[0])
+    unknown = [k for k in body if k not in allowed and k not in ignored and k not in unserved]
     if unknown:
         raise ApiError(
             f'unrecognized request field(s) {_names(unknown)}; drop them (gate settings go in "surprisegate": {{...}})',
             param=name(unknown[0]),
         )
+
+
+def check_fields(body: dict, allowed: tuple[str, ...]) -> None:
+    """The chat and completion endpoints' fields: names, one reply, text only."""
+    check_names(body, allowed, UNSERVED, IGNORED, (None, [], {}, {"type": "text"}))
     if _int(body, "n", 1, 128, 1) != 1 or _int(body, "best_of", 1, 128, 1) != 1:
         key = "n" if body.get("n", 1) != 1 else "best_of"
         raise ApiError(
@@ -834,18 +842,7 @@ def parse_responses(
 ) -> GateRequest:
     """POST /v1/responses: `input` (a string, or message items) and `instructions` as the chat; the reply is
     one output_text message. `max_output_tokens` is max_tokens."""
-    unserved = [k for k in body if k in RESPONSES_UNSERVED and body[k] not in (None, [], {}, False)]
-    if unserved:
-        what = ", ".join(f"{k} ({RESPONSES_UNSERVED[k]})" for k in unserved)
-        raise ApiError(f"this server cannot serve {what}; drop {', '.join(unserved)}", param=unserved[0])
-    unknown = [
-        k for k in body if k not in RESPONSES_FIELDS and k not in RESPONSES_IGNORED and k not in RESPONSES_UNSERVED
-    ]
-    if unknown:
-        raise ApiError(
-            f'unrecognized request field(s) {_names(unknown)}; drop them (gate settings go in "surprisegate": {{...}})',
-            param=name(unknown[0]),
-        )
+    check_names(body, RESPONSES_FIELDS, RESPONSES_UNSERVED, RESPONSES_IGNORED, (None, [], {}, False))
     check_model(body, served)
     text_format = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else body.get("text")
     if text_format not in (None, {"type": "text"}):
