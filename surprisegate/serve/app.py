@@ -17,7 +17,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..backends import SteerableBackend
 from ..gate.events import Token
 from ..text import first_stop
-from .gate import Admission, ClientView, Finished, Generation, RotatingReceipts, check_context, check_logit_bias
+from .gate import (
+    Admission,
+    ClientView,
+    Finished,
+    Generation,
+    RotatingReceipts,
+    check_context,
+    check_logit_bias,
+    tool_use,
+)
 from .metrics import CONTENT_TYPE, Metrics
 from .replies import ReplyShape, StopCutter, finish_reason, token_info, token_infos
 from .wire import ApiError, GateRequest, Limits, parse_chat, parse_completion, parse_json, parse_responses, shown
@@ -156,6 +165,7 @@ class Server:
         raw = await read_body(request, self.settings.limits.max_body_bytes, self.settings.body_timeout_s)
         config = self.runtime.config
         parsed = parse(parse_json(raw), config, self.settings.limits, (self.model,), self.detect_only)
+        parsed = replace(parsed, tool_use=tool_use(self.runtime.backend, parsed, self.model))
         await anyio.to_thread.run_sync(check_context, self.runtime.backend, parsed)  # tokenizing: off the loop
         check_logit_bias(self.runtime.backend, parsed)
         gen = await self._admit(request, parsed)
@@ -205,16 +215,17 @@ class Server:
             return Response(status_code=DISCONNECTED)
         if not finished:
             raise ApiError("the reply ended without a result; retry", status=500, kind="server_error")
-        done, receipt = finished[0].done, finished[0].receipt
+        done, receipt, parsed = finished[0].done, finished[0].receipt, finished[0].parsed
         self.metrics.reply(receipt)
         self.recent.put(gen.reply_id, caller_of(request), receipt)
         cut = first_stop(done.text, shape.request.stops)
         text = done.text if cut is None else done.text[:cut]
         tokens = token_infos(receipt, self.token_bytes, cut) if shape.request.logprobs else []
-        finish = finish_reason(done.finish_reason, cut is not None)
+        calls = [c.wire() for c in parsed.calls] if parsed is not None else []
+        finish = finish_reason(done.finish_reason, cut is not None, bool(calls))
         if shape.request.endpoint == "responses":
             return JSONResponse(shape.response(text, receipt, finish), headers=headers)
-        body = shape.body(text, finish, receipt, tokens)
+        body = shape.body(parsed.content if calls and parsed else text, finish, receipt, tokens, calls)
         return JSONResponse(body, headers=headers)
 
     async def _sse(self, gen: Generation, shape: ReplyShape, caller: str) -> AsyncIterator[str]:
@@ -237,14 +248,19 @@ class Server:
                 self.metrics.disconnects.inc()
 
     async def _chunks(self, gen: Generation, shape: ReplyShape, caller: str) -> AsyncIterator[dict]:
-        r = shape.request
-        cutter = StopCutter(r.stops)
+        r, tools = shape.request, shape.request.tool_use
+        # With tools, content streams up to a call's opening (held like a stop string); the calls follow whole.
+        cutter = StopCutter(r.stops + ((tools.format.open,) if tools is not None else ()))
         # Top logprobs go with their tokens where the events carry them (a model with token ids); a chat API's
-        # reach only the receipt, so that reply is sent whole at the end with them.
+        # reach only the receipt, so that reply is sent whole at the end with them. A forced call is all call.
         buffered = r.logprobs and r.top_logprobs > 0 and not isinstance(self.runtime.backend, SteerableBackend)
+        buffered = buffered or (tools is not None and bool(tools.opening))
         yield shape.chunk("" if r.endpoint == "chat" else None, role=True)
         async for item in gen.events():
-            if isinstance(item, Token) and not buffered:
+            if isinstance(item, Finished) and item.parsed is not None:
+                async for chunk in self._tool_chunks(gen, shape, caller, cutter, item):
+                    yield chunk
+            elif isinstance(item, Token) and not buffered:
                 top = item.top_logprobs[: r.top_logprobs]
                 info = token_info(item.token_id, item.surprise, top, self.token_bytes) if r.logprobs else None
                 text, held = cutter.feed(item.text, info)
@@ -262,6 +278,28 @@ class Server:
                 yield shape.chunk(None, finish_reason=finish_reason(item.done.finish_reason, stopped), receipt=last)
                 if r.include_usage:
                     yield shape.usage_chunk(item.receipt)
+
+    async def _tool_chunks(
+        self, gen: Generation, shape: ReplyShape, caller: str, cutter: StopCutter, item: Finished
+    ) -> AsyncIterator[dict]:
+        """The end of a reply that was offered tools: the content not yet sent (all of it when no call parsed,
+        so nothing is lost), the calls, then the finish chunk."""
+        r, parsed = shape.request, item.parsed
+        assert parsed is not None
+        cut = first_stop(item.done.text, r.stops)
+        text = item.done.text if cut is None else item.done.text[:cut]
+        rest = text[cutter.sent :] if not parsed.calls else parsed.content[len(text[: cutter.sent].lstrip()) :]
+        if rest:
+            yield shape.chunk(rest)
+        calls = [c.wire(i) for i, c in enumerate(parsed.calls)]
+        if calls:
+            yield shape.chunk(None, calls=calls)
+        self.metrics.reply(item.receipt)
+        self.recent.put(gen.reply_id, caller, item.receipt)
+        finish = finish_reason(item.done.finish_reason, cut is not None, bool(calls))
+        yield shape.chunk(None, finish_reason=finish, receipt=None if r.include_usage else item.receipt)
+        if r.include_usage:
+            yield shape.usage_chunk(item.receipt)
 
     async def _response_events(self, gen: Generation, shape: ReplyShape, caller: str) -> AsyncIterator[dict]:
         """A Responses stream: typed events (`event:` and a `data:` holding the same `type`), numbered, the

@@ -28,8 +28,10 @@ from ..gate.loop import stream
 from ..gate.prompting import conversation
 from ..gate.receipts import ReceiptWriter, fit_receipt
 from ..gate.result import build_receipt
+from ..gate.tools import ParsedReply, ToolUse, call_scores, has_tool_turns, parse_tool_calls
 from ..paths import home
 from ..runtime import arms_for
+from ..text import first_stop
 from .wire import REQUEST_KEYS, ApiError, GateRequest
 
 _END = object()  # the worker thread is finished (after its last event or error)
@@ -157,13 +159,60 @@ def check_logit_bias(backend: Any, request: GateRequest) -> None:
         )
 
 
+def tool_use(backend: Any, request: GateRequest, model: str) -> ToolUse | None:
+    """The tools this request's reply may call, or None (none offered, or tool_choice "none"); a 400 when
+    the model cannot render them (no tool support in its template) or the backend cannot."""
+    turns = has_tool_turns(request.messages)
+    wanted = bool(request.tools) and request.tool_choice != "none"
+    if not (wanted or turns):
+        return None
+    fmt = getattr(backend, "tool_format", None)
+    if not getattr(backend, "renders_tools", False):
+        raise ApiError(
+            f"model {model!r} is served through the {getattr(backend, 'name', 'remote')} backend, which does not "
+            "take tools or tool turns here yet; serve a GGUF in process (--backend llamacpp) for tool calls",
+            param="tools" if wanted else "messages",
+            code="tools_unsupported",
+        )
+    if fmt is None:
+        raise ApiError(
+            f"model {model!r} has a chat template without tool calls this server can read (Hermes "
+            "<tool_call> format); serve a model whose template offers tools (e.g. Qwen2.5) or drop tools",
+            param="tools" if wanted else "messages",
+            code="tools_unsupported",
+        )
+    if not wanted:
+        return None
+    return ToolUse(request.tools, fmt, request.tool_choice, request.parallel_tool_calls)
+
+
+def parse_calls(tools: ToolUse, text: str, receipt: dict[str, Any], token_bytes: Any) -> ParsedReply:
+    """The reply's tool calls (a forced call's opening is ours: it stands before the reply's text), each
+    scored in the receipt (`extra.tool_calls`): its tokens' surprise, never rewound."""
+    parsed = parse_tool_calls(tools.opening + text, tools.format, tools.parallel)
+    extra = receipt.setdefault("extra", {})
+    pieces = [tools.opening] + [token_bytes(t).decode("utf-8", "replace") for t in extra.get("token_ids", [])]
+    surprises = [math.nan, *extra.get("token_surprises", [])]
+    extra["tool_calls"] = [call_scores(c, pieces, surprises) for c in parsed.calls]
+    extra["tools"] = {
+        "offered": [t["function"]["name"] for t in tools.tools],
+        "choice": tools.choice,
+        "parallel": tools.parallel,
+        "format": tools.format.family,
+        "unparsed": parsed.unparsed,
+    }
+    return parsed
+
+
 @dataclass
 class Finished:
     """The Done event with the receipt built (and written) in the worker thread. `receipt` is what the
-    client is sent (client_receipt); the file keeps the whole one."""
+    client is sent (client_receipt); the file keeps the whole one. `parsed`: the reply as content and tool
+    calls, when tools were offered."""
 
     done: Done
     receipt: dict[str, Any]
+    parsed: ParsedReply | None = None
 
 
 class Generation:
@@ -207,7 +256,7 @@ class Generation:
         arms = arms_for(r.config, self.runtime.arms)
         # gate.loop.stream is a generator: close() runs its finally, which closes the reply's session.
         # A stop string ends the reply's decoding too, not only what the client is sent.
-        reply = stream(self.runtime.backend, r.messages, r.config, arms, stop=r.stops)
+        reply = stream(self.runtime.backend, r.messages, r.config, arms, stop=r.stops, tools=r.tool_use)
         events = cast(Generator[Event, None, None], reply)
         try:
             for event in events:
@@ -232,10 +281,15 @@ class Generation:
         receipt = build_receipt(
             done.result, self.runtime.backend, self.request.config, reply_id=self.reply_id, extra={"serve": served}
         )
+        parsed = None
+        if self.request.tool_use is not None:
+            cut = first_stop(done.text, self.request.stops)
+            text = done.text if cut is None else done.text[:cut]
+            parsed = parse_calls(self.request.tool_use, text, receipt, self.runtime.backend.token_bytes)
         if self.receipts is not None:
             self.receipts.append(receipt)
         view = self.view or ClientView.of(self.runtime, self.request.config)
-        return Finished(done, view.receipt(receipt))
+        return Finished(done, view.receipt(receipt), parsed)
 
     def _push(self, item: Any) -> None:
         self._call_soon(self._queue.put_nowait, item)

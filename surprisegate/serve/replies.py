@@ -179,13 +179,27 @@ class ReplyShape:
         """The `surprisegate` field: this reply's receipt (only ever sent to its own caller)."""
         return {"receipt": receipt, "notes": list(self.request.notes)}
 
-    def body(self, text: str, finish_reason: str, receipt: dict[str, Any], tokens: Sequence[TokenInfo]) -> dict:
-        """The whole (non-streaming) response."""
+    def body(
+        self,
+        text: str,
+        finish_reason: str,
+        receipt: dict[str, Any],
+        tokens: Sequence[TokenInfo],
+        calls: Sequence[dict[str, Any]] = (),
+    ) -> dict:
+        """The whole (non-streaming) response; `calls` are the reply's tool calls (its content then may be null)."""
         r = self.request
         if r.endpoint == "chat":
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": (text or None) if calls else text,
+                "refusal": None,
+            }
+            if calls:
+                message["tool_calls"] = list(calls)
             choice: dict[str, Any] = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
+                "message": message,
                 "logprobs": chat_logprobs(tokens, r.top_logprobs) if r.logprobs else None,
                 "finish_reason": finish_reason,
             }
@@ -217,14 +231,17 @@ class ReplyShape:
         receipt: dict[str, Any] | None = None,
         role: bool = False,
         offset: int = 0,
+        calls: Sequence[dict[str, Any]] = (),
     ) -> dict[str, Any]:
-        """One stream chunk: a piece of text (with its tokens' logprobs), or the last one (finish reason,
-        receipt)."""
+        """One stream chunk: a piece of text (with its tokens' logprobs), the reply's tool calls (each with its
+        index, whole), or the last one (finish reason, receipt)."""
         r = self.request
         if r.endpoint == "chat":
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
+            if calls:
+                delta["tool_calls"] = list(calls)
             lp = chat_logprobs(tokens, r.top_logprobs) if r.logprobs and tokens else None
             choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
             kind = "chat.completion.chunk"
@@ -305,8 +322,11 @@ class ReplyShape:
         }
 
 
-def finish_reason(done_reason: str, stopped: bool) -> str:
-    """OpenAI's finish reason: a stop string or the end of turn is "stop", the token limit "length"."""
+def finish_reason(done_reason: str, stopped: bool, called: bool = False) -> str:
+    """OpenAI's finish reason: a reply that ends in tool calls is "tool_calls", a stop string or the end of
+    turn "stop", the token limit "length"."""
+    if called:
+        return "tool_calls"
     if stopped or done_reason == "stop":
         return "stop"
     return "length" if done_reason == "length" else done_reason

@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
 
 from .. import shipped_thresholds
 from ..config import ARM_NAMES, INJECTIONS, MODES, Config
@@ -27,6 +27,7 @@ from ..errors import ConfigError, InputError
 from ..gate.prompting import conversation
 from ..gate.signals import SIGNALS
 from ..gate.surprise import STATISTICS
+from ..gate.tools import TOOL_NAME
 
 # Gate settings a request may change: they shape only its own reply. Backend, model, tools' reach,
 # sessions, threads and prompts stay the server's (one config per deployment, DESIGN §3).
@@ -52,11 +53,8 @@ REQUEST_KEYS = (
 )
 # Fields an OpenAI client may send that this server cannot honour: a 400 names them.
 UNSERVED = {
-    "tools": "tool calls",
-    "tool_choice": "tool calls",
-    "functions": "function calls",
-    "function_call": "function calls",
-    "parallel_tool_calls": "tool calls",
+    "functions": "the legacy function calls (send tools)",
+    "function_call": "the legacy function calls (send tool_choice)",
     "response_format": "structured output",
     "audio": "audio output",
     "prediction": "predicted outputs",
@@ -87,8 +85,12 @@ CHAT_FIELDS = (
     "frequency_penalty",
     *SAMPLING_FIELDS,
     "modalities",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
     "surprisegate",
 )
+MAX_TOOLS = 128  # OpenAI's own limit
 COMPLETION_FIELDS = (
     "model",
     "prompt",
@@ -245,7 +247,7 @@ class GateRequest:
     """One checked request: what to answer, with which config, and how to shape the reply."""
 
     endpoint: str  # "chat" | "completion" | "responses"
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     config: Config
     stream: bool = False
     include_usage: bool = False
@@ -254,6 +256,10 @@ class GateRequest:
     stops: tuple[str, ...] = ()
     overrides: dict[str, Any] = field(default_factory=dict)  # what this request changed, for its receipt
     notes: tuple[str, ...] = ()  # adjustments the server made, said back in the response
+    tools: tuple[dict[str, Any], ...] = ()  # offered tools, as the client sent them (checked)
+    tool_choice: str = "auto"  # "auto", "none", "required" or one function's name
+    parallel_tool_calls: bool = True
+    tool_use: Any = None  # the tools.ToolUse the server made of them for its model (serve/gate.tool_use)
 
 
 # --------------------------------------------------------------------------------------------
@@ -746,10 +752,10 @@ def chat_turns(value: Any, limits: Limits, system_prompt: str) -> list[dict[str,
         )
     turns = [_turn(i, m) for i, m in enumerate(value)]
     last = turns[-1]
-    if last["role"] != "user" or not last["content"].strip():
+    if last["role"] not in ("user", "tool") or not last["content"].strip():
         raise ApiError(
             f"messages[{len(turns) - 1}] has role {last['role']} and {len(last['content'].strip())} characters of "
-            "text: the last turn must be a non-empty user turn (the reply answers it)",
+            "text: the last turn must be a non-empty user turn or a tool's result (the reply answers it)",
             param="messages",
         )
     turns = with_client_system(turns, limits.client_system, system_prompt)
@@ -760,22 +766,146 @@ def chat_turns(value: Any, limits: Limits, system_prompt: str) -> list[dict[str,
     return turns
 
 
-def _turn(i: int, m: Any) -> dict[str, str]:
+TURN_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
+
+
+def _turn(i: int, m: Any) -> dict[str, Any]:
+    """One turn as {"role", "content"}; an assistant turn's `tool_calls` (content may then be null) and a tool
+    turn's `tool_call_id` are kept. A tool's result is untrusted text, like memory and web pages."""
     param = f"messages[{i}]"
-    if not isinstance(m, dict) or set(m) - {"role", "content", "name"}:
-        extra = sorted(set(m) - {"role", "content", "name"}) if isinstance(m, dict) else None
+    if not isinstance(m, dict) or set(m) - TURN_KEYS:
+        extra = sorted(set(m) - TURN_KEYS) if isinstance(m, dict) else None
         raise ApiError(
             f"{param}={shown(m)} must be {{'role', 'content'}}" + (f"; drop {_names(extra)}" if extra else ""),
             param=param,
         )
     role = "system" if m.get("role") == "developer" else m.get("role")
-    if role not in ("system", "user", "assistant"):
+    if role not in ("system", "user", "assistant", "tool"):
         raise ApiError(
-            f"{param}.role={shown(m.get('role'))}: use system, developer, user or assistant "
-            "(tool turns are not served)",
+            f"{param}.role={shown(m.get('role'))}: use system, developer, user, assistant or tool",
             param=f"{param}.role",
         )
-    return {"role": role, "content": _text(m.get("content"), f"{param}.content")}
+    calls = m.get("tool_calls")
+    if calls is not None and role != "assistant":
+        raise ApiError(f"{param}.tool_calls: only an assistant turn holds tool calls", param=f"{param}.tool_calls")
+    content = m.get("content")
+    if content is None and role == "assistant" and calls:
+        content = ""
+    turn: dict[str, Any] = {"role": role, "content": _text(content, f"{param}.content")}
+    if calls:
+        turn["tool_calls"] = _turn_calls(calls, f"{param}.tool_calls")
+    if role == "tool":
+        call = m.get("tool_call_id")
+        if not isinstance(call, str) or not call or len(call) > 256:
+            raise ApiError(
+                f"{param}.tool_call_id={shown(call)} must name the call this result answers (its id)",
+                param=f"{param}.tool_call_id",
+            )
+        turn["tool_call_id"] = call
+    return turn
+
+
+def _turn_calls(value: Any, param: str) -> list[dict[str, Any]]:
+    """An assistant turn's earlier calls, as OpenAI sends them (arguments as JSON text of an object)."""
+    example = '[{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]'
+    if not isinstance(value, list) or len(value) > MAX_TOOLS:
+        raise ApiError(f"{param}={shown(value)} must be a list of calls, e.g. {example}", param=param)
+    out = []
+    for j, call in enumerate(value):
+        where = f"{param}[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or call.get("type", "function") != "function":
+            raise ApiError(f"{where}={shown(call)} must be a function call, e.g. {example}", param=where)
+        name_ = function.get("name")
+        if not isinstance(name_, str) or not TOOL_NAME.fullmatch(name_):
+            raise ApiError(
+                f"{where}.function.name={shown(name_)} must be 1 to 64 letters, digits, _ or -",
+                param=f"{where}.function.name",
+            )
+        arguments = function.get("arguments", "{}")
+        try:
+            parsed = json.loads(arguments) if isinstance(arguments, str) else None
+        except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise ApiError(
+                f"{where}.function.arguments={shown(arguments)} must be the JSON text of an object, e.g. "
+                '"{\\"city\\": \\"Paris\\"}"',
+                param=f"{where}.function.arguments",
+            )
+        call_id = call.get("id")
+        if call_id is not None and not isinstance(call_id, str):
+            raise ApiError(f"{where}.id={shown(call_id)} must be a string", param=f"{where}.id")
+        out.append(
+            {"id": call_id or f"call_{j}", "type": "function", "function": {"name": name_, "arguments": arguments}}
+        )
+    return out
+
+
+def tools_of(body: dict) -> tuple[tuple[dict[str, Any], ...], str, bool]:
+    """(tools, tool_choice, parallel_tool_calls) of a chat request, checked. tool_choice is "auto", "none",
+    "required" or one offered function's name."""
+    value = body.get("tools")
+    example = '[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]'
+    if value is None:
+        value = []
+    if not isinstance(value, list) or len(value) > MAX_TOOLS:
+        raise ApiError(
+            f"tools={shown(value)} must be a list of at most {MAX_TOOLS} tools, e.g. {example}", param="tools"
+        )
+    names: list[str] = []
+    for i, tool in enumerate(value):
+        where = f"tools[{i}]"
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or tool.get("type") != "function" or set(tool) - {"type", "function"}:
+            raise ApiError(f"{where}={shown(tool)} must be a function tool, e.g. {example[1:-1]}", param=where)
+        extra = set(function) - {"name", "description", "parameters", "strict"}
+        if extra:
+            raise ApiError(f"{where}.function: unknown key(s) {_names(sorted(extra))}; drop them", param=where)
+        name_ = function.get("name")
+        if not isinstance(name_, str) or not TOOL_NAME.fullmatch(name_):
+            raise ApiError(
+                f"{where}.function.name={shown(name_)} must be 1 to 64 letters, digits, _ or - (OpenAI's rule)",
+                param=f"{where}.function.name",
+            )
+        if name_ in names:
+            raise ApiError(f"{where}.function.name={shown(name_)} is offered twice; name each tool once", param=where)
+        if not isinstance(function.get("description", ""), str):
+            raise ApiError(f"{where}.function.description must be a string", param=f"{where}.function.description")
+        if not isinstance(function.get("parameters", {}), dict):
+            raise ApiError(
+                f'{where}.function.parameters must be a JSON schema object, e.g. {{"type": "object"}}',
+                param=f"{where}.function.parameters",
+            )
+        names.append(name_)
+    choice = _tool_choice(body.get("tool_choice"), names)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise ApiError(f"parallel_tool_calls={shown(parallel)} must be true or false", param="parallel_tool_calls")
+    return tuple(value), choice, parallel is not False
+
+
+def _tool_choice(value: Any, names: list[str]) -> str:
+    if value is None:
+        return "auto"
+    if value in ("auto", "none", "required"):
+        if value == "required" and not names:
+            raise ApiError("tool_choice=required needs tools to choose from; send tools", param="tool_choice")
+        return cast(str, value)
+    function = value.get("function") if isinstance(value, dict) else None
+    chosen = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(chosen, str) or value.get("type") != "function":
+        raise ApiError(
+            f'tool_choice={shown(value)} must be "auto", "none", "required" or '
+            '{"type": "function", "function": {"name": "..."}}',
+            param="tool_choice",
+        )
+    if chosen not in names:
+        raise ApiError(
+            f"tool_choice names {shown(chosen)}, which is not among the tools sent; send it in tools",
+            param="tool_choice",
+        )
+    return chosen
 
 
 def with_client_system(turns: list[dict[str, str]], policy: str, system_prompt: str) -> list[dict[str, str]]:
@@ -816,7 +946,9 @@ def parse_chat(
     top = _int(body, "top_logprobs", 0, 20, 0) or 0
     if top and not logprobs:
         raise ApiError(f"top_logprobs={top} needs logprobs=true", param="top_logprobs")
-    return _gate_request("chat", body, base, limits, messages, logprobs, top, detect_only)
+    request = _gate_request("chat", body, base, limits, messages, logprobs, top, detect_only)
+    tools, choice, parallel = tools_of(body)
+    return replace(request, tools=tools, tool_choice=choice, parallel_tool_calls=parallel)
 
 
 def parse_completion(

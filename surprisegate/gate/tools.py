@@ -1,0 +1,279 @@
+"""Tool calls: the tools a chat offers, rendered by the model's own template, and the calls a reply makes.
+
+A model writes a call in its template family's own format. This module reads the Hermes family
+(`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`: Qwen2.5, Hermes 2 and 3 and the templates that
+name `<tool_call>`), as llama.cpp's server and vLLM's `hermes` parser do. A template that offers tools in
+another format is said to be unsupported rather than guessed at.
+
+Where the gate stops: it grounds the reply's prose. Once a call opens, the rest is arguments for the
+client's own code, so a rewrite there would change what runs, not what is claimed: the arguments are scored
+(their surprise goes in the receipt) but never rewound.
+
+Everything a client sends here (tool definitions, earlier calls' arguments, tool results) is data: the
+renderer wraps what `tojson` writes in DATA marks, and prompting tokenizes it without special tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from .prompting import DATA_CLOSE, DATA_OPEN
+
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's own rule for function names
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How one template family writes a call: between `open` and `close`, a JSON object of name and arguments."""
+
+    family: str
+    open: str
+    close: str
+
+    def opening(self, name: str | None = None) -> str:
+        """The text a forced call starts with (tool_choice required, or one named function). It goes as far
+        as the name's opening quote: after `<tool_call>` and a newline alone, Qwen2.5-Coder-0.5B ends its turn."""
+        return self.open + '\n{"name": "' + ("" if name is None else name + '", "arguments": ')
+
+
+HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>")
+
+
+@dataclass(frozen=True)
+class CallWatch:
+    """Whether a reply has opened a tool call (a forced call is open from its start). The loop grounds nothing
+    after that: the rest is arguments, scored but never rewound. Without tools: never."""
+
+    tools: ToolUse | None = None
+
+    def opened(self, reply: Any) -> bool:
+        if self.tools is None:
+            return False
+        return bool(self.tools.opening) or self.tools.format.open in reply.text()
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """The tools one reply may call: their definitions (as the client sent them), the model's call format,
+    `choice` ("auto", "required" or one function's name: a forced call starts with its opening) and whether
+    several calls may come at once."""
+
+    tools: tuple[dict[str, Any], ...]
+    format: ToolFormat
+    choice: str = "auto"
+    parallel: bool = True
+
+    @property
+    def opening(self) -> str:
+        if self.choice == "auto":
+            return ""
+        return self.format.opening(None if self.choice == "required" else self.choice)
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        """One call only: the reply ends where the first call closes."""
+        return () if self.parallel else (self.format.close,)
+
+
+def tool_format(template: str | None) -> ToolFormat | None:
+    """The call format of a chat template, or None when it offers no tools (or offers them in a format this
+    module cannot read). A template offers tools when it renders the `tools` variable (as minja's probe finds)."""
+    if not template or not re.search(r"\btools\b", template):
+        return None
+    return HERMES if HERMES.open in template else None
+
+
+def has_tool_turns(messages: Sequence[Mapping[str, Any]]) -> bool:
+    return any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
+
+
+# --------------------------------------------------------------------------------------------
+# rendering
+# --------------------------------------------------------------------------------------------
+class ToolTemplate:
+    """A chat template compiled once, rendered with `tools` and tool turns (as transformers and minja do:
+    sandboxed, trim_blocks and lstrip_blocks, `tojson` without HTML escaping). With `mark_data`, what
+    `tojson` writes (the client's tool definitions and arguments) is wrapped in DATA marks."""
+
+    def __init__(self, template: str, bos_token: str = "", eos_token: str = "") -> None:
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env.filters["tojson"] = _marked_json
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        self._template = env.from_string(template)
+        self._tokens = {"bos_token": bos_token, "eos_token": eos_token}
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        mark_data: bool = False,
+    ) -> str:
+        turns = [template_turn(m) for m in messages]
+        offered = [dict(t) for t in tools] if tools else None
+        text = self._template.render(
+            messages=turns, tools=offered, add_generation_prompt=add_generation_prompt, **self._tokens
+        )
+        return text if mark_data else text.replace(DATA_OPEN, "").replace(DATA_CLOSE, "")
+
+
+def _marked_json(value: Any, indent: int | None = None, **_: Any) -> str:
+    return DATA_OPEN + json.dumps(value, ensure_ascii=False, indent=indent) + DATA_CLOSE
+
+
+def _raise(message: str) -> None:
+    from jinja2.exceptions import TemplateError
+
+    raise TemplateError(message)
+
+
+def template_turn(m: Mapping[str, Any]) -> dict[str, Any]:
+    """A turn as templates read it: an earlier call's `arguments` as an object (templates `tojson` them),
+    as llama.cpp's server hands them over."""
+    turn = dict(m)
+    calls = m.get("tool_calls")
+    if calls:
+        turn["tool_calls"] = [_call_for_template(c) for c in calls]
+    return turn
+
+
+def _call_for_template(call: Mapping[str, Any]) -> dict[str, Any]:
+    function = dict(call.get("function") or {})
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            function["arguments"] = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            pass  # wire.py refuses these; a library caller's text is rendered as it is
+    return {**call, "function": function}
+
+
+# --------------------------------------------------------------------------------------------
+# parsing a reply
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the reply makes, as OpenAI's `tool_calls[i]`; `start`/`end` are its characters in the reply."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+    start: int
+    end: int
+
+    def wire(self, index: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+        return out if index is None else {"index": index, **out}
+
+
+@dataclass(frozen=True)
+class ParsedReply:
+    """The reply as content and calls. A block that does not parse as a call stays in the content, word for word."""
+
+    content: str
+    calls: tuple[ToolCall, ...]
+    unparsed: int = 0
+
+
+def call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+def parse_tool_calls(
+    text: str, fmt: ToolFormat, parallel: bool = True, new_id: Callable[[], str] = call_id
+) -> ParsedReply:
+    """The calls in `text` (a reply the model wrote): every `open … close` block holding a JSON object with a
+    string `name` and object (or JSON-text) `arguments`; a last block cut off before `close` counts when its JSON
+    is whole, or whole once the brackets it left open are closed. With `parallel` False only the first call is
+    kept (the rest stays out of the reply)."""
+    pattern = re.compile(re.escape(fmt.open) + r"(.*?)(?:" + re.escape(fmt.close) + r"|\Z)", re.S)
+    calls: list[ToolCall] = []
+    content, at, unparsed = [], 0, 0
+    for found in pattern.finditer(text):
+        cut_off = found.end() == len(text) and not found.group(0).endswith(fmt.close)
+        parsed = _call(found.group(1), heal=cut_off)
+        if parsed is None:
+            unparsed += 1
+            continue
+        content.append(text[at : found.start()])
+        at = found.end()
+        if parallel or not calls:
+            calls.append(ToolCall(new_id(), parsed[0], parsed[1], found.start(), found.end()))
+    content.append(text[at:])
+    return ParsedReply("".join(content).strip() if calls else text, tuple(calls), unparsed)
+
+
+def _call(body: str, heal: bool = False) -> tuple[str, str] | None:
+    try:
+        value = json.loads(body.strip())
+    except json.JSONDecodeError:
+        closed = closing(body) if heal else None
+        if closed is None:
+            return None
+        try:
+            value = json.loads(body.strip() + closed)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
+        return None
+    arguments = value.get("arguments", value.get("parameters", {}))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return value["name"], json.dumps(arguments, ensure_ascii=False)
+
+
+def closing(text: str) -> str | None:
+    """The brackets that close what `text` left open, outside strings (the model ended its turn one `}` short
+    of a whole call, as llama.cpp's server heals it); None inside a string or with a stray closer."""
+    stack: list[str] = []
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            stack.append("}" if char == "{" else "]")
+        elif char in "}]":
+            if not stack or stack.pop() != char:
+                return None
+    return None if in_string or not stack else "".join(reversed(stack))
+
+
+def call_scores(call: ToolCall, pieces: Sequence[str], surprises: Sequence[float]) -> dict[str, Any]:
+    """A call's record for the receipt: its name and arguments, and the surprise of the tokens that wrote
+    it (scored, never rewound)."""
+    at, tokens, inside = 0, 0, []
+    for piece, surprise in zip(pieces, surprises, strict=False):
+        if at < call.end and at + len(piece) > call.start and piece:
+            tokens += 1
+            inside += [surprise] if math.isfinite(surprise) else []  # unscored (mode off): NaN
+        at += len(piece)
+    return {
+        "id": call.id,
+        "name": call.name,
+        "arguments": call.arguments,
+        "tokens": tokens,
+        "surprise_mean": round(sum(inside) / len(inside), 4) if inside else None,
+        "surprise_max": round(max(inside), 4) if inside else None,
+    }
