@@ -3,9 +3,11 @@
 The `openai` SDK (sync and async, chat, completions, responses), LangChain's ChatOpenAI, LlamaIndex's
 OpenAILike, litellm and the `llm` CLI (the `clients` extra; `make test` installs it). Each does a chat, a
 stream and a two-turn conversation and reads the reply's receipt back (in the body where the client keeps
-unknown fields, else by id from the X-Surprisegate-Receipt header over GET /v1/receipts/{id}). What serve
-does not serve yet (tool calls, structured output) is refused with a 400 that names it: the client raises
-and the message says so. A scripted server keeps most of them fast; the slow tests run the embedded model
+unknown fields, else by id from the X-Surprisegate-Receipt header over GET /v1/receipts/{id}). Tool calls
+run on the second model (its template offers tools): LangChain's bind_tools in an agent loop of two steps,
+LlamaIndex's chat_with_tools and litellm. What serve does not serve yet (structured output), and tools on a
+model whose template has none, are refused with a 400 that names it: the client raises and the message says
+so. A scripted server keeps most of them fast; the slow tests run the embedded model
 with the gate on by default (so clients that cannot send the `surprisegate` extension are gated too).
 """
 
@@ -191,3 +193,63 @@ def test_every_client_gets_the_grounded_answer_from_the_embedded_model(gated, tm
     cli = Path(sys.executable).with_name("llm")
     done = subprocess.run([str(cli), "-m", "gate", BURKINA], capture_output=True, text=True, env=env, timeout=300)
     assert "Ouagadougou" in done.stdout, done.stderr
+
+
+# ------------------------------------------------------------------------------------------ tools on the second model
+@pytest.fixture(scope="module")
+def qwen(second_model, tmp_path_factory):
+    from test_serve import real_server
+
+    srv = real_server(tmp_path_factory, {"model": str(second_model), "threshold": 1.0})
+    yield srv
+    srv.stop()
+
+
+def get_weather(city: str) -> str:
+    """Get the current weather in a city."""
+    return f"18 C and cloudy in {city}"
+
+
+@pytest.mark.slow
+def test_langchain_binds_tools_and_runs_an_agent_loop_of_two_steps(qwen):
+    from langchain_core.messages import ToolMessage
+
+    model = httpx.get(qwen.url + "/v1/models").json()["data"][0]["id"]
+    lc = langchain_openai.ChatOpenAI(model=model, base_url=qwen.url + "/v1", api_key="unused", max_retries=0)
+    asked = HumanMessage("What's the weather like in Paris right now?")
+    first = lc.bind_tools([get_weather], tool_choice="get_weather").invoke([asked])
+    (call,) = first.tool_calls
+    assert call["name"] == "get_weather" and "Paris" in call["args"]["city"]
+    answer = ToolMessage(get_weather(**call["args"]), tool_call_id=call["id"])
+    second = lc.bind_tools([get_weather]).invoke([asked, first, answer])
+    assert second.content and not second.tool_calls
+    streamed = list(lc.bind_tools([get_weather], tool_choice="get_weather").stream([asked]))
+    whole = streamed[0]
+    for piece in streamed[1:]:
+        whole += piece
+    assert [c["name"] for c in whole.tool_calls] == ["get_weather"]
+
+
+@pytest.mark.slow
+def test_llamaindex_and_litellm_get_the_tool_call(qwen):
+    from llama_index.core.tools import FunctionTool
+
+    model = httpx.get(qwen.url + "/v1/models").json()["data"][0]["id"]
+    li = openai_like.OpenAILike(
+        model=model, api_base=qwen.url + "/v1", api_key="unused", is_chat_model=True, is_function_calling_model=True
+    )
+    reply = li.chat_with_tools(
+        [FunctionTool.from_defaults(get_weather)], user_msg="Weather in Rome?", tool_required=True
+    )
+    (selection,) = li.get_tool_calls_from_response(reply, error_on_no_tool_call=True)
+    assert selection.tool_name == "get_weather" and "Rome" in selection.tool_kwargs["city"]
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    lite = litellm.completion(
+        model=f"openai/{model}",
+        api_base=qwen.url + "/v1",
+        api_key="unused",
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        tools=[tool],
+        tool_choice="required",
+    )
+    assert lite.choices[0].message.tool_calls[0].function.name == "get_weather"
