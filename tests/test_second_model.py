@@ -10,6 +10,7 @@ the reason, where `make second-model` has not fetched it.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -229,3 +230,20 @@ def test_an_agent_loop_of_two_steps_through_the_official_client(second_server):
     with c.chat.completions.stream(model=model, messages=PARIS, tools=[WEATHER_TOOL], tool_choice=named) as s:
         final = s.get_final_completion()
     assert final.choices[0].message.tool_calls[0].function.name == "get_weather"
+
+
+def test_the_context_check_counts_the_tools_in_the_prompt(second_backend):
+    from surprisegate.config import Config
+    from surprisegate.gate.tools import HERMES, ToolUse
+    from surprisegate.serve.gate import check_context
+    from surprisegate.serve.wire import ApiError, GateRequest
+
+    plain = len(second_backend.tokenize(second_backend.chat_prompt(PARIS), special=True))
+    offered = len(second_backend.tokenize(second_backend.chat_prompt(PARIS, tools=[WEATHER_TOOL]), special=True))
+    n_ctx = second_backend.n_ctx
+    # max_tokens that fits the chat alone but not with the tools' definitions in the prompt
+    config = Config(max_tokens=n_ctx - (plain + offered) // 2, system_prompt="")
+    request = GateRequest("chat", PARIS, config)
+    check_context(second_backend, request)
+    with pytest.raises(ApiError, match="over the model's context"):
+        check_context(second_backend, replace(request, tool_use=ToolUse((WEATHER_TOOL,), HERMES)))

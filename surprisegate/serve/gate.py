@@ -134,7 +134,9 @@ def check_context(backend: Any, request: GateRequest) -> None:
     if not isinstance(n_ctx, int):
         return
     chat = conversation(request.messages, request.config.system_prompt)
-    n = len(backend.tokenize(backend.chat_prompt(chat), special=True))
+    tools = request.tool_use.tools if request.tool_use is not None else None
+    prompt = backend.chat_prompt(chat, tools=tools) if tools or has_tool_turns(chat) else backend.chat_prompt(chat)
+    n = len(backend.tokenize(prompt, special=True))
     if n + request.config.max_tokens > n_ctx:
         raise ApiError(
             f"the chat is {n} tokens and max_tokens={request.config.max_tokens}: over the model's context of "
