@@ -281,3 +281,13 @@ def test_closing_counts_brackets_outside_strings(text, closed):
     from surprisegate.gate.tools import closing
 
     assert closing(text) == closed
+
+
+def test_a_template_that_refuses_a_chat_is_an_input_error_naming_it():
+    from surprisegate.errors import InputError
+
+    strict = (
+        "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools here') }}{% endif %}{% endfor %}"
+    )
+    with pytest.raises(InputError, match="cannot render this chat with tools \\(no tools here\\)"):
+        ToolTemplate(strict).render([{"role": "tool", "content": "1"}], True)

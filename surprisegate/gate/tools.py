@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from ..errors import InputError
 from .prompting import DATA_CLOSE, DATA_OPEN
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's own rule for function names
@@ -120,11 +121,19 @@ class ToolTemplate:
         tools: Sequence[Mapping[str, Any]] | None = None,
         mark_data: bool = False,
     ) -> str:
+        from jinja2.exceptions import TemplateError
+
         turns = [template_turn(m) for m in messages]
         offered = [dict(t) for t in tools] if tools else None
-        text = self._template.render(
-            messages=turns, tools=offered, add_generation_prompt=add_generation_prompt, **self._tokens
-        )
+        try:
+            text = self._template.render(
+                messages=turns, tools=offered, add_generation_prompt=add_generation_prompt, **self._tokens
+            )
+        except TemplateError as err:  # the template's own raise_exception, or a chat shape it cannot render
+            raise InputError(
+                f"the model's chat template cannot render this chat with tools ({str(err)[:200]}); "
+                "send the turns in the order the model expects (user, assistant with tool_calls, tool results)"
+            ) from None
         return text if mark_data else text.replace(DATA_OPEN, "").replace(DATA_CLOSE, "")
 
 

@@ -135,7 +135,10 @@ def check_context(backend: Any, request: GateRequest) -> None:
         return
     chat = conversation(request.messages, request.config.system_prompt)
     tools = request.tool_use.tools if request.tool_use is not None else None
-    prompt = backend.chat_prompt(chat, tools=tools) if tools or has_tool_turns(chat) else backend.chat_prompt(chat)
+    try:
+        prompt = backend.chat_prompt(chat, tools=tools) if tools or has_tool_turns(chat) else backend.chat_prompt(chat)
+    except InputError as err:  # the template refused the chat (tools.ToolTemplate): the client's to fix
+        raise ApiError(str(err)[:600], param="messages", code="template_refused") from None
     n = len(backend.tokenize(prompt, special=True))
     if n + request.config.max_tokens > n_ctx:
         raise ApiError(
