@@ -10,14 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from surprisegate.gate.prompting import DATA_CLOSE, DATA_OPEN, PromptLayout, render_pieces
+from surprisegate.gate.prompting import DATA_CLOSE, DATA_OPEN, PromptLayout, has_tool_turns, render_pieces
 from surprisegate.gate.tools import (
     HERMES,
     ToolCall,
     ToolTemplate,
     ToolUse,
     call_scores,
-    has_tool_turns,
     parse_tool_calls,
     tool_format,
 )

@@ -68,6 +68,11 @@ def _turn(i: int, m: Any) -> dict[str, Any]:
     return turn
 
 
+def has_tool_turns(messages: Sequence[Any]) -> bool:
+    """Whether the chat holds a tool's result or an assistant turn that called tools."""
+    return any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
+
+
 def last_user_turn(messages: Sequence[dict[str, str]]) -> str:
     """The question the reply answers: the last user turn's text."""
     return next(m["content"] for m in reversed(messages) if m["role"] == "user").strip()
@@ -104,11 +109,16 @@ def data_pieces(text: str) -> list[tuple[str, bool]]:
     return [*pieces, (text, True)]
 
 
+def unmark(text: str) -> str:
+    """The rendered text with the DATA marks taken out (the text as the model reads it)."""
+    return text.replace(DATA_OPEN, "").replace(DATA_CLOSE, "")
+
+
 def unmarked(render):
-    """`render` with the DATA marks taken out (the text as the model reads it)."""
+    """`render` with the DATA marks taken out."""
 
     def clean(messages, add_generation_prompt):
-        return render(messages, add_generation_prompt).replace(DATA_OPEN, "").replace(DATA_CLOSE, "")
+        return unmark(render(messages, add_generation_prompt))
 
     return clean
 
@@ -214,7 +224,7 @@ class ReplyPrompt:
         """`backend` renders (`chat_prompt`) and tokenizes: a server may fail here, and the receipt says so.
         `tools` (a tools.ToolUse) offers tools; a forced call's opening (our text) comes before the prefix."""
         render = backend.chat_prompt
-        if tools is not None or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
+        if tools is not None or has_tool_turns(messages):
             if not getattr(backend, "renders_tools", False):
                 raise BackendError(
                     f"backend {getattr(backend, 'name', type(backend).__name__)!r} cannot render tools or tool "

@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import InputError
-from .prompting import DATA_CLOSE, DATA_OPEN
+from .prompting import DATA_CLOSE, DATA_OPEN, unmark
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's own rule for function names
 
@@ -91,10 +91,6 @@ def tool_format(template: str | None) -> ToolFormat | None:
     return HERMES if HERMES.open in template else None
 
 
-def has_tool_turns(messages: Sequence[Mapping[str, Any]]) -> bool:
-    return any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
-
-
 # --------------------------------------------------------------------------------------------
 # rendering
 # --------------------------------------------------------------------------------------------
@@ -134,7 +130,7 @@ class ToolTemplate:
                 f"the model's chat template cannot render this chat with tools ({str(err)[:200]}); "
                 "send the turns in the order the model expects (user, assistant with tool_calls, tool results)"
             ) from None
-        return text if mark_data else text.replace(DATA_OPEN, "").replace(DATA_CLOSE, "")
+        return text if mark_data else unmark(text)
 
 
 def _marked_json(value: Any, indent: int | None = None, **_: Any) -> str:

@@ -46,7 +46,7 @@ from .gate import (
     tool_use,
 )
 from .metrics import CONTENT_TYPE, Metrics
-from .replies import ReplyShape, StopCutter, finish_reason, token_info, token_infos
+from .replies import ReplyShape, StopCutter, cut_at_stop, finish_reason, token_info, token_infos
 from .wire import ApiError, GateRequest, Limits, parse_chat, parse_completion, parse_json, parse_responses, shown
 
 # An unread body would be parsed as the next request on a kept-alive connection: close it after the error.
@@ -218,8 +218,7 @@ class Server:
         done, receipt, parsed = finished[0].done, finished[0].receipt, finished[0].parsed
         self.metrics.reply(receipt)
         self.recent.put(gen.reply_id, caller_of(request), receipt)
-        cut = first_stop(done.text, shape.request.stops)
-        text = done.text if cut is None else done.text[:cut]
+        text, cut = cut_at_stop(done.text, shape.request.stops)
         tokens = token_infos(receipt, self.token_bytes, cut) if shape.request.logprobs else []
         calls = [c.wire() for c in parsed.calls] if parsed is not None else []
         finish = finish_reason(done.finish_reason, cut is not None, bool(calls))
@@ -286,8 +285,7 @@ class Server:
         so nothing is lost), the calls, then the finish chunk."""
         r, parsed = shape.request, item.parsed
         assert parsed is not None
-        cut = first_stop(item.done.text, r.stops)
-        text = item.done.text if cut is None else item.done.text[:cut]
+        text, cut = cut_at_stop(item.done.text, r.stops)
         rest = text[cutter.sent :] if not parsed.calls else parsed.content[len(text[: cutter.sent].lstrip()) :]
         if rest:
             yield shape.chunk(rest)
@@ -386,8 +384,7 @@ def held_chunk(
     if not buffered:
         tail, held = cutter.finish()
         return shape.chunk(tail, [t for _, t in held], offset=held[0][0] if held else 0) if tail or held else None
-    cut = first_stop(item.done.text, shape.request.stops)
-    text = item.done.text if cut is None else item.done.text[:cut]
+    text, cut = cut_at_stop(item.done.text, shape.request.stops)
     return shape.chunk(text, token_infos(item.receipt, token_bytes, cut))
 
 

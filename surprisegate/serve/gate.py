@@ -25,13 +25,13 @@ from ..config import SAMPLING_KEYS, Config
 from ..errors import InputError
 from ..gate.events import Done, Event
 from ..gate.loop import stream
-from ..gate.prompting import conversation
+from ..gate.prompting import conversation, has_tool_turns
 from ..gate.receipts import ReceiptWriter, fit_receipt
 from ..gate.result import build_receipt
-from ..gate.tools import ParsedReply, ToolUse, call_scores, has_tool_turns, parse_tool_calls
+from ..gate.tools import ParsedReply, ToolUse, call_scores, parse_tool_calls
 from ..paths import home
 from ..runtime import arms_for
-from ..text import first_stop
+from .replies import cut_at_stop
 from .wire import REQUEST_KEYS, ApiError, GateRequest
 
 _END = object()  # the worker thread is finished (after its last event or error)
@@ -288,8 +288,7 @@ class Generation:
         )
         parsed = None
         if self.request.tool_use is not None:
-            cut = first_stop(done.text, self.request.stops)
-            text = done.text if cut is None else done.text[:cut]
+            text, _ = cut_at_stop(done.text, self.request.stops)
             parsed = parse_calls(self.request.tool_use, text, receipt, self.runtime.backend.token_bytes)
         if self.receipts is not None:
             self.receipts.append(receipt)

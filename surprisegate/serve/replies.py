@@ -27,6 +27,12 @@ def logprob(surprise: float) -> float:
 # --------------------------------------------------------------------------------------------
 # stop strings
 # --------------------------------------------------------------------------------------------
+def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, int | None]:
+    """The reply as its client gets it (up to the first stop string) and where it was cut (None: not)."""
+    cut = first_stop(text, stops)
+    return (text, None) if cut is None else (text[:cut], cut)
+
+
 @dataclass
 class StopCutter:
     """Streams text up to the first stop string: text that may be the start of a stop string is held

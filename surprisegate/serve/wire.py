@@ -816,12 +816,7 @@ def _turn_calls(value: Any, param: str) -> list[dict[str, Any]]:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or call.get("type", "function") != "function":
             raise ApiError(f"{where}={shown(call)} must be a function call, e.g. {example}", param=where)
-        name_ = function.get("name")
-        if not isinstance(name_, str) or not TOOL_NAME.fullmatch(name_):
-            raise ApiError(
-                f"{where}.function.name={shown(name_)} must be 1 to 64 letters, digits, _ or -",
-                param=f"{where}.function.name",
-            )
+        name_ = _function_name(function, where)
         arguments = function.get("arguments", "{}")
         try:
             parsed = json.loads(arguments) if isinstance(arguments, str) else None
@@ -840,6 +835,17 @@ def _turn_calls(value: Any, param: str) -> list[dict[str, Any]]:
             {"id": call_id or f"call_{j}", "type": "function", "function": {"name": name_, "arguments": arguments}}
         )
     return out
+
+
+def _function_name(function: dict, where: str) -> str:
+    """A tool's or an earlier call's function name, by OpenAI's rule."""
+    name_ = function.get("name")
+    if not isinstance(name_, str) or not TOOL_NAME.fullmatch(name_):
+        raise ApiError(
+            f"{where}.function.name={shown(name_)} must be 1 to 64 letters, digits, _ or - (OpenAI's rule)",
+            param=f"{where}.function.name",
+        )
+    return name_
 
 
 def tools_of(body: dict) -> tuple[tuple[dict[str, Any], ...], str, bool]:
@@ -862,12 +868,7 @@ def tools_of(body: dict) -> tuple[tuple[dict[str, Any], ...], str, bool]:
         extra = set(function) - {"name", "description", "parameters", "strict"}
         if extra:
             raise ApiError(f"{where}.function: unknown key(s) {_names(sorted(extra))}; drop them", param=where)
-        name_ = function.get("name")
-        if not isinstance(name_, str) or not TOOL_NAME.fullmatch(name_):
-            raise ApiError(
-                f"{where}.function.name={shown(name_)} must be 1 to 64 letters, digits, _ or - (OpenAI's rule)",
-                param=f"{where}.function.name",
-            )
+        name_ = _function_name(function, where)
         if name_ in names:
             raise ApiError(f"{where}.function.name={shown(name_)} is offered twice; name each tool once", param=where)
         if not isinstance(function.get("description", ""), str):
