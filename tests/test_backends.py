@@ -151,3 +151,55 @@ def test_capabilities_are_protocols_a_backend_has_by_its_members():
         SIGNAL_TOP_K = 8
 
     assert isinstance(TopK(), TopKSignals) and backend_top_k(TopK()) == 8 and backend_top_k(TopK) == 8
+
+
+class SetGrammar:
+    """A grammar that allows a fixed set of tokens after any prefix, and records what it was made to follow."""
+
+    def __init__(self, allowed):
+        self.allowed, self.followed, self.masks = set(allowed), [], 0
+
+    def follow(self, tokens):
+        self.followed.append(list(tokens))
+
+    def allows(self, token):
+        return token in self.allowed
+
+    def mask(self, logits):
+        self.masks += 1
+        out = np.full(logits.shape, -np.inf)
+        ids = sorted(self.allowed)
+        out[ids] = logits[ids]
+        return out
+
+
+def test_a_grammar_keeps_the_settings_pick_when_it_allows_it_and_masks_only_when_it_does_not():
+    from surprisegate.gate.surprise import softmax_stats
+
+    logits = np.array([0.0, 5.0, 3.0, 1.0], dtype=np.float32)
+    reply = [7, 8]
+    allowing = SetGrammar({1, 2})
+    s = Sampling(temperature=0.0, grammar=allowing, reply_tokens=lambda: reply)
+    assert s.choose(logits, stats=softmax_stats(logits)) == 1 and allowing.masks == 0
+    assert allowing.followed == [[7, 8]]  # brought to the reply's state before the check
+    refusing = SetGrammar({2, 3})
+    s = Sampling(temperature=0.0, grammar=refusing, reply_tokens=lambda: reply)
+    assert s.choose(logits, stats=softmax_stats(logits)) == 2 and refusing.masks == 1
+    for seed in range(20):  # sampled: never outside the grammar
+        s = Sampling(temperature=1.5, seed=seed, grammar=SetGrammar({0, 3}), reply_tokens=lambda: reply)
+        assert s.choose(logits) in (0, 3)
+
+
+def test_a_ban_that_would_leave_the_grammar_nothing_gives_way_to_the_grammar():
+    logits = np.array([0.0, 5.0, 3.0], dtype=np.float32)
+    s = Sampling(temperature=0.0, grammar=SetGrammar({0}), reply_tokens=lambda: [])
+    assert s.choose(logits, banned=frozenset({0})) == 0  # the grammar is done: its end of turn stands
+
+
+def test_under_a_grammar_the_signals_are_taken_over_what_it_allows():
+    logits = np.array([10.0, 0.0, 0.0, 0.0], dtype=np.float32)
+    free = Sampling(temperature=0.0).step(logits, 1, b"x")
+    held = Sampling(temperature=0.0, grammar=SetGrammar({1}), reply_tokens=lambda: []).step(logits, 1, b"x")
+    assert free.surprise > 10 and held.surprise == 0.0 and held.entropy == 0.0  # forced: no doubt
+    two = Sampling(temperature=0.0, grammar=SetGrammar({1, 2}), reply_tokens=lambda: []).step(logits, 1, b"x")
+    assert two.surprise == pytest.approx(1.0) and two.entropy == pytest.approx(1.0)

@@ -5,9 +5,11 @@ OpenAILike, litellm and the `llm` CLI (the `clients` extra; `make test` installs
 stream and a two-turn conversation and reads the reply's receipt back (in the body where the client keeps
 unknown fields, else by id from the X-Surprisegate-Receipt header over GET /v1/receipts/{id}). Tool calls
 run on the second model (its template offers tools): LangChain's bind_tools in an agent loop of two steps,
-LlamaIndex's chat_with_tools and litellm. What serve does not serve yet (structured output), and tools on a
-model whose template has none, are refused with a 400 that names it: the client raises and the message says
-so. A scripted server keeps most of them fast; the slow tests run the embedded model
+LlamaIndex's chat_with_tools and litellm. Structured output (a Pydantic schema) runs on both real models: the
+SDK's `parse`, LangChain's `with_structured_output` (json_schema and json_mode), litellm, and LlamaIndex's
+`structured_predict` (through tool calls, on the second model). Tools on a model whose template has none, and
+JSON output through a backend that cannot decode under a grammar, are refused with a 400 that names it: the
+client raises and the message says so. A scripted server keeps most of them fast; the slow tests run the embedded model
 with the gate on by default (so clients that cannot send the `surprisegate` extension are gated too).
 """
 
@@ -31,6 +33,7 @@ litellm = pytest.importorskip("litellm", reason="the clients extra")
 
 from langchain_core.messages import AIMessage, HumanMessage  # noqa: E402
 from llama_index.core.llms import ChatMessage  # noqa: E402
+from pydantic import BaseModel  # noqa: E402
 
 KEY = "clients-key"
 ASKED = "What is two plus two?"
@@ -93,7 +96,8 @@ def test_langchain_tools_on_a_model_without_them_and_structured_output_are_refus
     # The scripted model has no tool template: the 400 names the model and what to serve instead.
     with pytest.raises(openai.BadRequestError, match="tools or tool turns|tool calls this server can read"):
         chat_model(server).bind_tools([weather]).invoke("Weather in Paris?")
-    with pytest.raises(openai.BadRequestError, match="structured output"):
+    # Nor can it decode under a grammar: JSON output gets a 400 that says where it is served.
+    with pytest.raises(openai.BadRequestError, match="cannot decode under a grammar"):
         chat_model(server).with_structured_output({"title": "City", "type": "object", "properties": {}}).invoke("x")
 
 
@@ -195,6 +199,48 @@ def test_every_client_gets_the_grounded_answer_from_the_embedded_model(gated, tm
     assert "Ouagadougou" in done.stdout, done.stderr
 
 
+class Capital(BaseModel):
+    country: str
+    capital: str
+
+
+def check_capital(value: Capital | dict, capital: str = "Ouagadougou") -> None:
+    value = value if isinstance(value, Capital) else Capital.model_validate(value)
+    assert capital in value.capital, value
+
+
+@pytest.mark.slow
+def test_structured_output_from_every_client_is_grounded_on_the_embedded_model(gated):
+    import openai
+
+    model = httpx.get(gated.url + "/v1/models").json()["data"][0]["id"]
+    sdk = openai.OpenAI(base_url=gated.url + "/v1", api_key="unused", max_retries=0)
+    reply = sdk.chat.completions.parse(
+        model=model, messages=[{"role": "user", "content": BURKINA}], response_format=Capital
+    )
+    check_capital(reply.choices[0].message.parsed)
+    receipt = reply.model_extra["surprisegate"]["receipt"]
+    assert receipt["extra"]["response_format"]["parses"] and receipt["rounds"]
+    with sdk.chat.completions.stream(
+        model=model, messages=[{"role": "user", "content": BURKINA}], response_format=Capital
+    ) as stream:
+        check_capital(stream.get_final_completion().choices[0].message.parsed)
+    lc = langchain_openai.ChatOpenAI(model=model, base_url=gated.url + "/v1", api_key="unused", max_retries=0)
+    check_capital(lc.with_structured_output(Capital, method="json_schema").invoke(BURKINA))
+    as_json = lc.with_structured_output(None, method="json_mode").invoke(BURKINA + " Answer with country and capital.")
+    assert isinstance(as_json, dict)  # any object: json_mode sends no schema
+    lite = litellm.completion(
+        model=f"openai/{model}",
+        api_base=gated.url + "/v1",
+        api_key="unused",
+        messages=[{"role": "user", "content": BURKINA}],
+        response_format=Capital,
+    )
+    check_capital(json.loads(lite.choices[0].message.content))
+    response = sdk.responses.parse(model=model, input=BURKINA, text_format=Capital)
+    check_capital(response.output_parsed)
+
+
 # ------------------------------------------------------------------------------------------ tools on the second model
 @pytest.fixture(scope="module")
 def qwen(second_model, tmp_path_factory):
@@ -253,3 +299,20 @@ def test_llamaindex_and_litellm_get_the_tool_call(qwen):
         tool_choice="required",
     )
     assert lite.choices[0].message.tool_calls[0].function.name == "get_weather"
+
+
+@pytest.mark.slow
+def test_structured_output_on_the_second_model_by_schema_and_through_tools(qwen):
+    from llama_index.core.prompts import PromptTemplate
+
+    model = httpx.get(qwen.url + "/v1/models").json()["data"][0]["id"]
+    gated = {"surprisegate": {"mode": "intervene"}}  # this server's default mode does not ground
+    lc = langchain_openai.ChatOpenAI(
+        model=model, base_url=qwen.url + "/v1", api_key="unused", max_retries=0, extra_body=gated
+    )
+    check_capital(lc.with_structured_output(Capital, method="json_schema").invoke(BURKINA))
+    li = openai_like.OpenAILike(
+        model=model, api_base=qwen.url + "/v1", api_key="unused", is_chat_model=True, is_function_calling_model=True
+    )
+    value = li.structured_predict(Capital, PromptTemplate("Which country and capital: {q}"), q="Peru, capital Lima")
+    assert isinstance(value, Capital) and "Lima" in value.capital

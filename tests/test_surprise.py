@@ -302,3 +302,19 @@ def test_a_max_that_rises_block_after_block_rescales_the_sums():
     assert stats.argmax == 49151
     assert stats.total == pytest.approx(e.sum(), rel=1e-6)
     assert stats.weighted == pytest.approx(e @ (x - x.max()), rel=1e-6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-20, 20), min_size=2, max_size=30), st.data())
+def test_signals_within_a_set_are_those_of_the_renormalised_distribution(values, data):
+    logits = np.array(values, dtype=np.float32)
+    allowed = data.draw(st.lists(st.integers(0, len(values) - 1), min_size=1, unique=True))
+    token = data.draw(st.sampled_from(allowed))
+    s, h = surprise.signals_within(logits, token, allowed)
+    ids = sorted(set(allowed))
+    p = np.exp(logits[ids].astype(np.float64) - logits[ids].max())
+    p /= p.sum()
+    assert s == pytest.approx(max(-math.log2(p[ids.index(token)]), 0.0), abs=1e-6)
+    assert h == pytest.approx(max(float(-(p[p > 0] * np.log2(p[p > 0])).sum()), 0.0), abs=1e-6)
+    whole_s, _ = surprise.signals_within(logits, token, range(len(values)))
+    assert s <= whole_s + 1e-9  # a smaller set never makes the token more surprising

@@ -15,6 +15,7 @@ Some give more. Each extra is one small protocol here, and the code that needs i
 | `VocabSize` | `n_vocab` | llama.cpp in process, the servers | labeling (bounds a top-k entropy) |
 | `TopKSignals` | `SIGNAL_TOP_K` | the servers (20), the chat APIs (their top k) | model_calibrations.backend_top_k |
 | `RequestLog` | `last_request` (a session's) | server sessions | gate.loop (the receipt of a rewind) |
+| `Grammars` | `grammar(gbnf)` -> `TokenGrammar` | llama.cpp in process | gate.structured (structured output) |
 
 Rewinding needs no protocol: `LocalModel.can_trim()` says it, and a `Session` re-prefills where it cannot
 (`last_continue`). The protocols are structural: a backend has a capability by having its members, with
@@ -114,4 +115,28 @@ class RequestLog(Protocol):
     @property
     def last_request(self) -> dict[str, Any] | None:
         """The latest request's record (`path`, `cached`, ...); None before the first."""
+        ...
+
+
+@runtime_checkable
+class TokenGrammar(Protocol):
+    """Which tokens may come next for a reply to stay inside a grammar (`Sampling.grammar`)."""
+
+    def follow(self, tokens: Sequence[int]) -> None:
+        """The state after exactly `tokens`, the reply so far (rebuilt when the reply was cut back)."""
+        ...
+
+    def allows(self, token: int) -> bool: ...
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """`logits` with every rejected token at -inf (a new array)."""
+        ...
+
+
+@runtime_checkable
+class Grammars(Protocol):
+    """A model that decodes under a GBNF grammar of its own vocabulary (llama.cpp's grammar sampler)."""
+
+    def grammar(self, gbnf: str) -> TokenGrammar:
+        """A fresh grammar state for one reply; an InputError when the grammar does not parse."""
         ...

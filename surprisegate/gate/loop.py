@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..arms import Arm, Evidence, Query
-from ..backends import BlackBoxBackend, HiddenStates, Sampling, SteerableBackend, Step
+from ..backends import BlackBoxBackend, HiddenStates, Sampling, SteerableBackend, Step, TokenGrammar
 from ..config import Config, evidence_text, shaping_of
 from ..errors import BackendFault, InputError
 from ..text import current_sentence
@@ -38,6 +38,7 @@ from .reply import Decoding, Emitter, Reply, StopStrings
 from .result import ReplyResult, build_receipt, rounded, surprise_summary
 from .rewrite import RewriteCheck, Unchecked
 from .scribe import SessionScribe
+from .structured import ResponseFormat, reply_grammar, told_format
 from .tools import CallWatch, ToolUse
 from .trigger import TriggerPolicy
 
@@ -54,6 +55,7 @@ def stream(
     assistant_prefix: str = "",
     stop: Sequence[str] = (),
     tools: ToolUse | None = None,
+    output: ResponseFormat | None = None,
 ) -> Iterator[Event]:
     """Generate one reply to a chat (`messages`, or one question string), yielding events; the arms' query
     is the last user turn, and one session of the backend serves the whole reply. `assistant_prefix` starts
@@ -68,7 +70,8 @@ def stream(
     caller cuts the stop strings.
 
     `tools` offers tools (tools.ToolUse): the reply may end in calls, which are scored but never rewound
-    (the gate grounds prose; a call's arguments are the client's code's input).
+    (the gate grounds prose; a call's arguments are the client's code's input). `output` holds the reply to a
+    JSON format under a grammar (structured.py); the gate grounds its string values like prose.
     """
     router = router or _default_router()
     if not isinstance(backend, SteerableBackend):
@@ -76,11 +79,21 @@ def stream(
         return
     chat = conversation(messages, config.system_prompt)
     stop = (*stop, *(tools.stops if tools else ()))
-    loop = _ReplyLoop(backend, chat, config, dict(arms or {}), router, assistant_prefix, stop, tools)
+    grammar, chat, config = _structured(backend, chat, config, output)
+    loop = _ReplyLoop(backend, chat, config, dict(arms or {}), router, assistant_prefix, stop, tools, grammar)
     try:
         yield from loop.run()
     finally:
         loop.close()
+
+
+def _structured(
+    backend: SteerableBackend, chat: list[dict[str, str]], config: Config, output: ResponseFormat | None
+) -> tuple[TokenGrammar | None, list[dict[str, str]], Config]:
+    """A JSON reply's grammar, its chat told the format, and the config it runs under (structured.py)."""
+    if output is None:
+        return None, chat, config
+    return reply_grammar(backend, output), *told_format(chat, output, config)
 
 
 def _default_router() -> Callable[..., Any]:
@@ -121,19 +134,20 @@ class _ReplyLoop:
         assistant_prefix: str,
         stop: Sequence[str] = (),
         tools: ToolUse | None = None,
+        grammar: TokenGrammar | None = None,
     ) -> None:
         self.backend, self.config, self.arms, self.router = backend, config, arms, router
         self.messages, self.question = messages, last_user_turn(messages)
         self.assistant_prefix, self.started, self.calls = assistant_prefix, time.monotonic(), CallWatch(tools)
         self.scored, self.intervening = config.mode != "off", config.mode == "intervene"
-        probe = _probe_for(backend, config) if self.scored else None
-        self.policy = TriggerPolicy(config, self.question, assistant_prefix, probe)
+        probe = _probe_for(backend, config, grammar) if self.scored else None
+        self.policy = TriggerPolicy(config, self.question, assistant_prefix, probe, json_values=grammar is not None)
         self.prompt: ReplyPrompt | None = None  # rendered at the start (a server may fail: the receipt says so)
         self.emitter, self.reply, self.stops = Emitter(config.stream == "holdback"), Reply(), StopStrings(stop)
-        self.decoding = Decoding(backend.session(), _sampling(config, self.scored, self.policy.probe, self.reply))
+        sampling = _sampling(config, self.scored, self.policy.probe, self.reply, grammar)
+        self.decoding = Decoding(backend.session(), sampling)
         self.scribe = SessionScribe(backend, self.decoding)  # lent to arms that have the model write (programs)
         self.rounds: list[ConvergenceRecord] = []
-        self.at_end_of_turn = False  # a trigger judged at the model's end of turn
         self.would_trigger: list[dict] = []  # detect mode: crossings recorded, never acted on
         self.eos = frozenset(backend.eos_token_ids)
         state = (self.reply, self.decoding, self.emitter, self.rounds)
@@ -141,12 +155,11 @@ class _ReplyLoop:
             config, self.question, state, self.eos, self._start_over_from, self._evidence_leaves
         )
         self.arm_cache: dict = {}  # per reply: (arm, question, class) -> evidence list
-        self.injected_total, self.finish_reason = 0, "length"
+        self.injected_total, self.finish_reason, self.at_end_of_turn = 0, "length", False  # last: judged at turn end
         self.own_words = OwnWords(config.paragraph_goes_on == "own_sentence")  # the reply as the context holds it
         self.guard = RepetitionGuard(config.paragraph_loop_guard if not self.own_words.enabled else 0)
         self.fault: dict[str, Any] | None = None  # the backend failed mid-reply: what happened (receipt "fault")
-        rounds = config.paragraph_rounds if config.sentence_scope else config.max_rounds
-        self.max_decoded = config.max_tokens * (rounds + 2) + 8  # every round may rewrite, a revert redo
+        self.max_decoded = _decode_budget(config)
 
     def close(self) -> None:
         self.decoding.close()
@@ -359,6 +372,12 @@ class _ReplyLoop:
         yield Rewind(trigger.round, self.emitter.shown_after(trigger.span_start), dropped_text, injected_tokens)
 
 
+def _decode_budget(config: Config) -> int:
+    """Most tokens one reply may decode: every round may rewrite, and a revert redo."""
+    rounds = config.paragraph_rounds if config.sentence_scope else config.max_rounds
+    return config.max_tokens * (rounds + 2) + 8
+
+
 def _trigger_of(loop: _ReplyLoop) -> Trigger:
     """The crossing the policy just saw, as the event and the round's trigger."""
     statistic, value, bar = loop.policy.crossing
@@ -389,11 +408,14 @@ def _arm_query(loop: _ReplyLoop) -> Query:
     )
 
 
-def _sampling(config: Config, scored: bool, probe: TriggerProbe | None, reply: Reply) -> Sampling:
+def _sampling(
+    config: Config, scored: bool, probe: TriggerProbe | None, reply: Reply, grammar: TokenGrammar | None
+) -> Sampling:
     """Hidden states only when a probe will read them (the backend then keeps its tapped layer's state);
-    frequency and presence penalties count the reply's own tokens, which the loop keeps."""
+    frequency and presence penalties count the reply's own tokens, which the loop keeps, and a grammar
+    follows them."""
     sampling = Sampling(config.temperature, config.seed, scored, config.top_logprobs, hidden=probe is not None)
-    sampling.shaping, sampling.reply_tokens = shaping_of(config), lambda: reply.tokens
+    sampling.shaping, sampling.reply_tokens, sampling.grammar = shaping_of(config), lambda: reply.tokens, grammar
     return sampling
 
 
@@ -406,10 +428,11 @@ def _grounding(trigger: Trigger, record: ConvergenceRecord, chosen: Evidence | N
     )
 
 
-def _probe_for(backend: SteerableBackend, config: Config) -> TriggerProbe | None:
-    """The trigger probe the config names, if the backend reads the layer it was fitted on (runtime taps it)."""
+def _probe_for(backend: SteerableBackend, config: Config, grammar: TokenGrammar | None) -> TriggerProbe | None:
+    """The trigger probe the config names, if the backend reads the layer it was fitted on (runtime taps it).
+    None under a grammar: a probe fitted on prose sentences' hidden states does not judge JSON values."""
     tapped = backend.tapped_layer if isinstance(backend, HiddenStates) else None
-    if tapped is None:  # servers, cloud APIs, several sessions: nothing to look up per reply
+    if tapped is None or grammar is not None:  # servers, cloud APIs, several sessions: nothing to look up per reply
         return None
     probe = resolve_probe(config.probe, backend.model_id, config.sentence_scope)
     return probe if probe is not None and probe.layer == tapped else None

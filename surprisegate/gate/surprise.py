@@ -92,6 +92,21 @@ def surprise_and_entropy(logits: np.ndarray, token_id: int) -> tuple[float, floa
     return stats.surprise(float(logits[token_id])), stats.entropy
 
 
+def signals_within(logits: np.ndarray, token_id: int, allowed: Sequence[int]) -> tuple[float, float]:
+    """(surprise, entropy) in bits of `token_id` under softmax(logits) renormalised over `allowed` (which the
+    token joins if missing): the model's doubt among what a grammar lets it write. A token the grammar forces
+    carries none (0 bits), whatever the model would have written outside it."""
+    ids = np.unique(np.append(np.asarray(allowed, dtype=np.int64), token_id))
+    values = logits[ids].astype(np.float64)
+    values = values - values.max()
+    total = float(np.exp(values).sum())
+    p = np.exp(values) / total
+    chosen = float(values[np.searchsorted(ids, token_id)])
+    surprise = (math.log(total) - chosen) / LN2
+    entropy = float(-(p[p > 0] * np.log2(p[p > 0])).sum())
+    return max(surprise, 0.0), max(entropy, 0.0)
+
+
 def token_surprise(logits: np.ndarray, token_id: int) -> float:
     """Surprise in bits of `token_id` under softmax(logits)."""
     return surprise_and_entropy(logits, token_id)[0]

@@ -23,6 +23,7 @@ import numpy as np
 from ..config import Config
 from ..text import ends_sentence, sentence_end, sentence_end_after
 from .claims import claim_token_flags, first_claim_token, sentence_doubt, speaks_of_asked
+from .json_values import ValueJudge
 from .probe import SENTENCE_KIND, TriggerProbe
 from .signals import CopyTracker, question_kind, signal_value
 from .surprise import RollingWindow
@@ -195,7 +196,14 @@ class TriggerPolicy:
     `probe`: a trigger probe; it judges the first sentence when it applies to this kind of question and
     the reply is not the continuation of a cloze prefix (it was fitted on answers to questions)."""
 
-    def __init__(self, config: Config, question: str, copied_from: str = "", probe: TriggerProbe | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        question: str,
+        copied_from: str = "",
+        probe: TriggerProbe | None = None,
+        json_values: bool = False,
+    ) -> None:
         self.config = config
         self.kind = question_kind(question)
         # Per-kind threshold (calibrated per-category normalisation), else the global one.
@@ -206,7 +214,10 @@ class TriggerPolicy:
         self.copies = CopyTracker(question + " " + copied_from) if config.signal.startswith("novel") else None
         self.window_max = 0.0  # highest eligible statistic over every token decoded
         # Sentence scope: every finished sentence judged on its claim tokens (no window; a sentence probe, if any).
-        sentence_scope = config.sentence_scope and not copied_from
+        sentence_scope = config.sentence_scope and not copied_from and not json_values
+        # Under a JSON grammar: every value judged when it closes (json_values.py), nothing else.
+        c = config
+        self.values = ValueJudge(c.window, c.statistic, c.min_tokens, self.threshold, question) if json_values else None
         # A probe judges what it was fitted on: every sentence (kind "sentence"), or this kind's first sentence.
         applies = probe is not None and probe.applies_to(SENTENCE_KIND if sentence_scope else self.kind)
         self.probe = probe if applies and not copied_from else None
@@ -238,6 +249,8 @@ class TriggerPolicy:
         an eligible window crossed, or the probe judged the finished first sentence doubtful)."""
         if self.sentences is not None:
             return self._push_sentence(index, text, surprise, entropy, hidden)
+        if self.values is not None:
+            return self._push_value(index, text, surprise, entropy)
         copied = self.copies.push(text) if self.copies else False
         pushed = signal_value(self.config.signal, surprise, entropy, copied)
         if pushed is None:  # novel signals skip tokens copied from the question
@@ -261,6 +274,20 @@ class TriggerPolicy:
         self.window_max = max(self.window_max, judge.doubt)  # -inf until a sentence with a claim was judged
         self._sentence_crossing()
         return value, doubtful
+
+    def _push_value(self, index: int, text: str, surprise: float, entropy: float) -> tuple[float, bool]:
+        judge = self.values
+        assert judge is not None
+        value = sentence_value(self.config.signal, surprise, entropy)
+        doubtful = judge.push(index, text, value)
+        self._value_crossing()
+        return value, doubtful
+
+    def _value_crossing(self) -> None:
+        judge = self.values
+        assert judge is not None
+        self.window_max = max(self.window_max, judge.peak)  # -inf until a value was judged
+        self.crossing = (f"value:{self.statistic_name}", judge.doubt, self.threshold)
 
     def _sentence_crossing(self) -> None:
         judge = self.sentences
@@ -295,6 +322,10 @@ class TriggerPolicy:
             doubtful = self.sentences.end_of_turn()
             self._sentence_crossing()
             return doubtful
+        if self.values is not None:
+            doubtful = self.values.end()
+            self._value_crossing()
+            return doubtful
         if self.pending is None or self.pending.peak == -math.inf:
             return False
         return self._judge()
@@ -323,6 +354,8 @@ class TriggerPolicy:
         first sentence doubtful, its first token."""
         if self.sentences is not None:
             return self.sentences.rewind_at
+        if self.values is not None:
+            return self.values.judged[0]
         if self._probe_crossed:
             return self._judged_from
         return self.pushed_at[self.window.start]
@@ -333,6 +366,8 @@ class TriggerPolicy:
         restates the question, and a longer claim re-ranks evidence toward the restatement)."""
         if self.sentences is not None:
             return self.sentences.judged[:2]
+        if self.values is not None:
+            return self.values.judged
         if self._probe_crossed:
             return self._judged_peak
         return self.span_start, n_reply
@@ -342,6 +377,8 @@ class TriggerPolicy:
         first sentence may be rewound whole; in sentence scope, the open sentence)."""
         if self.sentences is not None:
             return min(self.sentences.start, n_reply)
+        if self.values is not None:
+            return self.values.first_rewindable(n_reply)
         if self.pending is not None:
             return self.pushed_at[0] if self.pushed_at else n_reply
         return self.pushed_at[self.window.start] if len(self.window) else n_reply
@@ -356,6 +393,9 @@ class TriggerPolicy:
         if self.sentences is not None:
             values = [sentence_value(self.config.signal, s, h) for s, h in zip(surprises, entropies, strict=True)]
             self.sentences.restart(pieces, values, at, opens)
+        if self.values is not None:
+            values = [sentence_value(self.config.signal, s, h) for s, h in zip(surprises, entropies, strict=True)]
+            self.values.restart(pieces, values, at)
 
     def reset(self, word_dropped: bool = False) -> None:
         """Start the window afresh (after a round, or when the reply was cut back). A first sentence still

@@ -43,6 +43,7 @@ from .gate import (
     RotatingReceipts,
     check_context,
     check_logit_bias,
+    check_response_format,
     tool_use,
 )
 from .metrics import CONTENT_TYPE, Metrics
@@ -166,6 +167,7 @@ class Server:
         config = self.runtime.config
         parsed = parse(parse_json(raw), config, self.settings.limits, (self.model,), self.detect_only)
         parsed = replace(parsed, tool_use=tool_use(self.runtime.backend, parsed, self.model))
+        check_response_format(self.runtime.backend, parsed, self.model)
         await anyio.to_thread.run_sync(check_context, self.runtime.backend, parsed)  # tokenizing: off the loop
         check_logit_bias(self.runtime.backend, parsed)
         gen = await self._admit(request, parsed)

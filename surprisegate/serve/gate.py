@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from ..backends import Grammars
 from ..config import SAMPLING_KEYS, Config
 from ..errors import InputError
 from ..gate.events import Done, Event
@@ -28,6 +29,8 @@ from ..gate.loop import stream
 from ..gate.prompting import conversation, has_tool_turns
 from ..gate.receipts import ReceiptWriter, fit_receipt
 from ..gate.result import build_receipt
+from ..gate.structured import ResponseFormat, told_format
+from ..gate.structured import parsed as parsed_json
 from ..gate.tools import ParsedReply, ToolUse, call_scores, parse_tool_calls
 from ..paths import home
 from ..runtime import arms_for
@@ -134,6 +137,8 @@ def check_context(backend: Any, request: GateRequest) -> None:
     if not isinstance(n_ctx, int):
         return
     chat = conversation(request.messages, request.config.system_prompt)
+    if request.response_format is not None:  # the reply's chat says the format (structured.told_format)
+        chat, _ = told_format(chat, request.response_format, request.config)
     tools = request.tool_use.tools if request.tool_use is not None else None
     try:
         prompt = backend.chat_prompt(chat, tools=tools) if tools or has_tool_turns(chat) else backend.chat_prompt(chat)
@@ -189,6 +194,27 @@ def tool_use(backend: Any, request: GateRequest, model: str) -> ToolUse | None:
     if not wanted:
         return None
     return ToolUse(request.tools, fmt, request.tool_choice, request.parallel_tool_calls)
+
+
+def check_response_format(backend: Any, request: GateRequest, model: str) -> None:
+    """A JSON format needs a backend that decodes under a grammar: a 400 naming the model otherwise."""
+    if request.response_format is not None and not isinstance(backend, Grammars):
+        raise ApiError(
+            f"response_format={request.response_format.kind}: model {model!r} is served through a backend that "
+            "cannot decode under a grammar here; serve a GGUF in process (--backend llamacpp) for JSON output",
+            param="response_format" if request.endpoint != "responses" else "text.format",
+            code="response_format_unsupported",
+        )
+
+
+def structured_receipt(output: ResponseFormat, text: str, receipt: dict[str, Any]) -> None:
+    """What the format was and whether the reply parses (`extra.response_format`): a reply cut at max_tokens
+    does not; the client's finish_reason "length" says so too."""
+    receipt.setdefault("extra", {})["response_format"] = output.receipt() | {
+        "parses": parsed_json(text) is not None,
+        "signal": "under the grammar: surprise and entropy over the tokens it allows (of the 64 most likely); "
+        "each JSON value judged when it closes",
+    }
 
 
 def parse_calls(tools: ToolUse, text: str, receipt: dict[str, Any], token_bytes: Any) -> ParsedReply:
@@ -261,7 +287,9 @@ class Generation:
         arms = arms_for(r.config, self.runtime.arms)
         # gate.loop.stream is a generator: close() runs its finally, which closes the reply's session.
         # A stop string ends the reply's decoding too, not only what the client is sent.
-        reply = stream(self.runtime.backend, r.messages, r.config, arms, stop=r.stops, tools=r.tool_use)
+        reply = stream(
+            self.runtime.backend, r.messages, r.config, arms, stop=r.stops, tools=r.tool_use, output=r.response_format
+        )
         events = cast(Generator[Event, None, None], reply)
         try:
             for event in events:
@@ -286,6 +314,8 @@ class Generation:
         receipt = build_receipt(
             done.result, self.runtime.backend, self.request.config, reply_id=self.reply_id, extra={"serve": served}
         )
+        if self.request.response_format is not None:
+            structured_receipt(self.request.response_format, cut_at_stop(done.text, self.request.stops)[0], receipt)
         parsed = None
         if self.request.tool_use is not None:
             text, _ = cut_at_stop(done.text, self.request.stops)

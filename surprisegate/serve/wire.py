@@ -26,6 +26,7 @@ from ..config import ARM_NAMES, INJECTIONS, MODES, Config
 from ..errors import ConfigError, InputError
 from ..gate.prompting import conversation
 from ..gate.signals import SIGNALS
+from ..gate.structured import ResponseFormat
 from ..gate.surprise import STATISTICS
 from ..gate.tools import TOOL_NAME
 
@@ -55,7 +56,6 @@ REQUEST_KEYS = (
 UNSERVED = {
     "functions": "the legacy function calls (send tools)",
     "function_call": "the legacy function calls (send tool_choice)",
-    "response_format": "structured output",
     "audio": "audio output",
     "prediction": "predicted outputs",
     "web_search_options": "the provider's web search",
@@ -88,6 +88,7 @@ CHAT_FIELDS = (
     "tools",
     "tool_choice",
     "parallel_tool_calls",
+    "response_format",
     "surprisegate",
 )
 MAX_TOOLS = 128  # OpenAI's own limit
@@ -260,6 +261,7 @@ class GateRequest:
     tool_choice: str = "auto"  # "auto", "none", "required" or one function's name
     parallel_tool_calls: bool = True
     tool_use: Any = None  # the tools.ToolUse the server made of them for its model (serve/gate.tool_use)
+    response_format: ResponseFormat | None = None  # JSON output under a grammar (None: text)
 
 
 # --------------------------------------------------------------------------------------------
@@ -949,7 +951,58 @@ def parse_chat(
         raise ApiError(f"top_logprobs={top} needs logprobs=true", param="top_logprobs")
     request = _gate_request("chat", body, base, limits, messages, logprobs, top, detect_only)
     tools, choice, parallel = tools_of(body)
-    return replace(request, tools=tools, tool_choice=choice, parallel_tool_calls=parallel)
+    output = response_format_of(body.get("response_format"), "response_format")
+    if output is not None and tools and choice != "none":
+        raise ApiError(
+            "tools and response_format together are not served (the grammar holds the whole reply to the JSON "
+            "format, so no call could open); send one of them",
+            param="response_format",
+        )
+    return replace(request, tools=tools, tool_choice=choice, parallel_tool_calls=parallel, response_format=output)
+
+
+def response_format_of(value: Any, param: str, responses: bool = False) -> ResponseFormat | None:
+    """OpenAI's response_format (chat: {"type", "json_schema": {"name", "schema", "strict"}}) or a Responses
+    request's text.format (the same keys, flat): None for text, else the checked format."""
+    if value is None or value == {"type": "text"}:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    example = (
+        '{"type": "json_schema", "name": "answer", "schema": {"type": "object", ...}}'
+        if responses
+        else '{"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object", ...}}}'
+    )
+    if kind == "json_object" and set(value) == {"type"}:
+        return ResponseFormat("json_object")
+    if kind != "json_schema":
+        raise ApiError(
+            f'{param}={shown(value)} must be {{"type": "text"}}, {{"type": "json_object"}} or {example}', param=param
+        )
+    spec = value if responses else value.get("json_schema")
+    where = param if responses else f"{param}.json_schema"
+    if not isinstance(spec, dict):
+        raise ApiError(f"{where} must be an object with name and schema, e.g. {example}", param=where)
+    extra = set(spec) - {"name", "schema", "strict", "description"} - ({"type"} if responses else set())
+    if extra:
+        raise ApiError(f"{where}: unknown key(s) {_names(sorted(extra))}; drop them", param=where)
+    name_ = spec.get("name")
+    if not isinstance(name_, str) or not TOOL_NAME.fullmatch(name_):
+        raise ApiError(
+            f"{where}.name={shown(name_)} must be 1 to 64 letters, digits, _ or - (OpenAI's rule)",
+            param=f"{where}.name",
+        )
+    schema = spec.get("schema", {"type": "object"})
+    if not isinstance(schema, dict):
+        raise ApiError(f"{where}.schema={shown(schema)} must be a JSON schema object", param=f"{where}.schema")
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise ApiError(f"{where}.strict={shown(strict)} must be true or false", param=f"{where}.strict")
+    output = ResponseFormat("json_schema", schema, name_, bool(strict))
+    try:
+        output.gbnf()  # a schema llama.cpp's converter cannot take is the client's to fix, before any decoding
+    except InputError as err:
+        raise ApiError(str(err)[:600], param=f"{where}.schema") from None
+    return output
 
 
 def parse_completion(
@@ -977,12 +1030,10 @@ def parse_responses(
     one output_text message. `max_output_tokens` is max_tokens."""
     check_names(body, RESPONSES_FIELDS, RESPONSES_UNSERVED, RESPONSES_IGNORED, (None, [], {}, False))
     check_model(body, served)
-    text_format = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else body.get("text")
-    if text_format not in (None, {"type": "text"}):
-        raise ApiError(
-            f"text.format={shown(text_format)}: structured output is not served yet; drop text.format",
-            param="text.format",
-        )
+    text = body.get("text")
+    if text is not None and (not isinstance(text, dict) or set(text) - {"format", "verbosity"}):
+        raise ApiError(f'text={shown(text)} must be {{"format": {{...}}}}', param="text")
+    output = response_format_of((text or {}).get("format"), "text.format", responses=True)
     if body.get("tool_choice") not in (None, "auto", "none"):
         raise ApiError(f"tool_choice={shown(body['tool_choice'])}: tool calls are not served", param="tool_choice")
     turns = response_turns(body.get("input"), body.get("instructions"))
@@ -990,7 +1041,8 @@ def parse_responses(
     chat_like = {k: v for k, v in body.items() if k not in ("max_output_tokens", "stream_options")}
     if body.get("max_output_tokens") is not None:
         chat_like["max_tokens"] = body["max_output_tokens"]
-    return _gate_request("responses", chat_like, base, limits, messages, False, 0, detect_only)
+    request = _gate_request("responses", chat_like, base, limits, messages, False, 0, detect_only)
+    return replace(request, response_format=output)
 
 
 def response_turns(value: Any, instructions: Any) -> list[dict[str, Any]]:

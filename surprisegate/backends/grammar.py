@@ -1,0 +1,95 @@
+"""llama.cpp's grammar sampler as a `TokenGrammar` (capabilities.py): which tokens may come next for the
+reply to stay inside a GBNF grammar (structured output, serve's `response_format`).
+
+It constrains the *choice* only, as llama.cpp's common sampler does: the token the settings would pick is
+checked first and kept when the grammar allows it; otherwise the grammar masks the whole distribution and
+the pick is made again (`Sampling.choose`). The grammar's state follows the reply's tokens: after a rewind,
+a revert or a cut it is rebuilt for the kept prefix (`follow`), so the output parses whatever the gate did.
+
+llama.cpp aborts the process when its grammar is made to accept a token it rejects (an end of turn before
+the grammar is done, a byte it cannot take): every token is checked before it is accepted.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendError, InputError
+
+# llama_token_data as llama.h lays it out: the array the sampler reads and writes in place.
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+class LlamaGrammar:
+    """One reply's grammar state over a loaded llama.cpp model's vocabulary (`vocab`: llama_model_get_vocab)."""
+
+    def __init__(self, lib: Any, vocab: Any, n_vocab: int, gbnf: str, root: str = "root") -> None:
+        self._lib = lib
+        self._sampler = lib.llama_sampler_init_grammar(vocab, gbnf.encode("utf-8"), root.encode("utf-8"))
+        if not self._sampler:
+            raise InputError(
+                f"grammar={gbnf[:80]!r}: llama.cpp could not parse it (its log says where); "
+                "send a JSON schema it can convert, or fix the grammar"
+            )
+        self.gbnf = gbnf
+        self._accepted: list[int] = []
+        self._all = np.zeros(n_vocab, dtype=TOKEN_DATA)
+        self._ids = np.arange(n_vocab, dtype=np.int32)
+        self._one = (lib.llama_token_data * 1)()
+
+    def follow(self, tokens: Sequence[int]) -> None:
+        """Bring the grammar to the state after exactly `tokens` (the reply so far): accept what was added,
+        or start again from the root when the reply was cut back or changed."""
+        n = len(self._accepted)
+        if n <= len(tokens) and self._accepted == list(tokens[:n]):
+            new = tokens[n:]
+        else:
+            self._lib.llama_sampler_reset(self._sampler)
+            self._accepted, new = [], tokens
+        for token in new:
+            if not self.allows(token):
+                raise BackendError(
+                    f"token {token} of the reply is outside the grammar at position {len(self._accepted)}; "
+                    "the reply was not decoded under this grammar (report this: it is a bug)"
+                )
+            self._lib.llama_sampler_accept(self._sampler, int(token))
+            self._accepted.append(int(token))
+
+    def allows(self, token: int) -> bool:
+        """Whether `token` may come next (llama.cpp's check of one candidate)."""
+        self._one[0].id, self._one[0].logit, self._one[0].p = int(token), 0.0, 0.0
+        array = self._lib.llama_token_data_array(self._one, 1, -1, False)
+        self._lib.llama_sampler_apply(self._sampler, ctypes.byref(array))
+        return bool(np.isfinite(self._one[0].logit))
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """`logits` with every token the grammar rejects at -inf (a new array; `logits` is never written)."""
+        n = min(logits.size, self._all.size)
+        data = self._all[:n]
+        data["id"], data["logit"], data["p"] = self._ids[:n], 0.0, 0.0
+        array = self._lib.llama_token_data_array(
+            data.ctypes.data_as(ctypes.POINTER(self._lib.llama_token_data)), n, -1, False
+        )
+        self._lib.llama_sampler_apply(self._sampler, ctypes.byref(array))
+        out = logits.astype(np.float64, copy=True)
+        out[:n][~np.isfinite(data["logit"])] = -np.inf
+        out[n:] = -np.inf  # padded logits past the vocabulary (some models) are never text
+        return out
+
+    def close(self) -> None:
+        if self._sampler:
+            self._lib.llama_sampler_free(self._sampler)
+            self._sampler = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the library may be gone already
+            pass
+
+
+__all__ = ["TOKEN_DATA", "LlamaGrammar"]
