@@ -3,11 +3,12 @@
 Twenty prompts of our own (weather, arithmetic, currency, time and unit tools; four tools offered each time)
 go to both servers at temperature 0:
 
-- **forced** (`tool_choice: "required"`): serve starts the call with its opening (`<tool_call>\\n{"name": "`);
-  llama.cpp's server gets the same opening as a final assistant message to continue (its `tool_choice`
-  grammar does not bind on this build and model: the reply comes back as plain text). Both servers parse what
-  the model wrote after it; the calls (name and arguments, as JSON) must be the same. The gate is on
-  (`intervene`): a call's arguments are scored, never rewound.
+- **forced** (`tool_choice: "required"`): serve starts the call with its opening (`<tool_call>\\n{"name": "`)
+  and decodes the rest under the forced call's grammar (`ToolUse.call_grammar`); llama.cpp's server gets the
+  same opening as a final assistant message to continue, and the same grammar as its `grammar` parameter
+  (its own `tool_choice` grammar does not bind on this build and model: the reply comes back as plain text).
+  Both servers parse what the model wrote after it; the calls (name and arguments, as JSON) must be the same.
+  The gate is on (`intervene`): a call's arguments are scored, never rewound.
 - **auto**: the model chooses; the replies (content and calls) are compared as they come back.
 
     python scripts/tool_calls_vs_llama_server.py --out results/serve/tool_calls
@@ -27,7 +28,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from surprisegate.gate.tools import HERMES  # noqa: E402
+from surprisegate.gate.structured import with_llama_server_rules  # noqa: E402
+from surprisegate.gate.tools import HERMES, ToolUse  # noqa: E402
 
 
 def tool(name: str, description: str, properties: dict, required: list[str]) -> dict:
@@ -141,6 +143,7 @@ def main() -> None:
         wait_up(f"http://127.0.0.1:{ours_port}/health", ours)
         served = httpx.get(f"http://127.0.0.1:{ours_port}/v1/models").json()["data"][0]["id"]
         opening = HERMES.opening()
+        grammar = with_llama_server_rules(ToolUse(tuple(TOOLS), HERMES, "required").call_grammar() or "")
         for i, prompt in enumerate(PROMPTS, 1):
             user = [{"role": "user", "content": prompt}]
             base = {"tools": TOOLS, "temperature": 0, "max_tokens": 96}
@@ -153,14 +156,22 @@ def main() -> None:
             # cache_prompt off: a reused prefix splits the prompt's batches differently, and near-tied tokens then
             # flip between llama.cpp's own endpoints (seen on 2 of 20 prompts with it on).
             fresh = {"model": "m", "cache_prompt": False}
-            theirs_forced = ask(f"http://127.0.0.1:{theirs_port}", base | fresh | {"messages": prefill})
+            theirs_forced = ask(
+                f"http://127.0.0.1:{theirs_port}", base | fresh | {"messages": prefill, "grammar": grammar}
+            )
             # What llama.cpp's server decoded there, before its parser: the same prompt as raw text.
             rendered = httpx.post(
                 f"http://127.0.0.1:{theirs_port}/apply-template", json={"messages": prefill, "tools": TOOLS}
             ).json()["prompt"]
             raw = httpx.post(
                 f"http://127.0.0.1:{theirs_port}/completion",
-                json={"prompt": rendered, "n_predict": base["max_tokens"], "temperature": 0, "cache_prompt": False},
+                json={
+                    "prompt": rendered,
+                    "n_predict": base["max_tokens"],
+                    "temperature": 0,
+                    "cache_prompt": False,
+                    "grammar": grammar,
+                },
                 timeout=300,
             ).json()["content"]
             ours_auto = ask(

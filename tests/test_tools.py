@@ -223,7 +223,8 @@ JSONABLE = st.recursive(
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.text(max_size=40).filter(lambda t: "<tool_call>" not in t),
+    # NUL-framed DATA marks are the renderer's own (prompting.DATA_OPEN): a prose holding one is another case
+    st.text(max_size=40).filter(lambda t: "<tool_call>" not in t and "\x00" not in t),
     st.lists(st.tuples(NAME, st.dictionaries(st.text(max_size=8), JSONABLE, max_size=4)), min_size=1, max_size=3),
 )
 def test_calls_rendered_by_the_template_parse_back_to_themselves(prose, calls):
@@ -290,3 +291,56 @@ def test_a_template_that_refuses_a_chat_is_an_input_error_naming_it():
     )
     with pytest.raises(InputError, match="cannot render this chat with tools \\(no tools here\\)"):
         ToolTemplate(strict).render([{"role": "tool", "content": "1"}], True)
+
+
+# --------------------------------------------------------------------------------------------
+# a forced call's grammar
+# --------------------------------------------------------------------------------------------
+FORCED_TOOLS = (
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    },
+    {"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}},
+)
+
+
+def test_no_call_is_forced_under_auto_and_a_forced_one_names_only_offered_functions():
+    pytest.importorskip("llama_cpp")
+    assert ToolUse(FORCED_TOOLS, HERMES, "auto").call_grammar() is None
+    required = ToolUse(FORCED_TOOLS, HERMES, "required").call_grammar()
+    assert required is not None
+    rules = dict(line.split(" ::= ", 1) for line in required.splitlines())
+    assert '"get_weather\\", \\"arguments\\": "' in rules["call"] and '"calc\\", \\"arguments\\": "' in rules["call"]
+    assert rules["root"].startswith("call (") and "<tool_call>" in rules["root"]  # parallel: more whole calls
+    single = dict(
+        line.split(" ::= ", 1) for line in ToolUse(FORCED_TOOLS, HERMES, "required", False).call_grammar().splitlines()
+    )
+    assert single["root"] == "call call-close?"  # the close may be left off at the end of the turn
+    named = dict(line.split(" ::= ", 1) for line in ToolUse(FORCED_TOOLS, HERMES, "calc").call_grammar().splitlines())
+    assert named["root"].startswith("args1 ") and "get_weather" not in named["root"]
+
+
+@pytest.mark.slow
+def test_a_forced_call_grammar_takes_a_call_to_an_offered_function_and_refuses_any_other(llama_backend):
+    from surprisegate.errors import BackendError
+    from surprisegate.gate.structured import with_llama_server_rules
+
+    use = ToolUse(FORCED_TOOLS, HERMES, "required")
+    gbnf = with_llama_server_rules(use.call_grammar())
+    grammar = llama_backend.grammar(gbnf)
+    grammar.follow(llama_backend.tokenize('get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'))
+    assert any(grammar.allows(t) for t in llama_backend.eos_token_ids)  # a whole call: the turn may end
+    other = llama_backend.grammar(gbnf)
+    with pytest.raises(BackendError, match="outside the grammar"):
+        other.follow(llama_backend.tokenize('Peru", "arguments": {}}'))
+
+
+def test_a_close_tag_inside_an_argument_stays_in_the_argument():
+    text = '<tool_call>\n{"name": "echo", "arguments": {"text": "a </tool_call> b"}}\n</tool_call> after'
+    parsed = parse_tool_calls(text, HERMES)
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [("echo", {"text": "a </tool_call> b"})]
+    assert parsed.content == "after"

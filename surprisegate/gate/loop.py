@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..arms import Arm, Evidence, Query
-from ..backends import BlackBoxBackend, HiddenStates, Sampling, SteerableBackend, Step, TokenGrammar
+from ..backends import BlackBoxBackend, Grammars, HiddenStates, Sampling, SteerableBackend, Step, TokenGrammar
 from ..config import Config, evidence_text, shaping_of
 from ..errors import BackendFault, InputError
 from ..text import current_sentence
@@ -38,7 +38,7 @@ from .reply import Decoding, Emitter, Reply, StopStrings
 from .result import ReplyResult, build_receipt, rounded, surprise_summary
 from .rewrite import RewriteCheck, Unchecked
 from .scribe import SessionScribe
-from .structured import ResponseFormat, reply_grammar, told_format
+from .structured import ResponseFormat, reply_grammar, told_format, with_llama_server_rules
 from .tools import CallWatch, ToolUse
 from .trigger import TriggerPolicy
 
@@ -79,7 +79,7 @@ def stream(
         return
     chat = conversation(messages, config.system_prompt)
     stop = (*stop, *(tools.stops if tools else ()))
-    grammar, chat, config = _structured(backend, chat, config, output)
+    grammar, chat, config = _structured(backend, chat, config, output, tools)
     loop = _ReplyLoop(backend, chat, config, dict(arms or {}), router, assistant_prefix, stop, tools, grammar)
     try:
         yield from loop.run()
@@ -88,12 +88,19 @@ def stream(
 
 
 def _structured(
-    backend: SteerableBackend, chat: list[dict[str, str]], config: Config, output: ResponseFormat | None
+    backend: SteerableBackend,
+    chat: list[dict[str, str]],
+    config: Config,
+    output: ResponseFormat | None,
+    tools: ToolUse | None,
 ) -> tuple[TokenGrammar | None, list[dict[str, str]], Config]:
-    """A JSON reply's grammar, its chat told the format, and the config it runs under (structured.py)."""
-    if output is None:
+    """A JSON reply's grammar, its chat told the format, and the config it runs under (structured.py); a
+    forced tool call's grammar where the backend has grammars (tools.ToolUse.call_grammar)."""
+    if output is not None:
+        return reply_grammar(backend, output), *told_format(chat, output, config)
+    if tools is None or not isinstance(backend, Grammars) or (call := tools.call_grammar()) is None:
         return None, chat, config
-    return reply_grammar(backend, output), *told_format(chat, output, config)
+    return backend.grammar(with_llama_server_rules(call)), chat, config
 
 
 def _default_router() -> Callable[..., Any]:

@@ -19,7 +19,7 @@ import json
 import math
 import re
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -81,6 +81,35 @@ class ToolUse:
     def stops(self) -> tuple[str, ...]:
         """One call only: the reply ends where the first call closes."""
         return () if self.parallel else (self.format.close,)
+
+    def call_grammar(self) -> str | None:
+        """GBNF for what follows a forced call's opening (None when no call is forced): an offered function's
+        name (or the named one's arguments), arguments that fit its parameters' schema and the object's close;
+        then the call's closing tag, which may be left off at the end of the turn (llama.cpp's parser closes
+        such a call too), and more whole calls where parallel calls are allowed. llama.cpp's server holds a
+        forced call to such a grammar; without one, Qwen2.5-Coder-0.5B named a function never offered."""
+        if self.choice == "auto":
+            return None
+        from llama_cpp.llama_grammar import SchemaConverter
+
+        converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+        bodies = {}
+        for i, tool in enumerate(self.tools):
+            function = tool["function"]
+            schema = converter.resolve_refs(function.get("parameters") or {"type": "object"}, f"tool{i}")
+            bodies[function["name"]] = converter.visit(schema, f"args{i}")
+        converter._add_rule("call-ws", "[ \\t\\n]{0,8}")
+        converter._add_rule("call-close", f"call-ws {json.dumps(self.format.close)}")
+        if self.choice != "required":  # one named function: its arguments follow the opening
+            converter._add_rule("root", f'{bodies[self.choice]} call-ws "}}" call-close?')
+            return converter.format_grammar()
+        after_name = '", "arguments": '
+        named = " | ".join(f"{json.dumps(name + after_name)} {rule}" for name, rule in bodies.items())
+        converter._add_rule("call", f'({named}) call-ws "}}"')
+        name_opens = json.dumps('{"name": "')
+        again = f"call-close call-ws {json.dumps(self.format.open)} call-ws {name_opens}"
+        converter._add_rule("root", f"call ({again} call)* call-close?" if self.parallel else "call call-close?")
+        return converter.format_grammar()
 
 
 def tool_format(template: str | None) -> ToolFormat | None:
@@ -206,21 +235,43 @@ def parse_tool_calls(
     string `name` and object (or JSON-text) `arguments`; a last block cut off before `close` counts when its JSON
     is whole, or whole once the brackets it left open are closed. With `parallel` False only the first call is
     kept (the rest stays out of the reply)."""
-    pattern = re.compile(re.escape(fmt.open) + r"(.*?)(?:" + re.escape(fmt.close) + r"|\Z)", re.S)
     calls: list[ToolCall] = []
     content, at, unparsed = [], 0, 0
-    for found in pattern.finditer(text):
-        cut_off = found.end() == len(text) and not found.group(0).endswith(fmt.close)
-        parsed = _call(found.group(1), heal=cut_off)
+    for start, end, body, cut_off in _blocks(text, fmt):
+        parsed = _call(body, heal=cut_off)
         if parsed is None:
             unparsed += 1
             continue
-        content.append(text[at : found.start()])
-        at = found.end()
+        content.append(text[at:start])
+        at = end
         if parallel or not calls:
-            calls.append(ToolCall(new_id(), parsed[0], parsed[1], found.start(), found.end()))
+            calls.append(ToolCall(new_id(), parsed[0], parsed[1], start, end))
     content.append(text[at:])
     return ParsedReply("".join(content).strip() if calls else text, tuple(calls), unparsed)
+
+
+def _blocks(text: str, fmt: ToolFormat) -> Iterator[tuple[int, int, str, bool]]:
+    """Each `open … close` block: (start, end, the text between, cut off before its close). A block whose JSON
+    object is whole ends at the close after it, so a close tag inside an argument's string stays in it (vLLM's
+    `hermes` regex would cut there); otherwise it ends at the next close, or at the end of the text."""
+    decoder = json.JSONDecoder()
+    at = text.find(fmt.open)
+    while at >= 0:
+        inside = at + len(fmt.open)
+        body_at = len(text) - len(text[inside:].lstrip()) if text[inside:].strip() else len(text)
+        try:
+            _, object_end = decoder.raw_decode(text, body_at)
+        except json.JSONDecodeError:
+            object_end = -1
+        after = text[object_end:].lstrip() if object_end >= 0 else ""
+        if object_end >= 0 and after.startswith(fmt.close):
+            end = len(text) - len(after) + len(fmt.close)
+            yield at, end, text[inside:object_end], False
+        else:
+            close = text.find(fmt.close, inside)
+            end = len(text) if close < 0 else close + len(fmt.close)
+            yield at, end, text[inside : close if close >= 0 else len(text)], close < 0
+        at = text.find(fmt.open, end)
 
 
 def _call(body: str, heal: bool = False) -> tuple[str, str] | None:

@@ -201,7 +201,8 @@ def check_response_format(backend: Any, request: GateRequest, model: str) -> Non
     if request.response_format is not None and not isinstance(backend, Grammars):
         raise ApiError(
             f"response_format={request.response_format.kind}: model {model!r} is served through a backend that "
-            "cannot decode under a grammar here; serve a GGUF in process (--backend llamacpp) for JSON output",
+            "cannot decode under a grammar here (a server starts a grammar afresh with each request, and a rewind "
+            "continues mid-JSON); serve a GGUF in process (--backend llamacpp) for JSON output",
             param="response_format" if request.endpoint != "responses" else "text.format",
             code="response_format_unsupported",
         )
