@@ -5,10 +5,12 @@ go to both servers at temperature 0:
 
 - **forced** (`tool_choice: "required"`): serve starts the call with its opening (`<tool_call>\\n{"name": "`)
   and decodes the rest under the forced call's grammar (`ToolUse.call_grammar`); llama.cpp's server gets the
-  same opening as a final assistant message to continue, and the same grammar as its `grammar` parameter
-  (its own `tool_choice` grammar does not bind on this build and model: the reply comes back as plain text).
-  Both servers parse what the model wrote after it; the calls (name and arguments, as JSON) must be the same.
-  The gate is on (`intervene`): a call's arguments are scored, never rewound.
+  same opening as a final assistant message to continue (its own `tool_choice` grammar does not bind on this
+  build and model: the reply comes back as plain text, and its chat endpoint refuses a custom grammar beside
+  tools). Both servers parse what the model wrote after it; the calls (name and arguments, as JSON) are
+  compared. Then the same prompt, as raw text, goes to llama.cpp's `/completion` with the same grammar: the
+  text it decodes must be serve's, token for token. The gate is on (`intervene`): a call's arguments are
+  scored, never rewound.
 - **auto**: the model chooses; the replies (content and calls) are compared as they come back.
 
     python scripts/tool_calls_vs_llama_server.py --out results/serve/tool_calls
@@ -29,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from surprisegate.gate.structured import with_llama_server_rules  # noqa: E402
-from surprisegate.gate.tools import HERMES, ToolUse  # noqa: E402
+from surprisegate.gate.tools import HERMES, ToolUse, parse_tool_calls  # noqa: E402
 
 
 def tool(name: str, description: str, properties: dict, required: list[str]) -> dict:
@@ -156,10 +158,10 @@ def main() -> None:
             # cache_prompt off: a reused prefix splits the prompt's batches differently, and near-tied tokens then
             # flip between llama.cpp's own endpoints (seen on 2 of 20 prompts with it on).
             fresh = {"model": "m", "cache_prompt": False}
-            theirs_forced = ask(
-                f"http://127.0.0.1:{theirs_port}", base | fresh | {"messages": prefill, "grammar": grammar}
-            )
-            # What llama.cpp's server decoded there, before its parser: the same prompt as raw text.
+            # Its chat endpoint takes no grammar beside tools ("Cannot use custom grammar constraints with tools"):
+            # the calls it parses come from an unconstrained continuation; the raw completion below has the grammar.
+            theirs_forced = ask(f"http://127.0.0.1:{theirs_port}", base | fresh | {"messages": prefill})
+            # The same prompt as raw text, decoded by llama.cpp's server under the forced call's grammar.
             rendered = httpx.post(
                 f"http://127.0.0.1:{theirs_port}/apply-template", json={"messages": prefill, "tools": TOOLS}
             ).json()["prompt"]
@@ -188,7 +190,10 @@ def main() -> None:
                     "ours": calls_of(o),
                     "llama_server": calls_of(t),
                     "same": calls_of(o) == calls_of(t) and bool(calls_of(o)),
-                    "same_text": receipt["reply"] == raw,
+                    "same_text": receipt["reply"] == raw,  # under the same grammar
+                    "llama_server_grammar_calls": [
+                        (c.name, json.loads(c.arguments)) for c in parse_tool_calls(opening + raw, HERMES).calls
+                    ],
                     "ours_text": receipt["reply"],
                     "llama_server_text": raw,
                     "ours_content": o.get("content"),
@@ -221,8 +226,12 @@ def main() -> None:
         "forced_calls_parsed_ours": forced_parsed,
         "forced_calls_parsed_llama_server": sum(bool(r["forced"]["llama_server"]) for r in rows),
         "forced_same_calls": sum(r["forced"]["same"] for r in rows),
-        "forced_same_text": sum(r["forced"]["same_text"] for r in rows),
+        "forced_same_text_under_the_same_grammar": sum(r["forced"]["same_text"] for r in rows),
+        "forced_grammar_calls_parsed_llama_server": sum(bool(r["forced"]["llama_server_grammar_calls"]) for r in rows),
         "forced_same_calls_where_same_text": sum(r["forced"]["same"] for r in rows if r["forced"]["same_text"]),
+        "forced_same_calls_under_the_same_grammar": sum(
+            r["forced"]["ours"] == r["forced"]["llama_server_grammar_calls"] for r in rows
+        ),
         "forced_rounds_in_calls": sum(r["forced"]["rounds"] for r in rows),
         "auto_same_reply": sum(r["auto"]["same"] for r in rows),
         "auto_calls_ours": sum(bool(r["auto"]["ours"]["calls"]) for r in rows),
