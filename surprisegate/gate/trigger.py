@@ -11,7 +11,8 @@ rewound from its start. Later sentences go back to the window rule.
 
 In sentence scope (paragraphs) there is no window: every finished sentence is judged on its claim tokens
 (SentenceJudge), by the sentence threshold or, with a sentence probe (kind "sentence") and hidden states,
-by that probe.
+by that probe. Under a JSON grammar (structured output) every value is judged when it closes (ValueJudge,
+json_values.py).
 """
 
 from __future__ import annotations
@@ -390,11 +391,12 @@ class TriggerPolicy:
         sentence scope the open sentence is read back from them (the judged one stays settled; `opens`: a
         sentence starts at `at`)."""
         self.reset(word_dropped=True)
+        if self.sentences is None and self.values is None:
+            return
+        values = [sentence_value(self.config.signal, s, h) for s, h in zip(surprises, entropies, strict=True)]
         if self.sentences is not None:
-            values = [sentence_value(self.config.signal, s, h) for s, h in zip(surprises, entropies, strict=True)]
             self.sentences.restart(pieces, values, at, opens)
-        if self.values is not None:
-            values = [sentence_value(self.config.signal, s, h) for s, h in zip(surprises, entropies, strict=True)]
+        if self.values is not None:  # a JSON reply: the kept values read again (json_values.ValueJudge)
             self.values.restart(pieces, values, at)
 
     def reset(self, word_dropped: bool = False) -> None:
