@@ -183,3 +183,10 @@ def test_the_second_model_writes_parsing_json_under_the_gate(second_backend):
     )[-1]
     value = parsed(done.text)
     assert value is not None and value["capital"] == "Ouagadougou", done.text
+
+
+def test_generate_passes_the_format_on_to_the_loop():
+    from surprisegate.gate.loop import generate
+
+    with pytest.raises(InputError, match="needs a backend that decodes under a grammar"):
+        generate(ScriptedBackend(lambda context: plan("x")), "q?", Config(), output=ResponseFormat("json_object"))

@@ -502,10 +502,12 @@ def generate(
     router: Callable[..., Any] | None = None,
     on_event: Callable[[Event], None] | None = None,
     assistant_prefix: str = "",
+    output: ResponseFormat | None = None,
 ) -> Result:
-    """Run the stream to the end and build the receipt (not written: see receipts.ReceiptWriter)."""
+    """Run the stream to the end and build the receipt (not written: see receipts.ReceiptWriter). `output`: a
+    JSON format the reply is decoded under (structured.py)."""
     done: Done | None = None
-    for event in stream(backend, messages, config, arms, router, assistant_prefix=assistant_prefix):
+    for event in stream(backend, messages, config, arms, router, assistant_prefix=assistant_prefix, output=output):
         if on_event is not None:
             on_event(event)
         if isinstance(event, Done):
