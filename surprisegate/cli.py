@@ -151,6 +151,14 @@ def resolve_config(kwargs: dict) -> Config:
     help='A conversation to continue instead of QUESTION: a JSON list of {"role", "content"} turns '
     "ending with the user's (- reads standard input).",
 )
+@click.option(
+    "--format",
+    "reply_format",
+    default=None,
+    metavar="json|SCHEMA.json",
+    help="Write the reply as JSON under a grammar, the gate inside it: 'json' for any object, or a JSON schema "
+    "file the reply must match (in process, llama.cpp).",
+)
 def ask(
     question: str,
     memory: str,
@@ -159,6 +167,7 @@ def ask(
     receipts_path: str | None,
     as_json: bool,
     chat_file: str | None,
+    reply_format: str | None,
     **kwargs,
 ) -> None:
     """Answer QUESTION (or the last turn of a --chat), streaming the reply and showing any intervention."""
@@ -168,6 +177,7 @@ def ask(
     # Validated before anything slow happens.
     messages = conversation(read_chat(chat_file) if chat_file else question)
     question = last_user_turn(messages)
+    output = reply_format_of(reply_format)
     # The model's calibration applies (detect only without one); a store is opened only to intervene.
     runtime = assemble(resolve_layers(kwargs), memory, not no_tools, web_url, _say, arms_if_intervening=True)
     config = runtime.config
@@ -175,7 +185,7 @@ def ask(
     view = None if as_json else TerminalView(color=sys.stdout.isatty())
     if view:
         click.echo(view.paint(f"[{config.mode}] ", "2") + question.strip())
-    result = runtime.generate(messages, on_event=view)
+    result = runtime.generate(messages, on_event=view, output=output)
     ReceiptWriter(receipts_file).append(result.receipt)
     if view is None:  # --json
         click.echo(
@@ -198,6 +208,28 @@ def ask(
     else:
         click.echo(view.paint(f"receipt → {receipts_file}", "2"), err=True)
     _raise_fault(result.receipt)
+
+
+def reply_format_of(value: str | None):
+    """`--format`: None, any JSON object ("json"), or the JSON schema in a file; checked before the model loads."""
+    from .gate.structured import ResponseFormat
+
+    if value is None:
+        return None
+    if value == "json":
+        return ResponseFormat("json_object")
+    path = Path(value)
+    try:
+        schema = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise InputError(
+            f"--format={value!r}: not 'json' nor a readable JSON schema file ({err}); fix the path"
+        ) from None
+    if not isinstance(schema, dict):
+        raise InputError(f"--format={value!r}: the file holds {type(schema).__name__}, not a JSON schema object")
+    output = ResponseFormat("json_schema", schema, path.stem)
+    output.gbnf()  # a schema llama.cpp's converter cannot take fails here, before the model loads
+    return output
 
 
 def _raise_fault(receipt: dict) -> None:

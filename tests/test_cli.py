@@ -174,6 +174,26 @@ def test_ask_continues_a_chat_from_standard_input(runner):
     assert "Ouagadougou" in out["reply"]
 
 
+def test_ask_format_errors_name_the_flag_before_the_model_loads(runner, tmp_path):
+    assert_clean_error(runner.invoke(main, ["ask", "--format", str(tmp_path / "none.json"), "q?"]), "--format=")
+    listed = tmp_path / "list.json"
+    listed.write_text("[1]")
+    assert_clean_error(runner.invoke(main, ["ask", "--format", str(listed), "q?"]), "not a JSON schema object")
+
+
+@pytest.mark.slow
+def test_ask_writes_json_under_a_schema_with_the_gate_inside(runner, tmp_path):
+    schema = tmp_path / "capital.json"
+    properties = {"country": {"type": "string"}, "capital": {"type": "string"}}
+    schema.write_text(json.dumps({"type": "object", "properties": properties, "required": ["country", "capital"]}))
+    args = ["ask", "--mode", "intervene", "--json", "--format", str(schema), "What is the capital of Burkina Faso?"]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output.strip().splitlines()[-1])
+    assert json.loads(out["reply"])["capital"] == "Ouagadougou", out["reply"]
+    assert out["rounds"]
+
+
 # --------------------------------------------------------------------------------------------------
 # per-model calibration: `calibrate --backend`, its pickup, and the detect-only fallback
 # --------------------------------------------------------------------------------------------------
