@@ -600,6 +600,48 @@ def test_a_full_queue_answers_429_with_retry_after_and_then_recovers(one_slot):
     assert_answered(one_slot)
 
 
+def test_a_queued_stream_starts_at_once_and_keeps_the_wire_moving_until_its_turn(one_slot):
+    one_slot.backend.hold.clear()  # the one slot is taken by a reply waiting inside its session
+    first = threading.Thread(target=lambda: ask(one_slot, "First?"))
+    first.start()
+    assert wait_for(lambda: health(one_slot)["active"] == 1)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Queued?"}], "stream": True}
+    started, arrivals = time.monotonic(), []
+    with httpx.stream("POST", one_slot.url + "/v1/chat/completions", json=body, timeout=10) as resp:
+        assert resp.status_code == 200 and resp.headers["x-surprisegate-receipt"]  # before its turn came
+        lines = resp.iter_lines()
+        for line in lines:
+            if line:
+                arrivals.append((time.monotonic() - started, line))
+            if sum(1 for _, seen in arrivals if seen.startswith(":")) == 2:
+                break  # two keep-alives while it waited in the queue
+        assert health(one_slot)["queued"] == 1 and not any(seen.startswith("data:") for _, seen in arrivals)
+        one_slot.backend.hold.set()
+        arrivals += [(time.monotonic() - started, line) for line in lines if line]
+    first.join(20)
+    chunks = [json.loads(line[6:]) for _, line in arrivals if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == (
+        "You asked: Queued?. Done."
+    )
+    assert max(b - a for (a, _), (b, _) in zip(arrivals, arrivals[1:], strict=False)) < 2.0
+    assert_answered(one_slot)
+
+
+def test_a_stream_that_leaves_while_queued_gives_its_place_back(one_slot):
+    one_slot.backend.hold.clear()
+    first = threading.Thread(target=lambda: ask(one_slot, "First?"))
+    first.start()
+    assert wait_for(lambda: health(one_slot)["active"] == 1)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Leaving?"}], "stream": True}
+    with httpx.stream("POST", one_slot.url + "/v1/chat/completions", json=body, timeout=10) as resp:
+        assert resp.status_code == 200
+        assert wait_for(lambda: health(one_slot)["queued"] == 1)
+    assert wait_for(lambda: health(one_slot)["queued"] == 0, 5.0)  # the place is free again
+    one_slot.backend.hold.set()
+    first.join(20)
+    assert_answered(one_slot)
+
+
 @pytest.fixture()
 def slow(tmp_path):
     backend = Sessions(delay_s=0.05)  # about 2 s for a whole reply

@@ -13,6 +13,8 @@ no memory store), then, all in one run:
   streams     one question the gate grounds, streamed with intervene and with off in alternating pairs:
               time to the first byte and to the first content, and the longest silence on the wire
               (goals: first byte < 0.3 s, no silence over 2 s: keep-alives go out while text is held)
+  streams under load  the same, 3 pairs, while 8 other clients keep every session busy and the queue full:
+              a stream starts before its turn comes and keep-alives go out while it waits
 and checks that the server is healthy afterwards. Then, with serve stopped, the ceiling that throughput
 has on this machine: the same model in this process, one `llama_decode` of 8 one-token sequences against
 one of a single sequence (`decode_8_over_1`, tokens/s), and a prompt's prefill time against a reply's
@@ -290,6 +292,29 @@ def stream_timing(url: str, model: str, pairs: int = 5) -> dict[str, Any]:
     }
 
 
+def stream_timing_under_load(url: str, model: str, load_clients: int = 8, pairs: int = 3) -> dict[str, Any]:
+    """`stream_timing` while `load_clients` other clients keep every session busy and the queue full of plain
+    requests: a stream then waits its turn, and the figures say whether the wire stays moving meanwhile."""
+    stop = threading.Event()
+
+    def load(client: int) -> None:
+        k = 100_000 + client * 1_000
+        while not stop.is_set():
+            request(url, model, k, False, "detect")
+            k += 1
+
+    threads = [threading.Thread(target=load, args=(c,), daemon=True) for c in range(load_clients)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1.0)  # the load is running before the first stream
+        return {"load_clients": load_clients, **stream_timing(url, model, pairs)}
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+
+
 def receipts_lost(receipts: Path, answered: list[Outcome]) -> int:
     """Answered requests whose receipt is not in the file exactly once."""
     from ..gate.receipts import read_receipts
@@ -373,6 +398,8 @@ def _measure(
     throughput = throughput_ratio(server.url, model, 4, first_k + 10)
     progress("bench server: streams with the gate and without (first byte, first content, longest silence) ...")
     streams = stream_timing(server.url, model)
+    progress("bench server: the same streams while 8 other clients keep the sessions and queue busy ...")
+    streams_loaded = stream_timing_under_load(server.url, model)
     after = request(server.url, model, 0, False, "detect")
     healthy = httpx.get(server.url + "/health").json().get("status") == "ok" and after.status == 200
     server.stop()  # the ceiling is measured on an idle machine
@@ -390,6 +417,7 @@ def _measure(
         "gated_over_plain": round(gated, 3),
         "throughput_8_over_1": round(throughput, 3),
         "streams": streams,
+        "streams_under_load": streams_loaded,
         "ceiling": ceiling,
         "healthy_after": healthy,
         "clients": clients,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from sse_starlette import EventSourceResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -170,19 +170,38 @@ class Server:
         check_response_format(self.runtime.backend, parsed, self.model)
         await anyio.to_thread.run_sync(check_context, self.runtime.backend, parsed)  # tokenizing: off the loop
         check_logit_bias(self.runtime.backend, parsed)
+        if parsed.stream:
+            return self._stream_response(request, parsed)
         gen = await self._admit(request, parsed)
         if gen is None:
             return Response(status_code=DISCONNECTED)
         shape = ReplyShape(parsed, gen.reply_id, self.model)
+        return await self._collect(request, gen, shape, {"X-Surprisegate-Receipt": gen.reply_id})
+
+    def _stream_response(self, request: Request, parsed: GateRequest) -> Response:
+        """A stream starts at once, before its turn comes: the place in the queue is taken now (or a 429), and
+        keep-alive comments go out while it waits, so a client's read timeout never sees a queued stream as
+        silent."""
+        self.admission.enqueue()
+        gen = Generation(self.runtime, parsed, self.settings.receipts, self._ended, self.view)
+        shape = ReplyShape(parsed, gen.reply_id, self.model)
+        caller = caller_of(request)
+        events = self._response_events if parsed.endpoint == "responses" else self._sse
+
+        async def queued_then_streamed() -> AsyncIterator[Any]:
+            yield ServerSentEvent(comment="queued", sep="\n")  # the first byte, whatever the wait (clients skip it)
+            try:
+                await self.admission.admitted()
+            except asyncio.CancelledError:  # the client left while queued
+                self.metrics.disconnects.inc()
+                raise
+            self.live.add(gen)
+            gen.start()
+            async for item in events(gen, shape, caller):
+                yield item
+
         headers = {"X-Surprisegate-Receipt": gen.reply_id}
-        if parsed.stream and parsed.endpoint == "responses":
-            events = self._response_events(gen, shape, caller_of(request))
-            return EventSourceResponse(events, headers=headers, sep="\n", ping=KEEPALIVE_S)
-        if parsed.stream:
-            return EventSourceResponse(
-                self._sse(gen, shape, caller_of(request)), headers=headers, sep="\n", ping=KEEPALIVE_S
-            )
-        return await self._collect(request, gen, shape, headers)
+        return EventSourceResponse(queued_then_streamed(), headers=headers, sep="\n", ping=KEEPALIVE_S)
 
     async def _admit(self, request: Request, parsed: GateRequest) -> Generation | None:
         """A slot (or 429), then the reply's thread; None when the client left while queued."""

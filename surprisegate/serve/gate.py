@@ -54,6 +54,11 @@ class Admission:
         self._recent_s: list[float] = []  # durations of the latest replies, for Retry-After
 
     async def acquire(self) -> None:
+        self.enqueue()
+        await self.admitted()
+
+    def enqueue(self) -> None:
+        """Take a place in the queue now, or a 429 when there is none (before any response has started)."""
         if self.active + self.waiting >= self.slots + self.queue:
             raise ApiError(
                 f"the server is busy: {self.active} replies running and {self.waiting} waiting (queue of "
@@ -64,6 +69,9 @@ class Admission:
                 headers={"Retry-After": str(self.retry_after())},
             )
         self.waiting += 1
+
+    async def admitted(self) -> None:
+        """Wait in the place `enqueue` took for a slot (a cancelled wait gives the place back)."""
         try:
             await self._sem.acquire()
         finally:
@@ -267,6 +275,7 @@ class Generation:
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
 
     def start(self) -> None:
+        self.started = time.monotonic()  # a stream may have waited in the queue since it was made
         threading.Thread(target=self._run, name=f"surprisegate-reply-{self.reply_id[:8]}", daemon=True).start()
 
     def cancel(self) -> None:
