@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..text import normalise
-from .surprise import RollingWindow
 
 SCALAR_START = frozenset("-0123456789tfn")  # a number, true, false or null begins
 SCALAR_CHAR = frozenset("0123456789+-.eEtruefalsn")  # and goes on
@@ -159,17 +158,11 @@ def holds_words(text: str, value: str) -> bool:
 
 
 def value_peak(values: Sequence[float], window: int, statistic: str, min_tokens: int) -> float:
-    """The highest rolling statistic over a value's eligible windows (the trigger's rule, `eligible`), where a
-    value shorter than that is one window: most values are a word or two."""
-    if not values:
-        return -math.inf
-    rolling = RollingWindow(window, statistic)
-    peak = -math.inf
-    for v in values:
-        stat = rolling.push(v)
-        if len(rolling) >= min(window, min_tokens, len(values)):
-            peak = max(peak, stat)
-    return peak
+    """The trigger's own window rule (`trigger.window_peak`) over a value's tokens, where a value shorter than
+    `min_tokens` is one window: most values are a word or two."""
+    from .trigger import window_peak  # trigger imports this module: its rule is read at call time
+
+    return window_peak(list(values), window, statistic, min(min_tokens, len(values))) if values else -math.inf
 
 
 __all__ = ["JsonScanner", "ValueJudge", "holds_words", "value_peak"]
