@@ -276,10 +276,21 @@ def test_extract_computation(text, expected):
         "3-digit numbers",
         "Python 3.11.7 was released",
         "A trivia team had 12 members total, but 4 didn't show up. If each scored 8 points, how many points?",
+        "touch /tmp/surprisegate-attack-6x78nhyq",  # a folder name is not "-6 * 78" (a CI flake, once)
+        "Is h2o-2x3b a model?",
+        "touch /tmp/attack-12x34567",
+        "Is gpt-4x7 out?",
     ],
 )
 def test_extract_computation_finds_nothing(text):
     assert extract_computation(text) is None
+
+
+@given(st.from_regex(r"[a-z0-9_]{0,4}(?:[0-9]+x[0-9]+)?[a-z0-9_]{0,4}", fullmatch=True))
+@settings(max_examples=500, deadline=None)
+def test_a_random_file_name_holds_no_computation(suffix):
+    # tempfile names (random letters and digits, sometimes "12x345") glued to a word are names, not sums
+    assert extract_computation(f"What is __import__('os').system('touch /tmp/attack-{suffix}')?") is None
 
 
 _WORD_OPERATORS = {

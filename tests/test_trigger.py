@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from surprisegate.config import Config
-from surprisegate.gate.trigger import TriggerPolicy, eligible, window_peak
+from surprisegate.gate.surprise import eligible, window_peak
+from surprisegate.gate.trigger import TriggerPolicy
 
 
 def cfg(**kw):

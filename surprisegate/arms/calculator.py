@@ -335,6 +335,12 @@ _ASKED_COMPUTATION = re.compile(
     r"^\s*(?:what\s+is|what's|calculate|compute|evaluate|solve)\s*:?\s+[\d\s.,+\-–—*/×÷^%()x]+[?=.!]*\s*$"
     r"|^[\d\s.,+\-–—*/×÷^%()x]+(?:\?|=)\s*$"
 )
+# Names are never numbers: a word with a letter right before a digit ("h2o", "gpt4", "6x78nhyq"), or
+# digits glued to a word by - _ / . ("gpt-4", a temp folder "attack-12x34567", once read as "-12 * 34567").
+# "37x48" on its own stays a product.
+_IDENTIFIER = re.compile(
+    r"\b(?!\d+(?:x\d+)+\b)(?=[a-z0-9_]*[a-z_]\d)[a-z0-9_]+\b|(?<=[a-z_][-/._])(?=[a-z_]*\d)[a-z0-9_]+"
+)
 MAX_RUN_TOKENS_TO_TRIM = 40
 MAX_RUN_TOKENS = 150
 MAX_PARSES_PER_TEXT = 2000  # bounds extraction time on long adversarial text (about 50 ms)
@@ -381,6 +387,7 @@ def _normalise_text(text: str) -> str:
     text = re.sub(r"\$(?=\d)", "", text)  # "$5 plus $3"
     text = number_words_to_digits(text)
     text = re.sub(r"\bnegative\s+(?=\d)", "-", text)
+    text = _IDENTIFIER.sub(" ~ ", text)
     text = re.sub(r"(?<=\d)x(?=\d)", " * ", text)  # "37x48"; \b does not separate digits from letters
     for _ in range(10):  # templates nest at most a few levels in real questions
         changed = text

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..text import normalise
+from .surprise import window_peak
 
 SCALAR_START = frozenset("-0123456789tfn")  # a number, true, false or null begins
 SCALAR_CHAR = frozenset("0123456789+-.eEtruefalsn")  # and goes on
@@ -158,10 +159,8 @@ def holds_words(text: str, value: str) -> bool:
 
 
 def value_peak(values: Sequence[float], window: int, statistic: str, min_tokens: int) -> float:
-    """The trigger's own window rule (`trigger.window_peak`) over a value's tokens, where a value shorter than
+    """The trigger's own window rule (`surprise.window_peak`) over a value's tokens, where a value shorter than
     `min_tokens` is one window: most values are a word or two."""
-    from .trigger import window_peak  # trigger imports this module: its rule is read at call time
-
     return window_peak(list(values), window, statistic, min(min_tokens, len(values))) if values else -math.inf
 
 

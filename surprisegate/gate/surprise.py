@@ -221,6 +221,22 @@ def window_trace(surprises: Sequence[float], size: int, statistic: str) -> list[
     return [window.push(s) for s in surprises]
 
 
+def eligible(n_values: int, window: int, min_tokens: int) -> bool:
+    """A window may trigger once it holds min(min_tokens, window) values (short answers are where facts live)."""
+    return n_values >= min(min_tokens, window)
+
+
+def window_peak(values: list[float], window: int, statistic: str, min_tokens: int) -> float:
+    """Highest rolling statistic over the eligible windows of a reply (what calibration thresholds)."""
+    w = RollingWindow(window, statistic)
+    peak = -math.inf
+    for v in values:
+        stat = w.push(v)
+        if eligible(len(w), window, min_tokens):
+            peak = max(peak, stat)
+    return 0.0 if peak == -math.inf else peak  # never eligible (too few values): it could not have fired
+
+
 # ------------------------------------------------------------------------------------------------
 # Entropy from the top-k logprobs only (what inference servers and cloud APIs stream)
 # ------------------------------------------------------------------------------------------------

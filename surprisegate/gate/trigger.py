@@ -1,6 +1,6 @@
 """The window and trigger policy: when a reply's rolling signal says "this is doubtful".
 
-One rule, used online by the loop (`TriggerPolicy`) and offline by `calibrate` (`window_peak`): the
+One rule, used online by the loop (`TriggerPolicy`) and offline by `calibrate` (`surprise.window_peak`): the
 per-token value of the configured signal enters a rolling window; a window holding at least
 min(min_tokens, window) values is eligible, and an eligible window above the threshold triggers.
 
@@ -27,29 +27,13 @@ from .claims import claim_token_flags, first_claim_token, sentence_doubt, speaks
 from .json_values import ValueJudge
 from .probe import SENTENCE_KIND, TriggerProbe
 from .signals import CopyTracker, question_kind, signal_value
-from .surprise import RollingWindow
+from .surprise import RollingWindow, eligible  # the window rule (and calibration's window_peak) lives beside its window
 
 
 def sentence_value(signal: str, surprise: float, entropy: float) -> float:
     """The per-token value a sentence's doubt is read from: entropy for the entropy signals, else surprise
     (claim tokens are never copies, so the "novel" signals read the same as their base)."""
     return entropy if signal.endswith("entropy") else surprise
-
-
-def eligible(n_values: int, window: int, min_tokens: int) -> bool:
-    """A window may trigger once it holds min(min_tokens, window) values (short answers are where facts live)."""
-    return n_values >= min(min_tokens, window)
-
-
-def window_peak(values: list[float], window: int, statistic: str, min_tokens: int) -> float:
-    """Highest rolling statistic over the eligible windows of a reply (what calibration thresholds)."""
-    w = RollingWindow(window, statistic)
-    peak = -math.inf
-    for v in values:
-        stat = w.push(v)
-        if eligible(len(w), window, min_tokens):
-            peak = max(peak, stat)
-    return 0.0 if peak == -math.inf else peak  # never eligible (too few values): it could not have fired
 
 
 class _PendingSentence:

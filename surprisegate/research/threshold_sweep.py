@@ -25,8 +25,11 @@ from numpy.typing import ArrayLike
 from ..config import Config, to_toml
 from ..errors import InputError
 from ..gate.signals import SIGNALS, copy_flags, question_kind, signal_value
-from ..gate.surprise import topk_entropy, topk_entropy_bounds
-from ..gate.trigger import window_peak  # the loop's own rule: calibration thresholds what the loop compares
+from ..gate.surprise import (
+    topk_entropy,
+    topk_entropy_bounds,
+    window_peak,  # the loop's own rule: calibration thresholds what the loop compares
+)
 from .labeling import CLOZE_INSTRUCTION, iter_labels
 
 WINDOWS = (4, 8, 16, 32)
