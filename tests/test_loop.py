@@ -12,9 +12,11 @@ import pytest
 from surprisegate.arms import Evidence
 from surprisegate.backends import Sampling
 from surprisegate.config import Config
-from surprisegate.errors import BackendFault
+from surprisegate.errors import BackendFault, InputError
 from surprisegate.gate.events import Rewind, Token, Trigger
 from surprisegate.gate.loop import generate, stream
+from surprisegate.gate.prompting import Continuation
+from surprisegate.gate.structured import ResponseFormat
 from surprisegate.gate.surprise import RollingWindow
 
 from scripted import ScriptedBackend, bits, plan
@@ -158,6 +160,44 @@ def test_rewind_drops_the_span_injects_evidence_and_fixes_the_reply(injection):
     assert "using the text above" in backend.detokenize(backend.context) and "using the text above" not in done.text
     assert record["chosen"]["source"] == "memory:country:TL"
     assert arm.calls[0].question == QUESTION
+
+
+RAW = "Q: What is the capital of Testland?\nA: The capital of Testland is"
+
+
+def script_raw(context: str):
+    """A raw prompt (no chat turns): the scripted model plans the whole text. After the evidence line it
+    writes the sentence it is given again with the right town; before, the wrong one."""
+    if "[evidence:" not in context:
+        return plan(RAW + " Wrongville.", doubtful="Wrongville")
+    line = "A: The capital of Testland is"
+    said_again = context.index(line, context.index("[evidence:")) + len(line)
+    return plan(context[:said_again] + " Rightburg.")
+
+
+def test_a_raw_prompt_is_continued_and_its_rewind_says_the_sentence_again():
+    arm = StaticArm("memory", [RIGHT_EVIDENCE])
+    backend = ScriptedBackend(script_raw)
+    done = generate(backend, Continuation(RAW), cfg(injection="system_turn"), {"memory": arm})
+    assert done.text == " Rightburg." and done.receipt["config"]["injection"] == "inline"
+    (record,) = done.rounds
+    assert record["action"] == "rewound" and arm.calls[0].question == RAW.strip()
+    # The prompt went in as plain text (no template), then the evidence on its own line and the unfinished
+    # line said again: the context is what a fresh run on that text would hold, token for token.
+    evidence = record["tokens_injected"]
+    context = backend.detokenize(backend.context)
+    assert context.startswith(RAW + " Wrongville"[: record["trigger"]["span_start"]] + "\n[evidence: ")
+    assert context.endswith("]\nA: The capital of Testland is Rightburg.") and evidence > 0
+    fresh = ScriptedBackend(script_raw)
+    seeded = context[: -len(" Rightburg.")]
+    again = generate(fresh, Continuation(seeded), cfg(mode="off"), {})
+    assert again.text == " Rightburg." and fresh.context == backend.context
+    assert done.receipt["messages"] == [{"role": "prompt", "content": RAW}]
+
+
+def test_a_raw_prompt_takes_no_tools_or_format_and_no_chat_api():
+    with pytest.raises(InputError, match="raw prompt"):
+        list(stream(ScriptedBackend(script_raw), Continuation(RAW), cfg(), {}, output=ResponseFormat("json_object")))
 
 
 def test_rewind_keeps_the_cache_prompt_is_fed_once():

@@ -38,7 +38,7 @@ from surprisegate.serve.main import ServeOptions, build_app, slots_for  # noqa: 
 from surprisegate.serve.replies import LN2, StopCutter  # noqa: E402
 from surprisegate.serve.wire import Limits  # noqa: E402
 
-from scripted import ScriptedBackend, plan  # noqa: E402
+from scripted import ScriptedBackend, ScriptedChat, plan  # noqa: E402
 
 MODEL = "scripted-test-model"
 KEY = "test-key-0123456789"
@@ -53,7 +53,11 @@ def question_of(context: str) -> str:
 
 
 def echo(context: str):
-    """The reply to any chat: 'You asked: QUESTION. Done.' (each byte at p = 0.95)."""
+    """The reply to any chat: 'You asked: QUESTION. Done.' (each byte at p = 0.95); a raw prompt (no chat
+    template around it: /v1/completions) is continued with '| after PROMPT. Done.'"""
+    if "<|im_start|>" not in context:  # the scripted model plans the whole text: the prompt, then its reply
+        prompt = context.split("|", 1)[0]
+        return plan(f"{prompt}| after {prompt}. Done.")
     return plan(f"You asked: {question_of(context)}. Done.")
 
 
@@ -369,17 +373,31 @@ def test_stop_strings_cut_the_reply_streamed_or_not(server):
     assert receipt["finish_reason"] == "stop" and receipt["extra"]["serve"]["stop"] == [". Done"]
 
 
-def test_completions_stream_and_not(server):
+def test_completions_continue_the_raw_prompt_stream_and_not(server):
+    # The prompt reaches the model as it is, with no chat template around it (the script sees no turn).
     c = client(server)
-    r = c.completions.create(model=MODEL, prompt="Complete me?", logprobs=2, max_tokens=50)
-    assert r.object == "text_completion" and r.choices[0].text == "You asked: Complete me?. Done."
+    r = c.completions.create(model=MODEL, prompt="Complete me", logprobs=2, max_tokens=50)
+    assert r.object == "text_completion" and r.choices[0].text == "| after Complete me. Done."
     lp = r.choices[0].logprobs
     assert "".join(lp.tokens) == r.choices[0].text and lp.text_offset[:3] == [0, 1, 2]
     assert lp.token_logprobs == pytest.approx([-s * LN2 for s in receipt_of(r)["extra"]["token_surprises"]])
     assert all(len(top) == 2 for top in lp.top_logprobs)
-    chunks = list(c.completions.create(model=MODEL, prompt="Stream me?", stream=True))
-    assert "".join(ch.choices[0].text for ch in chunks) == "You asked: Stream me?. Done."
+    receipt = receipt_of(r)
+    assert receipt["messages"] == [{"role": "prompt", "content": "Complete me"}]
+    assert r.usage.prompt_tokens == len("Complete me")  # no template tokens counted
+    chunks = list(c.completions.create(model=MODEL, prompt="Stream me", stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks) == "| after Stream me. Done."
     assert receipt_of(chunks[-1])["extra"]["serve"]["endpoint"] == "completion"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_take_token_ids_and_echo(server, stream):
+    c = client(server)
+    ids = list(b"Go on")  # the scripted model's tokens are bytes
+    for prompt in (ids, [ids], ["Go on"]):
+        r = c.completions.create(model=MODEL, prompt=prompt, echo=True, stream=stream)
+        text = "".join(ch.choices[0].text for ch in r) if stream else r.choices[0].text
+        assert text == "Go on| after Go on. Done."
 
 
 def test_max_tokens_and_max_completion_tokens_bound_the_reply(server):
@@ -942,12 +960,38 @@ def test_bad_chat_requests(server, body, status, param, code):
     assert_answered(server)
 
 
+def test_a_chat_api_backend_asks_a_completion_prompt_as_a_user_turn_and_says_so():
+    chat = ScriptedChat(lambda messages: [(f"Heard: {messages[-1]['content']}", 0.9)])
+    srv = start(scripted_runtime(chat))
+    try:
+        body = {"model": chat.model_id, "prompt": "Once upon a time", "echo": True}
+        r = httpx.post(srv.url + "/v1/completions", json=body).json()
+        assert r["choices"][0]["text"] == "Once upon a timeHeard: Once upon a time"
+        assert chat.requests[-1]["messages"][-1] == {"role": "user", "content": "Once upon a time"}
+        assert any("asked as a user turn" in n for n in r["surprisegate"]["notes"])
+        ids = {"model": chat.model_id, "prompt": [1, 2, 3]}
+        assert_openai_error(httpx.post(srv.url + "/v1/completions", json=ids), 400, "prompt", "token_ids_unsupported")
+    finally:
+        srv.stop()
+
+
+def test_a_raw_prompt_takes_inline_evidence_only(server):
+    body = {"model": MODEL, "prompt": "Go", "surprisegate": {"injection": "system_turn"}}
+    assert_openai_error(httpx.post(server.url + "/v1/completions", json=body), 400, "surprisegate.injection")
+    body["surprisegate"] = {"injection": "inline"}
+    assert httpx.post(server.url + "/v1/completions", json=body).json()["choices"][0]["text"] == "| after Go. Done."
+
+
 @pytest.mark.parametrize(
     "body,param",
     [
         ({"model": MODEL, "prompt": ""}, "prompt"),
         ({"model": MODEL, "prompt": ["a", "b"]}, "prompt"),
-        ({"model": MODEL, "prompt": "Hi?", "echo": True}, "echo"),
+        ({"model": MODEL, "prompt": [[1, 2], [3]]}, "prompt"),
+        ({"model": MODEL, "prompt": [1, -2]}, "prompt"),
+        ({"model": MODEL, "prompt": [1, 2.5]}, "prompt"),
+        ({"model": MODEL, "prompt": []}, "prompt"),
+        ({"model": MODEL, "prompt": "Hi?", "echo": True, "logprobs": 1}, "echo"),
         ({"model": MODEL, "prompt": "Hi?", "best_of": 3}, "best_of"),
         ({"model": MODEL, "prompt": "Hi?", "logprobs": 9}, "logprobs"),
         ({"model": MODEL, "prompt": "Hi?", "suffix": "x"}, "suffix"),
@@ -1196,10 +1240,16 @@ def test_real_model_streams_the_calculators_product(real):
 @pytest.mark.slow
 def test_real_model_through_the_completions_endpoint(real):
     model = client(real).models.list().data[0].id
-    r = client(real).completions.create(model=model, prompt=BURKINA, extra_body=INTERVENE)
-    assert "Ouagadougou" in r.choices[0].text and grounded_by(receipt_of(r)) == ["memory:country:BF"]
-    chunks = list(client(real).completions.create(model=model, prompt=TIMES, stream=True, extra_body=INTERVENE))
-    assert "1776" in "".join(c.choices[0].text for c in chunks).replace(",", "")
+    # A raw continuation: the evidence goes in on its own line and the unfinished sentence is said again.
+    prompt = "The capital of Burkina Faso is"
+    r = client(real).completions.create(model=model, prompt=prompt, max_tokens=30, extra_body=INTERVENE)
+    assert r.choices[0].text.startswith(" Ouagadougou") and grounded_by(receipt_of(r))[0] == "memory:country:BF"
+    assert receipt_of(r)["config"]["injection"] == "inline"
+    off = client(real).completions.create(model=model, prompt=prompt, max_tokens=30)
+    assert "Ouagadougou" not in off.choices[0].text  # the embedded model alone names another town
+    times = "What is 37 times 48? The answer is"
+    stream = client(real).completions.create(model=model, prompt=times, stream=True, extra_body=INTERVENE)
+    assert "1776" in "".join(c.choices[0].text for c in stream).replace(",", "")
 
 
 @pytest.mark.slow

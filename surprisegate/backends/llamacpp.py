@@ -104,6 +104,8 @@ class LlamaCppModel:
         self.eos_token_ids = frozenset(t for t in eos if t >= 0)
         self._token_bytes_cache: dict[int, bytes] = {}
         self._chat_template = llama.metadata.get("tokenizer.chat_template")
+        # A raw prompt starts as llama.cpp's server starts one: with BOS where the vocabulary asks for it.
+        self.begin_tokens: tuple[int, ...] = (llama.token_bos(),) if llama._model.add_bos_token() else ()
         self._formatters: dict[bool, Any] = {}  # add_generation_prompt -> compiled Jinja2ChatFormatter
         self._tools_template: ToolTemplate | None = None
 
@@ -188,6 +190,10 @@ class _ModelTokens:
         return self.model.token_bytes(token_id)
 
     renders_tools = True  # chat_prompt takes tools and tool turns (prompting.ReplyPrompt.build)
+
+    @property
+    def begin_tokens(self) -> tuple[int, ...]:
+        return self.model.begin_tokens
 
     def chat_prompt(
         self,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..arms import Arm, Evidence, Query
@@ -31,7 +31,7 @@ from .events import Done, Event, Grounding, Rewind, Trigger
 from .grounding import ground_span, why_not_grounded
 from .patch import OwnWords, patchable
 from .probe import TriggerProbe, resolve_probe
-from .prompting import ReplyPrompt, conversation, last_user_turn
+from .prompting import Continuation, ReplyPrompt, conversation, last_user_turn
 from .receipts import ConvergenceRecord, rounded_trigger
 from .repetition import RepetitionGuard
 from .reply import Decoding, Emitter, Reply, StopStrings
@@ -48,7 +48,7 @@ from .trigger import TriggerPolicy
 # --------------------------------------------------------------------------------------------
 def stream(
     backend: SteerableBackend | BlackBoxBackend,
-    messages: Sequence[dict[str, str]] | str,
+    messages: Sequence[dict[str, str]] | str | Continuation,
     config: Config,
     arms: Mapping[str, Arm] | None = None,
     router: Callable[..., Any] | None = None,
@@ -57,8 +57,9 @@ def stream(
     tools: ToolUse | None = None,
     output: ResponseFormat | None = None,
 ) -> Iterator[Event]:
-    """Generate one reply to a chat (`messages`, or one question string), yielding events; the arms' query
-    is the last user turn, and one session of the backend serves the whole reply. `assistant_prefix` starts
+    """Generate one reply to a chat (`messages`, or one question string, or a raw prompt to continue:
+    prompting.Continuation), yielding events; the arms' query is the last user turn (a raw prompt's text),
+    and one session of the backend serves the whole reply. `assistant_prefix` starts
     the assistant's turn (a cloze such as "The capital of Chad is"); the visible reply is its continuation.
 
     `stop`: strings that end the reply (finish reason "stop") once they stand in text that can no longer
@@ -77,14 +78,26 @@ def stream(
     if not isinstance(backend, SteerableBackend):
         yield from _revise(backend, messages, config, dict(arms or {}), router, assistant_prefix)
         return
-    chat = conversation(messages, config.system_prompt)
     stop = (*stop, *(tools.stops if tools else ()))
-    grammar, chat, config = _structured(backend, chat, config, output, tools)
+    grammar, chat, config = _prepared(backend, messages, config, output, tools)
     loop = _ReplyLoop(backend, chat, config, dict(arms or {}), router, assistant_prefix, stop, tools, grammar)
     try:
         yield from loop.run()
     finally:
         loop.close()
+
+
+def _prepared(
+    backend: SteerableBackend,
+    messages: Sequence[dict[str, str]] | str | Continuation,
+    config: Config,
+    output: ResponseFormat | None,
+    tools: ToolUse | None,
+) -> tuple[TokenGrammar | None, list[dict[str, str]] | Continuation, Config]:
+    """The reply's grammar, what it answers (a checked chat, or a raw prompt as it is) and its config."""
+    if isinstance(messages, Continuation):
+        return None, messages, _continuing(config, tools, output)
+    return _structured(backend, conversation(messages, config.system_prompt), config, output, tools)
 
 
 def _structured(
@@ -103,6 +116,15 @@ def _structured(
     return backend.grammar(with_llama_server_rules(call)), chat, config
 
 
+def _continuing(config: Config, tools: ToolUse | None, output: ResponseFormat | None) -> Config:
+    """The config a raw prompt (prompting.Continuation) is continued under: evidence inline, since a raw text
+    has no turns to put a system turn between; tools and JSON formats live in chat templates only."""
+    if tools is not None or output is not None:
+        what = "tools" if tools is not None else "output"
+        raise InputError(f"{what} was given with a raw prompt (Continuation); offer {what} in a chat instead")
+    return config if config.injection == "inline" else replace(config, injection="inline")
+
+
 def _default_router() -> Callable[..., Any]:
     from .router import route
 
@@ -111,7 +133,7 @@ def _default_router() -> Callable[..., Any]:
 
 def _revise(
     backend: BlackBoxBackend,
-    messages: Sequence[dict[str, str]] | str,
+    messages: Sequence[dict[str, str]] | str | Continuation,
     config: Config,
     arms: dict[str, Arm],
     router: Callable[..., Any],
@@ -120,6 +142,11 @@ def _revise(
     """A chat API: the draft, then at most one revise pass."""
     from .revise import revise_stream
 
+    if isinstance(messages, Continuation):
+        raise InputError(
+            f"backend {getattr(backend, 'name', type(backend).__name__)!r} writes chat replies only: it cannot "
+            "continue a raw prompt; send the prompt as a chat's user turn instead"
+        )
     if assistant_prefix:
         raise InputError(
             f"assistant_prefix={assistant_prefix[:40]!r}: a chat API cannot continue an assistant turn; "
@@ -134,7 +161,7 @@ class _ReplyLoop:
     def __init__(
         self,
         backend: SteerableBackend,
-        messages: list[dict[str, str]],
+        messages: list[dict[str, str]] | Continuation,
         config: Config,
         arms: dict[str, Arm],
         router: Callable[..., Any],
@@ -460,7 +487,7 @@ def _result(loop: _ReplyLoop) -> ReplyResult:
     return ReplyResult(
         reply=reply.text(),
         finish_reason=loop.finish_reason,
-        messages=loop.messages,
+        messages=loop.messages.messages if isinstance(loop.messages, Continuation) else loop.messages,
         question=loop.question,
         question_kind=policy.kind,
         threshold=policy.threshold,
@@ -496,7 +523,7 @@ class Result:
 
 def generate(
     backend: SteerableBackend | BlackBoxBackend,
-    messages: Sequence[dict[str, str]] | str,
+    messages: Sequence[dict[str, str]] | str | Continuation,
     config: Config,
     arms: Mapping[str, Arm] | None = None,
     router: Callable[..., Any] | None = None,
@@ -507,6 +534,8 @@ def generate(
     """Run the stream to the end and build the receipt (not written: see receipts.ReceiptWriter). `output`: a
     JSON format the reply is decoded under (structured.py)."""
     done: Done | None = None
+    if isinstance(messages, Continuation):  # the receipt says the config it ran under (evidence inline)
+        config = _continuing(config, None, output)
     for event in stream(backend, messages, config, arms, router, assistant_prefix=assistant_prefix, output=output):
         if on_event is not None:
             on_event(event)

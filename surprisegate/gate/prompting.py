@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import BackendError, InputError
+from ..text import current_sentence
 
 ROLES = ("system", "user", "assistant", "tool")
 Tokenize = Callable[..., list[int]]  # backend.tokenize(text, special=False)
@@ -73,8 +74,25 @@ def has_tool_turns(messages: Sequence[Any]) -> bool:
     return any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
 
 
-def last_user_turn(messages: Sequence[dict[str, str]]) -> str:
-    """The question the reply answers: the last user turn's text."""
+@dataclass(frozen=True)
+class Continuation:
+    """A raw prompt the reply continues, with no chat template (POST /v1/completions): the client's text,
+    tokenized plain like every message (never special tokens), or the client's own token ids. The arms'
+    question is the prompt; evidence goes in inline (a raw text has no turns to put a system turn between)."""
+
+    text: str
+    token_ids: tuple[int, ...] | None = None  # sent as ids: fed as they are (`text` is their decoding)
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        """What a receipt records of it: one turn of role "prompt"."""
+        return [{"role": "prompt", "content": self.text}]
+
+
+def last_user_turn(messages: Sequence[dict[str, str]] | Continuation) -> str:
+    """The question the reply answers: the last user turn's text (a raw prompt's whole text)."""
+    if isinstance(messages, Continuation):
+        return messages.text.strip()
     return next(m["content"] for m in reversed(messages) if m["role"] == "user").strip()
 
 
@@ -218,11 +236,16 @@ class ReplyPrompt:
     body: list[int]
     open: list[int]
     prefix: list[int]
+    lead: list[int] | None = None  # a raw prompt's unfinished last sentence, said again after evidence (None: a chat)
 
     @classmethod
-    def build(cls, backend, messages: list[dict[str, Any]], assistant_prefix: str, tools: Any = None) -> ReplyPrompt:
+    def build(
+        cls, backend, messages: list[dict[str, Any]] | Continuation, assistant_prefix: str, tools: Any = None
+    ) -> ReplyPrompt:
         """`backend` renders (`chat_prompt`) and tokenizes: a server may fail here, and the receipt says so.
         `tools` (a tools.ToolUse) offers tools; a forced call's opening (our text) comes before the prefix."""
+        if isinstance(messages, Continuation):
+            return cls.continuing(backend, messages, assistant_prefix)
         render = backend.chat_prompt
         if tools is not None or has_tool_turns(messages):
             if not getattr(backend, "renders_tools", False):
@@ -240,6 +263,19 @@ class ReplyPrompt:
         prefix = opening + (backend.tokenize(assistant_prefix) if assistant_prefix else [])
         return cls(layout, layout.body_tokens(backend.tokenize), layout.open_tokens(backend.tokenize), prefix)
 
+    @classmethod
+    def continuing(cls, backend, prompt: Continuation, assistant_prefix: str = "") -> ReplyPrompt:
+        """A raw prompt's tokens: the model's begin-of-text token where its tokenizer adds one (as llama.cpp's
+        server does for a text prompt), then the text as plain tokens; token ids are taken as sent."""
+        if prompt.token_ids is not None:
+            body = list(prompt.token_ids)
+        else:
+            body = list(getattr(backend, "begin_tokens", ())) + backend.tokenize(prompt.text)
+        layout = PromptLayout(prompt.text, ((prompt.text, False),), "", "", "", "")
+        prefix = backend.tokenize(assistant_prefix) if assistant_prefix else []
+        unfinished = "" if prompt.text.rstrip()[-1:] in (".", "!", "?", "\n", "") else current_sentence(prompt.text)
+        return cls(layout, body, [], prefix, backend.tokenize(unfinished) if unfinished else [])
+
     @property
     def tokens(self) -> list[int]:
         return self.body + self.open + self.prefix
@@ -253,7 +289,13 @@ class ReplyPrompt:
         self, tokenize: Tokenize, injected: str, injection: str, keep: int, kept_reply: list[int]
     ) -> tuple[list[int], list[int], int | None]:
         """(evidence segment, tokens re-fed after it, where the new assistant turn starts or None) for a rewind
-        that keeps `keep` context tokens and `kept_reply` of the reply."""
+        that keeps `keep` context tokens and `kept_reply` of the reply. A raw prompt (`lead` set) has no
+        turns: the evidence goes on a line of its own, then the unfinished sentence is said again from its start
+        ("...Faso is [Kouilou dropped]\n[evidence: ...]\nThe capital of Burkina Faso is"), so the model goes on
+        writing the sentence rather than whatever follows a bracket."""
+        if self.lead is not None:
+            line = encode(tokenize, [(f"\n[evidence: {injected}]\n", False)])
+            return line, self.lead + self.prefix + kept_reply, None
         if injection == "system_turn":
             turn = self.layout.segment_tokens(tokenize, injected, "system_turn")
             return turn + self.open, self.prefix + kept_reply, keep + len(turn)

@@ -44,6 +44,7 @@ from .gate import (
     check_context,
     check_logit_bias,
     check_response_format,
+    continuation_for,
     tool_use,
 )
 from .metrics import CONTENT_TYPE, Metrics
@@ -166,6 +167,7 @@ class Server:
         raw = await read_body(request, self.settings.limits.max_body_bytes, self.settings.body_timeout_s)
         config = self.runtime.config
         parsed = parse(parse_json(raw), config, self.settings.limits, (self.model,), self.detect_only)
+        parsed = continuation_for(self.runtime.backend, parsed, self.settings.limits)
         parsed = replace(parsed, tool_use=tool_use(self.runtime.backend, parsed, self.model))
         check_response_format(self.runtime.backend, parsed, self.model)
         await anyio.to_thread.run_sync(check_context, self.runtime.backend, parsed)  # tokenizing: off the loop
@@ -275,7 +277,7 @@ class Server:
         # reach only the receipt, so that reply is sent whole at the end with them. A forced call is all call.
         buffered = r.logprobs and r.top_logprobs > 0 and not isinstance(self.runtime.backend, SteerableBackend)
         buffered = buffered or (tools is not None and bool(tools.opening))
-        yield shape.chunk("" if r.endpoint == "chat" else None, role=True)
+        yield shape.chunk("" if r.endpoint == "chat" else shape.echoed or None, role=True)
         async for item in gen.events():
             if isinstance(item, Finished) and item.parsed is not None:
                 async for chunk in self._tool_chunks(gen, shape, caller, cutter, item):

@@ -17,16 +17,16 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
-from ..backends import Grammars
+from ..backends import Grammars, SteerableBackend
 from ..config import SAMPLING_KEYS, Config
 from ..errors import InputError
 from ..gate.events import Done, Event
 from ..gate.loop import stream
-from ..gate.prompting import conversation, has_tool_turns
+from ..gate.prompting import Continuation, ReplyPrompt, conversation, has_tool_turns
 from ..gate.receipts import ReceiptWriter, fit_receipt
 from ..gate.result import build_receipt
 from ..gate.structured import ResponseFormat, told_format
@@ -35,7 +35,7 @@ from ..gate.tools import ParsedReply, ToolUse, call_scores, parse_tool_calls
 from ..paths import home
 from ..runtime import arms_for
 from .replies import cut_at_stop
-from .wire import REQUEST_KEYS, ApiError, GateRequest
+from .wire import REQUEST_KEYS, ApiError, GateRequest, Limits, chat_turns
 
 _END = object()  # the worker thread is finished (after its last event or error)
 DEFAULT_MAX_RECEIPT_BYTES = 256 << 10  # one receipt in the file; a bigger one keeps its ids and hashes, text cut
@@ -135,6 +135,48 @@ class RotatingReceipts:
         self.path.replace(self.path.with_name(f"{self.path.name}.1"))
 
 
+def continuation_for(backend: Any, request: GateRequest, limits: Limits) -> GateRequest:
+    """A completion's raw prompt made ready for this backend: token ids checked against the vocabulary and
+    decoded (their text is the arms' question); a backend that writes chat replies only gets the text as a
+    user turn, said in the notes, and cannot take token ids (400)."""
+    cont = request.continuation
+    if cont is None:
+        return request
+    if not isinstance(backend, SteerableBackend):
+        name = getattr(backend, "name", "remote")
+        if cont.token_ids is not None:
+            raise ApiError(
+                f"prompt is token ids, but the {name} backend writes chat replies from text only; send the prompt "
+                "as a string",
+                param="prompt",
+                code="token_ids_unsupported",
+            )
+        note = f"the {name} backend writes chat replies only: the prompt was asked as a user turn, not continued"
+        messages = chat_turns([{"role": "user", "content": cont.text}], limits, request.config.system_prompt)
+        return replace(request, messages=messages, continuation=None, notes=(*request.notes, note))
+    if cont.token_ids is not None:
+        n_vocab = getattr(backend, "n_vocab", None)
+        bad = [t for t in cont.token_ids if isinstance(n_vocab, int) and t >= n_vocab]
+        if bad:
+            raise ApiError(
+                f"prompt holds token id {bad[0]}, past this model's vocabulary of {n_vocab} tokens; send ids the "
+                "model's tokenizer gives",
+                param="prompt",
+            )
+        text = b"".join(backend.token_bytes(t) for t in cont.token_ids).decode("utf-8", "replace")
+        cont = Continuation(text, cont.token_ids)
+    # A raw text has no turns to put a system turn between: evidence goes inline (gate.loop; said in the receipt).
+    asked = request.overrides.get("injection", "inline")
+    if asked != "inline":
+        raise ApiError(
+            f"surprisegate.injection={asked!r}: a raw prompt has no chat turns to put evidence between; send "
+            "injection 'inline' or leave it out (or ask through /v1/chat/completions)",
+            param="surprisegate.injection",
+        )
+    config = replace(request.config, injection="inline")
+    return replace(request, messages=cont.messages, continuation=cont, config=config)
+
+
 def check_context(backend: Any, request: GateRequest) -> None:
     """A chat that cannot fit the model's context with its max_tokens is the client's to fix (400), not
     a failure halfway through the reply. Checked where the backend says its context size (a
@@ -144,6 +186,9 @@ def check_context(backend: Any, request: GateRequest) -> None:
     n_ctx = backend.n_ctx if isinstance(backend, ContextSize) else None
     if not isinstance(n_ctx, int):
         return
+    if request.continuation is not None:
+        n = len(ReplyPrompt.continuing(backend, request.continuation).tokens)
+        return _check_fits(n, request.config.max_tokens, n_ctx, "prompt")
     chat = conversation(request.messages, request.config.system_prompt)
     if request.response_format is not None:  # the reply's chat says the format (structured.told_format)
         chat, _ = told_format(chat, request.response_format, request.config)
@@ -152,12 +197,16 @@ def check_context(backend: Any, request: GateRequest) -> None:
         prompt = backend.chat_prompt(chat, tools=tools) if tools or has_tool_turns(chat) else backend.chat_prompt(chat)
     except InputError as err:  # the template refused the chat (tools.ToolTemplate): the client's to fix
         raise ApiError(str(err)[:600], param="messages", code="template_refused") from None
-    n = len(backend.tokenize(prompt, special=True))
-    if n + request.config.max_tokens > n_ctx:
+    _check_fits(len(backend.tokenize(prompt, special=True)), request.config.max_tokens, n_ctx, "messages")
+
+
+def _check_fits(n: int, max_tokens: int, n_ctx: int, param: str) -> None:
+    what = "chat" if param == "messages" else param
+    if n + max_tokens > n_ctx:
         raise ApiError(
-            f"the chat is {n} tokens and max_tokens={request.config.max_tokens}: over the model's context of "
-            f"{n_ctx} tokens; shorten the chat or lower max_tokens",
-            param="messages",
+            f"the {what} is {n} tokens and max_tokens={max_tokens}: over the model's context of "
+            f"{n_ctx} tokens; shorten the {what} or lower max_tokens",
+            param=param,
             code="context_length_exceeded",
         )
 
@@ -297,8 +346,9 @@ class Generation:
         arms = arms_for(r.config, self.runtime.arms)
         # gate.loop.stream is a generator: close() runs its finally, which closes the reply's session.
         # A stop string ends the reply's decoding too, not only what the client is sent.
+        asked = r.continuation if r.continuation is not None else r.messages
         reply = stream(
-            self.runtime.backend, r.messages, r.config, arms, stop=r.stops, tools=r.tool_use, output=r.response_format
+            self.runtime.backend, asked, r.config, arms, stop=r.stops, tools=r.tool_use, output=r.response_format
         )
         events = cast(Generator[Event, None, None], reply)
         try:

@@ -173,6 +173,14 @@ class ReplyShape:
         return prefix + self.reply_id
 
     @property
+    def echoed(self) -> str:
+        """What comes before a completion's text: its prompt, where `echo` asked for it."""
+        r = self.request
+        if not r.echo:
+            return ""
+        return r.continuation.text if r.continuation is not None else r.messages[-1]["content"]  # asked as a turn
+
+    @property
     def message_id(self) -> str:
         return "msg_" + self.reply_id
 
@@ -213,7 +221,7 @@ class ReplyShape:
         else:
             choice = {
                 "index": 0,
-                "text": text,
+                "text": self.echoed + text,
                 "logprobs": completion_logprobs(tokens, r.top_logprobs) if r.logprobs else None,
                 "finish_reason": finish_reason,
             }

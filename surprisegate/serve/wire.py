@@ -24,7 +24,7 @@ from typing import Any, cast
 from .. import shipped_thresholds
 from ..config import ARM_NAMES, INJECTIONS, MODES, Config
 from ..errors import ConfigError, InputError
-from ..gate.prompting import conversation
+from ..gate.prompting import Continuation, conversation
 from ..gate.signals import SIGNALS
 from ..gate.structured import ResponseFormat
 from ..gate.surprise import STATISTICS
@@ -262,6 +262,8 @@ class GateRequest:
     parallel_tool_calls: bool = True
     tool_use: Any = None  # the tools.ToolUse the server made of them for its model (serve/gate.tool_use)
     response_format: ResponseFormat | None = None  # JSON output under a grammar (None: text)
+    continuation: Continuation | None = None  # /v1/completions: the raw prompt the reply continues
+    echo: bool = False  # /v1/completions: the prompt comes back before the reply's text
 
 
 # --------------------------------------------------------------------------------------------
@@ -1008,19 +1010,46 @@ def response_format_of(value: Any, param: str, responses: bool = False) -> Respo
 def parse_completion(
     body: dict, base: Config, limits: Limits, served: tuple[str, ...], detect_only: bool = False
 ) -> GateRequest:
-    """POST /v1/completions: the prompt is asked as one user turn (the gate's loop writes chat replies)."""
+    """POST /v1/completions: the prompt is continued as raw text, with no chat template (as OpenAI and vLLM
+    serve it): a string, or token ids; a list holding one of either. The arms' question is the prompt.
+    `echo` puts the prompt before the reply's text. A backend that writes chat replies only (a chat API) gets
+    the prompt as a user turn instead (Server.completion_for says so in the notes)."""
     check_fields(body, COMPLETION_FIELDS)
     check_model(body, served)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ApiError(f"prompt={shown(prompt)} must be one non-empty string", param="prompt")
-    if _bool(body, "echo"):
-        raise ApiError("echo=true is not served (the prompt is asked as a chat turn); drop echo", param="echo")
+    prompt = completion_prompt(body.get("prompt"))
+    echo = _bool(body, "echo")
     top = _int(body, "logprobs", 0, 5)
-    messages = chat_turns([{"role": "user", "content": prompt}], limits, base.system_prompt)
-    return _gate_request("completion", body, base, limits, messages, top is not None, top or 0, detect_only)
+    if echo and top is not None:
+        raise ApiError(
+            "echo=true with logprobs: the prompt's own logprobs are not computed here; drop echo or logprobs",
+            param="echo",
+        )
+    text = prompt if isinstance(prompt, str) else ""  # token ids: their text is the backend's (Server.continuation)
+    messages = [{"role": "user", "content": text or "(token ids)"}]
+    request = _gate_request("completion", body, base, limits, messages, top is not None, top or 0, detect_only)
+    ids = tuple(prompt) if isinstance(prompt, list) else None
+    return replace(request, continuation=Continuation(text, ids), echo=echo)
+
+
+def completion_prompt(value: Any) -> str | list[int]:
+    """A completion's one prompt: a non-empty string or a non-empty list of token ids, alone or in a list of one.
+    Several prompts are refused: the gate writes one reply a request (as with n=1)."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]
+    if isinstance(value, list) and len(value) > 1 and all(isinstance(v, (str, list)) for v in value):
+        raise ApiError(
+            f"prompt holds {len(value)} prompts: one prompt a request is served (the gate writes one reply a "
+            "request, as with n=1); send each prompt in its own request",
+            param="prompt",
+        )
+    if isinstance(value, str) and value.strip():
+        return value  # its length is bounded by the body's and checked against the context (check_context)
+    if isinstance(value, list) and value and all(type(t) is int and t >= 0 for t in value):
+        return value
+    raise ApiError(
+        f"prompt={shown(value)} must be a non-empty string or a non-empty list of token ids (integers >= 0)",
+        param="prompt",
+    )
 
 
 def parse_responses(
