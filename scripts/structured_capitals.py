@@ -1,7 +1,7 @@
 """Grounded structured output on the factqa capital questions (issue 44): the same items answered as plain text
 and as JSON under the schema {country, capital}, each with the gate off and intervening (memory = factkb).
 
-    python scripts/structured_capitals.py [--model GGUF] --sample 100 --out results/structured/smollm2
+    python scripts/structured_capitals.py [--model GGUF] [--llama-server BINARY] --sample 100 --out DIR
 
 The user turn is the question as the dataset words it; the schema reaches the model only as the grammar
 (`response_format`), as LangChain's `with_structured_output` and the OpenAI SDK's `parse` send it, unless
@@ -116,15 +116,33 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--instruction", default="", help="a system turn before the question (JSON replies only)")
     ap.add_argument("--read-while-tuning", type=int, default=20, help="the sample's first N were read while tuning")
+    ap.add_argument(
+        "--llama-server",
+        default=None,
+        metavar="BINARY",
+        help="decode through llama.cpp's server (this binary, started on the model): its own grammar sampler",
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if args.llama_server:
+        from surprisegate.backends.llama_server import LlamaServerProcess
+        from surprisegate.backends.llamacpp import embedded_model_path
+
+        model = Path(args.model) if args.model else embedded_model_path()
+        with LlamaServerProcess(model, binary=Path(args.llama_server), n_ctx=4096, parallel=1) as process:
+            run(args, {"backend": process.uri})
+    else:
+        run(args, {"model": args.model} if args.model else {})
+
+
+def run(args: argparse.Namespace, backend: dict) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows_path = out / "results.jsonl"
     rows = [json.loads(line) for line in rows_path.open()] if rows_path.exists() else []
     done = {(r["id"], r["shape"], r["mode"]) for r in rows}
     items = capital_items(Path(args.data), args.sample, args.seed)
-    overrides = {"mode": "intervene"} | ({"model": args.model} if args.model else {})
+    overrides = {"mode": "intervene"} | backend
     runtime = assemble(ConfigLayers(overrides=overrides), memory=args.memory)
     started = time.monotonic()
     with rows_path.open("a") as sink:
@@ -144,6 +162,7 @@ def main() -> None:
             f"not_read (the other {len(items) - len(read)})": summary(rows, items[len(read) :]),
         },
         "model": runtime.backend.model_id,
+        "backend": runtime.backend.name,
         "sample": args.sample,
         "seed": args.seed,
         "instruction": args.instruction,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import socket
 import threading
 import time
@@ -19,6 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from surprisegate.backends import Sampling, Session, SteerableBackend
 from surprisegate.backends.http_stream import ServerError
@@ -28,6 +31,7 @@ from surprisegate.backends.llama_server import (
     find_llama_server,
     from_llama_server,
 )
+from surprisegate.errors import BackendError
 from surprisegate.gate.surprise import surprise_bits, topk_entropy
 
 CAPTURED = Path(__file__).resolve().parents[2] / "shared" / "wire" / "captured"
@@ -617,3 +621,87 @@ def test_a_clients_sampling_settings_become_the_servers_sampler_stages(fake):
     body = fake.sent("/completion")[0]
     assert body["samplers"] == ["top_p", "temperature"] and body["top_p"] == 0.9
     assert body["logit_bias"] == [[11, 2.5], [504, False]]
+
+
+# --------------------------------------------------------------------------------------------------
+# structured output through the server's grammar sampler
+# --------------------------------------------------------------------------------------------------
+def test_a_grammar_rides_on_every_request_and_a_ban_holds_for_the_request(fake):
+    backend = connect(fake)
+    grammar = backend.grammar('root ::= "{}"')
+    sampling = Sampling()
+    sampling.grammar, sampling.reply_tokens = grammar, lambda: []
+    session = backend.session()
+    steps = session.steps(CAPTURED_PROMPT, sampling, banned=frozenset({504}))
+    next(steps)
+    steps.close()
+    (sent,) = fake.sent("/completion")
+    # One request, not a one-token ban then a continuation: the server's grammar starts at its root each time.
+    assert sent["grammar"] == 'root ::= "{}"' and sent["n_predict"] > 1 and sent["logit_bias"] == [[504, False]]
+
+
+def _bytes(token: int) -> bytes:
+    return bytes([token])
+
+
+@pytest.mark.parametrize(
+    "prompt_tail,reply,expected",
+    [
+        (b"", b"", "GRAMMAR"),  # nothing of the reply yet
+        (b"", b'{"a": "b"}', "GRAMMAR"),  # the reply was rewound whole: its start again
+        (b'{"a": "b"}', b'{"a": "b"}', "root ::= [ \\t\\n]*"),  # complete: only whitespace before the end
+        (b'{"a": "b', b'{"a": "b', 'root ::= "\\"}" [ \\t\\n]*'),  # restored, less its last token
+    ],
+)
+def test_the_grammar_after_a_prompt_follows_what_the_prompt_holds_of_the_reply(prompt_tail, reply, expected):
+    from surprisegate.backends.grammar import ServerGrammar
+
+    grammar = ServerGrammar("GRAMMAR", _bytes)
+    grammar.after([], list(b'{"a": "b"}'))  # written whole once (as a rewind's request sees it)
+    assert grammar.after([7, 7, *prompt_tail], list(reply)) == expected
+
+
+def test_a_reply_that_cannot_go_on_under_the_servers_grammar_is_a_clear_error():
+    from surprisegate.backends.grammar import ServerGrammar
+
+    with pytest.raises(BackendError, match="cannot go on from inside its JSON"):
+        ServerGrammar("GRAMMAR", _bytes).after(list(b'{"a": '), list(b'{"a": '))
+
+
+@given(st.text(max_size=40))
+def test_a_gbnf_literal_escapes_what_gbnf_reads_specially(text):
+    from surprisegate.backends.grammar import gbnf_literal
+
+    literal = gbnf_literal(text)
+    assert literal[0] == literal[-1] == '"' and "\n" not in literal and "\t" not in literal
+    body = literal[1:-1]
+    # Undo llama.cpp's escapes: the literal stands for exactly `text`.
+    decoded = re.sub(
+        r'\\(x[0-9a-f]{2}|["\\nrt])',
+        lambda m: {"n": "\n", "r": "\r", "t": "\t"}.get(m[1], chr(int(m[1][1:], 16)) if m[1][0] == "x" else m[1]),
+        body,
+    )
+    assert decoded == text and not re.search(r'(?<!\\)(\\\\)*"', body)
+
+
+@pytest.mark.slow
+def test_real_server_grounds_a_json_reply_under_its_own_grammar(real, llama_backend):
+    from surprisegate.config import Config
+    from surprisegate.gate.loop import generate
+    from surprisegate.gate.structured import ResponseFormat
+    from surprisegate.runtime import build_arms
+
+    schema = {"type": "object", "properties": {"country": {"type": "string"}, "capital": {"type": "string"}}}
+    output = ResponseFormat("json_schema", schema | {"required": ["country", "capital"]}, "capital")
+    config = Config(mode="intervene", max_tokens=60)
+    arms = build_arms(config, "demo")
+    question = "What is the capital of Burkina Faso?"
+    off = generate(real, question, Config(mode="off", max_tokens=60), arms, output=output)
+    remote = generate(real, question, config, arms, output=output)
+    assert json.loads(off.text)["capital"] != "Ouagadougou"
+    assert json.loads(remote.text)["capital"] == "Ouagadougou"
+    (round_,) = [r for r in remote.receipt["rounds"] if r["action"] == "rewound"]
+    # The server's grammar starts at its root each request: the reply is judged at its end and rewound whole.
+    assert round_["trigger"]["span_start"] == 0 and round_["tokens_dropped"] == len(off.result.token_ids)
+    # Off, the server under its grammar writes what the model in process writes under llama.cpp's.
+    assert off.text == generate(llama_backend, question, Config(mode="off", max_tokens=60), arms, output=output).text

@@ -127,3 +127,24 @@ def test_holds_words_is_whole_words_after_normalising():
     assert holds_words("What is the capital of Côte d'Ivoire?", "cote d ivoire")
     assert not holds_words("What is the capital of Peru?", "Per")
     assert not holds_words("anything", "")
+
+
+def test_under_a_servers_grammar_the_most_doubtful_value_is_held_to_the_end_and_the_reply_rewound_whole():
+    # A server's grammar starts at its root each request (backends.grammar.ServerGrammar): no mid-reply rewind.
+    j = ValueJudge(4, "mean", 4, 1.0, "What is the capital of Peru?", whole_reply=True)
+    pieces = [('{"country": "', 0.0), ("Per", 2.0), ("a", 2.0), ('", "capital": "', 0.0), ("Pep", 3.0), ("ón", 3.0)]
+    pieces += [('"}', 0.0)]
+    assert push_all(j, pieces) == []  # two doubtful values, neither fires as it closes
+    assert j.first_rewindable(7) == 0  # nothing stands before the reply ends
+    assert j.end() and j.judged == (4, 7) and j.doubt == 3.0  # the most doubtful value is what the arms are asked
+    assert j.rewind_at == 0
+    j.restart([p for p, _ in pieces], [v for _, v in pieces], 0)
+    assert not j.end()  # a fresh reply holds nothing doubtful yet
+
+
+def test_under_a_servers_grammar_a_reply_without_doubt_ends_as_it_is():
+    j = ValueJudge(4, "mean", 4, 1.0, "What is the capital of Peru?", whole_reply=True)
+    assert (
+        push_all(j, [('{"country": "', 0.0), ("Peru", 3.0), ('", "capital": "', 0.0), ("Lima", 0.2), ('"}', 0.0)]) == []
+    )
+    assert not j.end()

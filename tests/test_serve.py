@@ -864,7 +864,7 @@ BAD = [
         "tools_unsupported",
     ),
     (
-        "json output through a backend without grammars",
+        "json output through a backend without grammars (the scripted one)",
         {"model": MODEL, "messages": USER, "response_format": {"type": "json_object"}},
         400,
         "response_format",
@@ -1275,6 +1275,20 @@ def test_proxy_mode_in_front_of_a_real_llama_server(request, real, tmp_path_fact
         ]
         here, there = (receipt_of(r) for r in replies)
         assert here["reply"] == there["reply"] and here["extra"]["token_ids"] == there["extra"]["token_ids"]
+        # JSON output goes to the server's own grammar sampler; the reply parses and is grounded whole.
+        schema = {"type": "object", "properties": {"country": {"type": "string"}, "capital": {"type": "string"}}}
+        form = {"type": "json_schema", "json_schema": {"name": "capital", "schema": schema | {"required": ["capital"]}}}
+        asked = [{"role": "user", "content": BURKINA}]
+        r = client(proxy).chat.completions.create(
+            model=model, messages=asked, response_format=form, extra_body=INTERVENE
+        )
+        receipt = receipt_of(r)
+        assert json.loads(r.choices[0].message.content)["capital"] == "Ouagadougou"
+        assert (
+            receipt["extra"]["response_format"]["parses"]
+            and "rewound whole" in receipt["extra"]["response_format"]["signal"]
+        )
+        assert grounded_by(receipt) == ["memory:country:BF"] and receipt["rounds"][0]["trigger"]["span_start"] == 0
     finally:
         proxy.stop()
 

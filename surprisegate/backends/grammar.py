@@ -13,6 +13,7 @@ the grammar is done, a byte it cannot take): every token is checked before it is
 from __future__ import annotations
 
 import ctypes
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -92,4 +93,77 @@ class LlamaGrammar:
             pass
 
 
-__all__ = ["TOKEN_DATA", "LlamaGrammar"]
+class ServerGrammar:
+    """A grammar an inference server samples under (llama.cpp server's `grammar` field). The server's grammar
+    state starts at its root for each request's generated tokens and cannot be rebuilt for a kept prefix, so a
+    reply under it is judged whole when it ends and rewound from its start (`restarts_at_reply_start`: the loop
+    reads it; json_values.ValueJudge whole_reply). A request that goes on after a reply already complete (a
+    restore at its end) may add only whitespace before its end of turn."""
+
+    restarts_at_reply_start = True
+
+    def __init__(self, gbnf: str, token_bytes: Any) -> None:
+        self.gbnf = gbnf
+        self._token_bytes = token_bytes
+        self._written: list[str] = []  # complete replies seen at a request (the text a restore brings back)
+
+    def follow(self, tokens: Sequence[int]) -> None:  # the server keeps the state: nothing to rebuild here
+        pass
+
+    def allows(self, token: int) -> bool:  # the server chose the token under the grammar
+        return True
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        return logits.copy()
+
+    def after(self, prompt: Sequence[int], reply_tokens: Sequence[int]) -> str:
+        """The grammar for a request from `prompt`, where the reply so far is `reply_tokens`: the whole grammar
+        when the prompt holds none of the reply (a reply rewound whole, or its start); after a complete reply,
+        whitespace; after part of a reply once written whole (restored as it was), the rest of it, literally."""
+        reply = self._text(reply_tokens)
+        if reply and _parses(reply) and reply not in self._written:
+            self._written.append(reply)  # a restore may bring back part of it (a trigger's token is not kept)
+        held = self._text(reply_tokens[: _overlap(prompt, reply_tokens)])
+        if not held:
+            return self.gbnf
+        if _parses(held):
+            return WHITESPACE_ONLY
+        whole = next((w for w in reversed(self._written) if w.startswith(held)), None)
+        if whole is None:
+            raise BackendError(
+                f"a reply under the server's grammar cannot go on from inside its JSON ({held[-40:]!r}): the "
+                "server's grammar starts at its root each request; this is a bug to report"
+            )
+        return f"root ::= {gbnf_literal(whole[len(held) :])} [ \\t\\n]*"
+
+    def _text(self, tokens: Sequence[int]) -> str:
+        return b"".join(self._token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+
+WHITESPACE_ONLY = "root ::= [ \\t\\n]*"  # GBNF: what may follow a complete JSON reply before its end of turn
+
+
+def gbnf_literal(text: str) -> str:
+    """`text` as a GBNF string literal (llama.cpp's escapes: \\" \\\\ \\n \\r \\t, \\xHH for other controls)."""
+    escaped = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+    out = (escaped.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 0x20 else ch) for ch in text)
+    return '"' + "".join(out) + '"'
+
+
+def _overlap(prompt: Sequence[int], reply: Sequence[int]) -> int:
+    """How many of the reply's first tokens end the prompt (0: none of the reply is in it)."""
+    for k in range(min(len(prompt), len(reply)), 0, -1):
+        if list(prompt[len(prompt) - k :]) == list(reply[:k]):
+            return k
+    return 0
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+__all__ = ["TOKEN_DATA", "LlamaGrammar", "ServerGrammar"]

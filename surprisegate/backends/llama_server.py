@@ -66,6 +66,7 @@ from typing import Any
 
 from ..errors import BackendError, InputError, MissingDependency
 from . import LOGPROB_FLOOR, Sampling
+from .grammar import ServerGrammar
 from .http_session import (
     DEFAULT_N_PREDICT,
     SIGNAL_TOP_K,
@@ -285,9 +286,17 @@ class LlamaServerBackend(ServerBackend):
             raise BackendError(f"{self.uri} reports no chat template (/props chat_template); serve a chat model")
         return render_chat_template(self._chat_template, msgs, self._bos_text, self._eos_text, add_generation_prompt)
 
+    def grammar(self, gbnf: str) -> ServerGrammar:
+        """Structured output through the server: its own grammar sampler, sent with each request (`grammar`);
+        llama.cpp's server parses it (a grammar it refuses comes back as the request's 400)."""
+        return ServerGrammar(gbnf, self.token_bytes)
+
     # --- one streamed request (the hooks of http_session.ServerSession) --------------------------------
     def stream_request(self, prompt: list[int], sampling: Sampling, banned: frozenset[int], seed: int) -> ServerRequest:
-        n_predict = self.budget(prompt, banned)
+        # Under a server's grammar a ban holds for the whole request: the reply cannot go on from a one-token
+        # request inside its JSON (the grammar starts at its root each request: grammar.ServerGrammar).
+        grammar = sampling.grammar if isinstance(sampling.grammar, ServerGrammar) else None
+        n_predict = self.budget(prompt, banned if grammar is None else frozenset())
         body: dict[str, Any] = {
             "prompt": prompt,
             "n_predict": n_predict,
@@ -301,6 +310,8 @@ class LlamaServerBackend(ServerBackend):
             "seed": seed,
             "ignore_eos": False,
         } | sampler_chain(sampling.shaping)
+        if grammar is not None:  # structured output: the server samples under it
+            body["grammar"] = grammar.after(prompt, sampling.reply_tokens() if sampling.reply_tokens else ())
         bias = [[int(t), float(b)] for t, b in sorted(sampling.shaping.logit_bias.items()) if t not in banned]
         bias += [[int(t), False] for t in sorted(banned)]
         if bias:

@@ -99,26 +99,49 @@ class ValueJudge:
     judged: tuple[int, int] = (0, 0)  # reply indices [start, end) of the last value judged
     doubt: float = -math.inf  # its statistic
     peak: float = -math.inf  # the highest statistic of any value judged
+    # A server's grammar starts at its root each request (backends.grammar.ServerGrammar): the values are
+    # judged as they close, but the reply is rewound whole, once it has ended, for its most doubtful value.
+    whole_reply: bool = False
+    held: tuple[tuple[int, int], float] | None = None  # whole_reply: the most doubtful value's span and statistic
 
     _last_index: int = -1  # the last token whose value went in (a token may write several characters)
 
     def push(self, index: int, text: str, value: float) -> bool:
-        """Add reply token `index` (its text and signal value); True when it closed a doubtful value."""
-        return self._read(index, text, value, judging=True)
+        """Add reply token `index` (its text and signal value); True when it closed a doubtful value (whole
+        reply: never; the most doubtful is held for the end)."""
+        return self._held(self._read(index, text, value, judging=True)) and not self.whole_reply
 
     def end(self) -> bool:
-        """The reply ended: judge a value still open (cut at max_tokens or the end of turn)."""
-        return self.open_at is not None and self._judge(self._last_index + 1)
+        """The reply ended: judge a value still open (cut at max_tokens or the end of turn); whole reply: True
+        when any value was doubtful, with `judged` its span."""
+        doubtful = self._held(self.open_at is not None and self._judge(self._last_index + 1))
+        if not self.whole_reply or self.held is None:
+            return doubtful and not self.whole_reply
+        (self.judged, self.doubt), self.held = self.held, None
+        return True
+
+    @property
+    def rewind_at(self) -> int:
+        """Where a doubtful value's rewind starts: the value, or under a server's grammar the reply's start."""
+        return 0 if self.whole_reply else self.judged[0]
 
     def first_rewindable(self, n_reply: int) -> int:
-        """Tokens before the open value (all of them when none is open) can no longer be rewound."""
+        """Tokens before the open value (all of them when none is open) can no longer be rewound; a reply
+        rewound whole stays rewindable to its end."""
+        if self.whole_reply:
+            return 0
         return self.open_at if self.open_at is not None else n_reply
+
+    def _held(self, doubtful: bool) -> bool:
+        if doubtful and self.whole_reply and (self.held is None or self.doubt > self.held[1]):
+            self.held = (self.judged, self.doubt)
+        return doubtful
 
     def restart(self, pieces: Sequence[str], values: Sequence[float], at: int) -> None:
         """The reply was cut back to `at` tokens: read them again, judging nothing (a value open at the cut
         stays open; the values before it were judged when they closed)."""
         self.scanner, self.open_at, self.values, self._last_index = JsonScanner(), None, [], -1
-        self.written = []
+        self.written, self.held = [], None
         for index, (text, value) in enumerate(zip(pieces[:at], values[:at], strict=True)):
             self._read(index, text, value, judging=False)
 

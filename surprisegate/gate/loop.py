@@ -175,7 +175,8 @@ class _ReplyLoop:
         self.assistant_prefix, self.started, self.calls = assistant_prefix, time.monotonic(), CallWatch(tools)
         self.scored, self.intervening = config.mode != "off", config.mode == "intervene"
         probe = _probe_for(backend, config, grammar) if self.scored else None
-        self.policy = TriggerPolicy(config, self.question, assistant_prefix, probe, json_values=grammar is not None)
+        whole = getattr(grammar, "restarts_at_reply_start", False)  # a server's grammar: JSON rewound whole
+        self.policy = TriggerPolicy(config, self.question, assistant_prefix, probe, grammar is not None, whole)
         self.prompt: ReplyPrompt | None = None  # rendered at the start (a server may fail: the receipt says so)
         self.emitter, self.reply, self.stops = Emitter(config.stream == "holdback"), Reply(), StopStrings(stop)
         sampling = _sampling(config, self.scored, self.policy.probe, self.reply, grammar)

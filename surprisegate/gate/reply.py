@@ -154,10 +154,10 @@ class Decoding:
         """Put the session, context and reply back as they were at `saved`. The prompt is re-fed in one
         batch and the reply one token at a time, the schedule of the first time: batched and one-token
         kernels round differently, and the reply must come back exactly as written without evidence."""
+        reply.restore(saved.reply)  # first: a server's request is sent at once and reads the reply (its grammar)
         self.continue_from(saved.context_tokens, batch_until=self.n_prompt, banned=banned)
         self.context.tokens[:] = saved.context_tokens
         self.context.turn_start = saved.turn_start
-        reply.restore(saved.reply)
 
     def rewind_report(self) -> RewindReport:
         """How the latest continuation reached the backend (a server session also reports its request)."""

@@ -188,6 +188,7 @@ class TriggerPolicy:
         copied_from: str = "",
         probe: TriggerProbe | None = None,
         json_values: bool = False,
+        whole_reply: bool = False,
     ) -> None:
         self.config = config
         self.kind = question_kind(question)
@@ -202,7 +203,8 @@ class TriggerPolicy:
         sentence_scope = config.sentence_scope and not copied_from and not json_values
         # Under a JSON grammar: every value judged when it closes (json_values.py), nothing else.
         c = config
-        self.values = ValueJudge(c.window, c.statistic, c.min_tokens, self.threshold, question) if json_values else None
+        judge = ValueJudge(c.window, c.statistic, c.min_tokens, self.threshold, question, whole_reply=whole_reply)
+        self.values = judge if json_values else None
         # A probe judges what it was fitted on: every sentence (kind "sentence"), or this kind's first sentence.
         applies = probe is not None and probe.applies_to(SENTENCE_KIND if sentence_scope else self.kind)
         self.probe = probe if applies and not copied_from else None
@@ -340,7 +342,7 @@ class TriggerPolicy:
         if self.sentences is not None:
             return self.sentences.rewind_at
         if self.values is not None:
-            return self.values.judged[0]
+            return self.values.rewind_at
         if self._probe_crossed:
             return self._judged_from
         return self.pushed_at[self.window.start]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ..backends import Grammars, SteerableBackend
+from ..backends.http_session import ServerBackend
 from ..config import SAMPLING_KEYS, Config
 from ..errors import InputError
 from ..gate.events import Done, Event
@@ -257,21 +258,29 @@ def check_response_format(backend: Any, request: GateRequest, model: str) -> Non
     """A JSON format needs a backend that decodes under a grammar: a 400 naming the model otherwise."""
     if request.response_format is not None and not isinstance(backend, Grammars):
         raise ApiError(
-            f"response_format={request.response_format.kind}: model {model!r} is served through a backend that "
-            "cannot decode under a grammar here (a server starts a grammar afresh with each request, and a rewind "
-            "continues mid-JSON); serve a GGUF in process (--backend llamacpp) for JSON output",
+            f"response_format={request.response_format.kind}: model {model!r} is served through the "
+            f"{getattr(backend, 'name', 'remote')} backend, which takes no grammar here; serve a GGUF in process "
+            "(--backend llamacpp) or through llama.cpp's server (--backend llama-server://HOST:PORT) for JSON output",
             param="response_format" if request.endpoint != "responses" else "text.format",
             code="response_format_unsupported",
         )
 
 
-def structured_receipt(output: ResponseFormat, text: str, receipt: dict[str, Any]) -> None:
+SIGNAL_UNDER_GRAMMAR = {
+    "in_process": "under the grammar: surprise and entropy over the tokens it allows (of the 64 most likely); "
+    "each JSON value judged when it closes",
+    "server": "the server's grammar sampler: surprise and entropy from the model's own top logprobs; each JSON "
+    "value judged when it closes, and a doubtful reply rewound whole once it ends (the server's grammar starts "
+    "at its root each request)",
+}
+
+
+def structured_receipt(output: ResponseFormat, text: str, receipt: dict[str, Any], server: bool = False) -> None:
     """What the format was and whether the reply parses (`extra.response_format`): a reply cut at max_tokens
-    does not; the client's finish_reason "length" says so too."""
+    does not; the client's finish_reason "length" says so too. `server`: a server's grammar sampler held it."""
     receipt.setdefault("extra", {})["response_format"] = output.receipt() | {
         "parses": parsed_json(text) is not None,
-        "signal": "under the grammar: surprise and entropy over the tokens it allows (of the 64 most likely); "
-        "each JSON value judged when it closes",
+        "signal": SIGNAL_UNDER_GRAMMAR["server" if server else "in_process"],
     }
 
 
@@ -375,7 +384,9 @@ class Generation:
             done.result, self.runtime.backend, self.request.config, reply_id=self.reply_id, extra={"serve": served}
         )
         if self.request.response_format is not None:
-            structured_receipt(self.request.response_format, cut_at_stop(done.text, self.request.stops)[0], receipt)
+            text = cut_at_stop(done.text, self.request.stops)[0]
+            server = isinstance(self.runtime.backend, ServerBackend)
+            structured_receipt(self.request.response_format, text, receipt, server)
         parsed = None
         if self.request.tool_use is not None:
             text, _ = cut_at_stop(done.text, self.request.stops)
