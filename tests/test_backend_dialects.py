@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from surprisegate.backends import (
     ContextSize,
+    Grammars,
     HiddenStates,
     RequestLog,
     Sampling,
@@ -932,3 +933,38 @@ def test_ollama_takes_the_settings_and_refuses_a_logit_bias(ollama_fake):
     with pytest.raises(InputError, match="Ollama's API takes no logit bias"):
         steps = backend.session().steps(prompt, Sampling(shaping=SHAPED))
         next(steps)
+
+
+# --------------------------------------------------------------------------------------------------
+# structured output: the grammar goes with each request where the server samples under one
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kind,path,where",
+    [
+        ("vllm", "/v1/completions", lambda body: body["structured_outputs"]["grammar"]),  # vLLM's xgrammar
+        ("sglang", "/generate", lambda body: body["sampling_params"]["ebnf"]),  # SGLang's xgrammar
+    ],
+)
+def test_a_grammar_rides_on_the_request_where_the_server_takes_one(kind, path, where, vllm_fake, sglang_fake):
+    fake = vllm_fake if kind == "vllm" else sglang_fake
+    backend = connect(kind, fake)
+    assert isinstance(backend, Grammars)
+    sampling = Sampling()
+    sampling.grammar, sampling.reply_tokens = backend.grammar('root ::= "{}"'), list
+    steps = backend.session().steps(PROMPT, sampling, banned=frozenset({5}))
+    next(steps)
+    steps.close()
+    (body,) = fake.sent(path)
+    assert where(body) == 'root ::= "{}"'
+    # One request for the whole reply (a ban holds for it): the server's grammar starts at its root each time.
+    budget = body.get("max_tokens") or body["sampling_params"]["max_new_tokens"]
+    assert budget > 1
+
+
+def test_ollama_takes_no_grammar_so_json_output_through_it_is_refused_by_name(ollama_fake):
+    from surprisegate.gate.structured import ResponseFormat, reply_grammar
+
+    backend = connect("ollama", ollama_fake)
+    assert not isinstance(backend, Grammars)
+    with pytest.raises(InputError, match="needs a backend that decodes under a grammar"):
+        reply_grammar(backend, ResponseFormat("json_object"))

@@ -247,3 +247,33 @@ def test_the_context_check_counts_the_tools_in_the_prompt(second_backend):
     check_context(second_backend, request)
     with pytest.raises(ApiError, match="over the model's context"):
         check_context(second_backend, replace(request, tool_use=ToolUse((WEATHER_TOOL,), HERMES)))
+
+
+def test_tool_calls_through_llama_cpps_server_match_the_in_process_ones(
+    second_server, qwen_llama_server, tmp_path_factory
+):
+    """serve -> llama.cpp's server: tools rendered with the server's template here, forced calls under the
+    server's own grammar sampler; the calls are the in-process server's, auto and forced."""
+    from test_serve import client, real_server
+
+    host_port = qwen_llama_server.removeprefix("http://")
+    proxy = real_server(tmp_path_factory, {"backend": f"llama-server://{host_port}", "threshold": 1.0})
+    try:
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        calls = []
+        for srv in (second_server, proxy):
+            c = client(srv)
+            model = c.models.list().data[0].id
+            auto = c.chat.completions.create(model=model, messages=PARIS, tools=[WEATHER_TOOL], max_tokens=64)
+            forced = c.chat.completions.create(model=model, messages=PARIS, tools=[WEATHER_TOOL], tool_choice=named)
+            calls.append(
+                [
+                    [(t.function.name, json.loads(t.function.arguments)) for t in r.choices[0].message.tool_calls or []]
+                    for r in (auto, forced)
+                ]
+            )
+        here, there = calls
+        assert there[1] and there[1][0][0] == "get_weather" and "Paris" in there[1][0][1]["city"]
+        assert here == there
+    finally:
+        proxy.stop()

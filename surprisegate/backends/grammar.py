@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -140,6 +140,27 @@ class ServerGrammar:
         return b"".join(self._token_bytes(t) for t in tokens).decode("utf-8", "replace")
 
 
+class ServerGrammars:
+    """The `Grammars` capability through a server that samples under a GBNF grammar sent with each request:
+    llama.cpp's server (`grammar`), vLLM (`structured_outputs.grammar`, xgrammar reads GBNF) and SGLang
+    (`sampling_params.ebnf`). A server that takes none (Ollama's `format` is a JSON schema only) lacks it."""
+
+    token_bytes: Callable[[int], bytes]  # the server backend's own (an annotation: nothing shadowed in the MRO)
+
+    def grammar(self, gbnf: str) -> ServerGrammar:
+        """A reply's grammar, sent with its requests (a grammar the server refuses is that request's 400)."""
+        return ServerGrammar(gbnf, self.token_bytes)
+
+
+def request_grammar(prompt: Sequence[int], sampling: Any) -> str | None:
+    """The grammar text for one request from `prompt` (None: the reply is free). Under a grammar a ban holds
+    for the whole request (the caller's budget): a one-token request would leave the reply inside its JSON."""
+    grammar = sampling.grammar
+    if not isinstance(grammar, ServerGrammar):
+        return None
+    return grammar.after(prompt, sampling.reply_tokens() if sampling.reply_tokens is not None else ())
+
+
 WHITESPACE_ONLY = "root ::= [ \\t\\n]*"  # GBNF: what may follow a complete JSON reply before its end of turn
 
 
@@ -166,4 +187,4 @@ def _parses(text: str) -> bool:
     return True
 
 
-__all__ = ["TOKEN_DATA", "LlamaGrammar", "ServerGrammar"]
+__all__ = ["TOKEN_DATA", "LlamaGrammar", "ServerGrammar", "ServerGrammars", "gbnf_literal", "request_grammar"]

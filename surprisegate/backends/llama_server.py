@@ -65,8 +65,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BackendError, InputError, MissingDependency
+from ..gate.prompting import has_tool_turns
+from ..gate.tools import ToolFormat, ToolTemplate, tool_format
 from . import LOGPROB_FLOOR, Sampling
-from .grammar import ServerGrammar
+from .grammar import ServerGrammars, request_grammar
 from .http_session import (
     DEFAULT_N_PREDICT,
     SIGNAL_TOP_K,
@@ -95,7 +97,7 @@ __all__ = [
 LlamaServerSession = ServerSession  # the session of this backend is the shared one (http_session.py)
 
 
-class LlamaServerBackend(ServerBackend):
+class LlamaServerBackend(ServerGrammars, ServerBackend):
     """A steerable backend over a running llama.cpp server (one model; sessions are HTTP requests)."""
 
     name = "llama-server"
@@ -129,6 +131,7 @@ class LlamaServerBackend(ServerBackend):
         self.total_slots = props.get("total_slots")
         self._chat_template = props.get("chat_template") or None
         self._bos_text = props.get("bos_token") or ""
+        self._tools_template: ToolTemplate | None = None
         self._eos_text = props.get("eos_token") or ""
         self._lock = threading.Lock()
         self._token_bytes: dict[int, bytes] = {}
@@ -258,6 +261,32 @@ class LlamaServerBackend(ServerBackend):
             self._token_bytes.setdefault(token, b"")
 
     # --- chat template ------------------------------------------------------------------------------
+    renders_tools = True  # tools and tool turns: the server's template rendered here (prompting.ReplyPrompt.build)
+
+    def chat_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Any = None,
+        mark_data: bool = False,
+    ) -> str:
+        if tools or mark_data or has_tool_turns(messages):
+            return self._tool_template().render(messages, add_generation_prompt, tools, mark_data)
+        return super().chat_prompt(messages, add_generation_prompt)
+
+    @property
+    def tool_format(self) -> ToolFormat | None:
+        """How the served model writes a tool call (its template's family); None: it offers no tools."""
+        return tool_format(self._chat_template)
+
+    def _tool_template(self) -> ToolTemplate:
+        """The server's template with tools, rendered as llama.cpp's server renders it (`--jinja`): compiled once."""
+        if self._tools_template is None:
+            if not self._chat_template:
+                raise BackendError(f"{self.uri} reports no chat template (/props chat_template); serve a chat model")
+            self._tools_template = ToolTemplate(self._chat_template, self._bos_text, self._eos_text)
+        return self._tools_template
+
     def _chat_prompt(self, msgs: list[dict[str, str]], add_generation_prompt: bool) -> str:
         if msgs and msgs[-1]["role"] == "assistant":
             # The server would continue this message (assistant prefill) rather than close it: render here
@@ -286,16 +315,9 @@ class LlamaServerBackend(ServerBackend):
             raise BackendError(f"{self.uri} reports no chat template (/props chat_template); serve a chat model")
         return render_chat_template(self._chat_template, msgs, self._bos_text, self._eos_text, add_generation_prompt)
 
-    def grammar(self, gbnf: str) -> ServerGrammar:
-        """Structured output through the server: its own grammar sampler, sent with each request (`grammar`);
-        llama.cpp's server parses it (a grammar it refuses comes back as the request's 400)."""
-        return ServerGrammar(gbnf, self.token_bytes)
-
     # --- one streamed request (the hooks of http_session.ServerSession) --------------------------------
     def stream_request(self, prompt: list[int], sampling: Sampling, banned: frozenset[int], seed: int) -> ServerRequest:
-        # Under a server's grammar a ban holds for the whole request: the reply cannot go on from a one-token
-        # request inside its JSON (the grammar starts at its root each request: grammar.ServerGrammar).
-        grammar = sampling.grammar if isinstance(sampling.grammar, ServerGrammar) else None
+        grammar = request_grammar(prompt, sampling)  # a ban then holds for the request (grammar.request_grammar)
         n_predict = self.budget(prompt, banned if grammar is None else frozenset())
         body: dict[str, Any] = {
             "prompt": prompt,
@@ -311,7 +333,7 @@ class LlamaServerBackend(ServerBackend):
             "ignore_eos": False,
         } | sampler_chain(sampling.shaping)
         if grammar is not None:  # structured output: the server samples under it
-            body["grammar"] = grammar.after(prompt, sampling.reply_tokens() if sampling.reply_tokens else ())
+            body["grammar"] = grammar
         bias = [[int(t), float(b)] for t, b in sorted(sampling.shaping.logit_bias.items()) if t not in banned]
         bias += [[int(t), False] for t in sorted(banned)]
         if bias:

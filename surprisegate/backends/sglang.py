@@ -33,11 +33,12 @@ from typing import Any
 
 from ..errors import BackendError
 from . import Sampling
+from .grammar import ServerGrammars, request_grammar
 from .http_session import Chunk, ServerRequest, StreamedToken, StreamParser, TokenIdServer, server_factory
 from .http_stream import ServerError
 
 
-class SglangBackend(TokenIdServer):
+class SglangBackend(ServerGrammars, TokenIdServer):
     """A steerable backend over a running SGLang server (one served model; sessions are requests)."""
 
     name = "sglang"
@@ -93,8 +94,11 @@ class SglangBackend(TokenIdServer):
 
     # --- one streamed request (the hooks of http_session.ServerSession) ------------------------------
     def stream_request(self, prompt: list[int], sampling: Sampling, banned: frozenset[int], seed: int) -> ServerRequest:
-        n_predict = self.budget(prompt, banned)
+        grammar = request_grammar(prompt, sampling)  # a ban then holds for the request (grammar.request_grammar)
+        n_predict = self.budget(prompt, banned if grammar is None else frozenset())
         params: dict[str, Any] = {"max_new_tokens": n_predict, **self.sampling_params(sampling, banned)}
+        if grammar is not None:  # structured output: SGLang's grammar backend (xgrammar) samples under it
+            params["ebnf"] = grammar
         if params["temperature"] > 0:
             params["sampling_seed"] = seed
         top_k = self.request_top_k(sampling)

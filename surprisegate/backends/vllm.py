@@ -36,13 +36,14 @@ from typing import Any
 
 from ..errors import BackendError
 from . import Sampling
+from .grammar import ServerGrammars, request_grammar
 from .http_session import Chunk, ServerRequest, StreamedToken, StreamParser, TokenIdServer, server_factory
 from .http_stream import ServerError
 
 TOKEN_ID_PREFIX = "token_id:"  # return_tokens_as_token_ids: a token is written "token_id:N"
 
 
-class VllmBackend(TokenIdServer):
+class VllmBackend(ServerGrammars, TokenIdServer):
     """A steerable backend over a running vLLM OpenAI server (one served model; sessions are requests)."""
 
     name = "vllm"
@@ -125,7 +126,8 @@ class VllmBackend(TokenIdServer):
 
     # --- one streamed request (the hooks of http_session.ServerSession) ------------------------------
     def stream_request(self, prompt: list[int], sampling: Sampling, banned: frozenset[int], seed: int) -> ServerRequest:
-        n_predict = self.budget(prompt, banned)
+        grammar = request_grammar(prompt, sampling)  # a ban then holds for the request (grammar.request_grammar)
+        n_predict = self.budget(prompt, banned if grammar is None else frozenset())
         top_k = self.request_top_k(sampling)
         body: dict[str, Any] = {
             "model": self.model_id,
@@ -139,6 +141,8 @@ class VllmBackend(TokenIdServer):
         }
         if top_k:
             body.update(logprobs=top_k, return_tokens_as_token_ids=True)
+        if grammar is not None:  # structured output: vLLM's structured-output backend (xgrammar) samples under it
+            body["structured_outputs"] = {"grammar": grammar}
         return ServerRequest("/v1/completions", body, "sse", "token-ids", n_predict, top_k)
 
     def stream_parser(self, request: ServerRequest) -> OpenAIStreamParser:

@@ -238,7 +238,8 @@ def tool_use(backend: Any, request: GateRequest, model: str) -> ToolUse | None:
     if not getattr(backend, "renders_tools", False):
         raise ApiError(
             f"model {model!r} is served through the {getattr(backend, 'name', 'remote')} backend, which does not "
-            "take tools or tool turns here yet; serve a GGUF in process (--backend llamacpp) for tool calls",
+            "take tools or tool turns here yet; serve a GGUF in process (--backend llamacpp) or through llama.cpp's "
+            "server (--backend llama-server://HOST:PORT) for tool calls",
             param="tools" if wanted else "messages",
             code="tools_unsupported",
         )
@@ -260,7 +261,8 @@ def check_response_format(backend: Any, request: GateRequest, model: str) -> Non
         raise ApiError(
             f"response_format={request.response_format.kind}: model {model!r} is served through the "
             f"{getattr(backend, 'name', 'remote')} backend, which takes no grammar here; serve a GGUF in process "
-            "(--backend llamacpp) or through llama.cpp's server (--backend llama-server://HOST:PORT) for JSON output",
+            "(--backend llamacpp), or through llama.cpp's server, vLLM or SGLang (llama-server://, vllm://, "
+            "sglang://), for JSON output",
             param="response_format" if request.endpoint != "responses" else "text.format",
             code="response_format_unsupported",
         )
