@@ -277,3 +277,32 @@ def test_tool_calls_through_llama_cpps_server_match_the_in_process_ones(
         assert here == there
     finally:
         proxy.stop()
+
+
+def test_an_agent_loop_of_two_steps_through_the_responses_api(second_server):
+    """OpenAI's Responses API, as agent kits call it: function tools, a forced call as a function_call item,
+    its output sent back as a function_call_output item, then the answer; streamed as typed events too."""
+    from test_serve import client
+
+    c = client(second_server)
+    model = c.models.list().data[0].id
+    weather = {"type": "function", **WEATHER_TOOL["function"]}
+    asked = [{"role": "user", "content": PARIS[0]["content"]}]
+    first = c.responses.create(
+        model=model, input=asked, tools=[weather], tool_choice={"type": "function", "name": "get_weather"}
+    )
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    assert call.name == "get_weather" and "Paris" in json.loads(call.arguments)["city"] and call.call_id
+    assert first.status == "completed" and first.tools[0].name == "get_weather"
+    done = [{"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments}]
+    done.append({"type": "function_call_output", "call_id": call.call_id, "output": "18 C and cloudy"})
+    second = c.responses.create(model=model, input=asked + done, tools=[weather], max_output_tokens=48)
+    assert second.output_text and not [item for item in second.output if item.type == "function_call"]
+    receipt = second.model_extra["surprisegate"]["receipt"]
+    assert [m["role"] for m in receipt["messages"]][-2:] == ["assistant", "tool"]
+    with c.responses.stream(model=model, input=asked, tools=[weather], tool_choice="required") as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
+    assert [item.type for item in final.output] == ["message", "function_call"]
+    assert final.output[1].name == "get_weather"

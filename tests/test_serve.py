@@ -1408,9 +1408,10 @@ def test_responses_through_the_client_plain_and_streamed(server):
 @pytest.mark.parametrize(
     "extra,param",
     [
-        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),  # this model has no tools
+        ({"tools": [{"type": "web_search"}]}, "tools[0]"),  # a provider's built-in tool
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
-        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "input[0]"),
+        ({"input": [{"type": "function_call_output", "output": "1"}]}, "input[0].call_id"),
         ({"text": {"format": {"type": "json_object"}}}, "text.format"),  # served in process; not by this backend
         ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),

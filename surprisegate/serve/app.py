@@ -246,7 +246,8 @@ class Server:
         calls = [c.wire() for c in parsed.calls] if parsed is not None else []
         finish = finish_reason(done.finish_reason, cut is not None, bool(calls))
         if shape.request.endpoint == "responses":
-            return JSONResponse(shape.response(text, receipt, finish), headers=headers)
+            content = parsed.content if calls and parsed else text
+            return JSONResponse(shape.response(content, receipt, finish, calls), headers=headers)
         body = shape.body(parsed.content if calls and parsed else text, finish, receipt, tokens, calls)
         return JSONResponse(body, headers=headers)
 
@@ -326,6 +327,8 @@ class Server:
         """A Responses stream: typed events (`event:` and a `data:` holding the same `type`), numbered, the
         reply's text as output_text deltas once it can no longer change, the receipt on response.completed."""
         numbered = ResponseEvents(shape)
+        tools = shape.request.tool_use
+        cutter = StopCutter((tools.format.open,) if tools is not None else ())  # a call's text is never content
         left = True
         try:
             yield numbered("response.created", response=shape.response(None, None))
@@ -334,20 +337,16 @@ class Server:
             yield numbered("response.output_item.added", output_index=0, item=item)
             part = shape.response_text("")
             yield numbered("response.content_part.added", **numbered.where, part=part)
+            sent = ""
             async for event in gen.events():
                 if isinstance(event, Token) and event.text:
-                    yield numbered("response.output_text.delta", **numbered.where, delta=event.text, logprobs=[])
+                    delta = cutter.feed(event.text, None)[0]
+                    if delta:
+                        sent += delta
+                        yield numbered("response.output_text.delta", **numbered.where, delta=delta, logprobs=[])
                 elif isinstance(event, Finished):
-                    self.metrics.reply(event.receipt)
-                    self.recent.put(gen.reply_id, caller, event.receipt)
-                    text = event.done.text
-                    finish = finish_reason(event.done.finish_reason, False)
-                    yield numbered("response.output_text.done", **numbered.where, text=text, logprobs=[])
-                    yield numbered("response.content_part.done", **numbered.where, part=shape.response_text(text))
-                    whole = shape.response(text, event.receipt, finish)
-                    yield numbered("response.output_item.done", output_index=0, item=whole["output"][0])
-                    kind = "response.completed" if whole["status"] == "completed" else "response.incomplete"
-                    yield numbered(kind, response=whole)
+                    async for done in self._response_done(numbered, shape, caller, gen, event, sent):
+                        yield done
             left = False
         except ApiError as err:
             left = False
@@ -384,6 +383,33 @@ class Server:
     def shutdown(self) -> None:
         for gen in list(self.live):
             gen.cancel()
+
+    async def _response_done(
+        self, numbered: ResponseEvents, shape: ReplyShape, caller: str, gen: Generation, event: Finished, sent: str
+    ) -> AsyncIterator[dict]:
+        """A Responses stream's last events: the text held back (up to a call), the message done, each tool call
+        as a function_call item with its arguments, then response.completed (the receipt rides on it)."""
+        self.metrics.reply(event.receipt)
+        self.recent.put(gen.reply_id, caller, event.receipt)
+        calls = [c.wire() for c in event.parsed.calls] if event.parsed is not None else []
+        text = (event.parsed.content or "") if calls and event.parsed is not None else event.done.text
+        if text.startswith(sent) and text != sent:
+            yield numbered("response.output_text.delta", **numbered.where, delta=text[len(sent) :], logprobs=[])
+        finish = finish_reason(event.done.finish_reason, False, bool(calls))
+        yield numbered("response.output_text.done", **numbered.where, text=text, logprobs=[])
+        yield numbered("response.content_part.done", **numbered.where, part=shape.response_text(text))
+        whole = shape.response(text, event.receipt, finish, calls, message=True)
+        yield numbered("response.output_item.done", output_index=0, item=whole["output"][0])
+        for index, call in enumerate(calls, 1):
+            started = shape.function_call_item(call, arguments="")
+            yield numbered("response.output_item.added", output_index=index, item=started)
+            where = {"item_id": started["id"], "output_index": index}
+            arguments = call["function"]["arguments"]
+            yield numbered("response.function_call_arguments.delta", **where, delta=arguments)
+            yield numbered("response.function_call_arguments.done", **where, arguments=arguments)
+            yield numbered("response.output_item.done", output_index=index, item=whole["output"][index])
+        kind = "response.completed" if whole["status"] == "completed" else "response.incomplete"
+        yield numbered(kind, response=whole)
 
 
 class ResponseEvents:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,6 +158,11 @@ def completion_logprobs(tokens: Sequence[TokenInfo], top: int, offset: int = 0) 
 # --------------------------------------------------------------------------------------------
 # bodies
 # --------------------------------------------------------------------------------------------
+def response_tool_choice(choice: str) -> Any:
+    """A checked tool_choice as the Responses API writes it ("auto", "none", "required" or a named function)."""
+    return choice if choice in ("auto", "none", "required") else {"type": "function", "name": choice}
+
+
 @dataclass
 class ReplyShape:
     """What every body and chunk of one reply shares."""
@@ -283,11 +288,25 @@ class ReplyShape:
         }
 
     # --- POST /v1/responses ------------------------------------------------------------------------
-    def response(self, text: str | None, receipt: dict[str, Any] | None, finish: str | None = None) -> dict[str, Any]:
+    def response(
+        self,
+        text: str | None,
+        receipt: dict[str, Any] | None,
+        finish: str | None = None,
+        calls: Sequence[dict[str, Any]] = (),
+        message: bool = False,
+    ) -> dict[str, Any]:
         """The Response object: in progress (no text yet), or completed with one output_text message
-        (`incomplete` when the token limit cut it)."""
+        (`incomplete` when the token limit cut it) and the reply's tool calls as function_call items after it
+        (`calls` in the chat form; the message only where there is text, or no call, or `message`: a stream
+        announced it first)."""
         done = receipt is not None
         status = "in_progress" if not done else ("incomplete" if finish == "length" else "completed")
+        r = self.request
+        output: list[dict[str, Any]] = []
+        if done:
+            output = [self.response_message(text or "", status)] if text or message or not calls else []
+            output += [self.function_call_item(call) for call in calls]
         out: dict[str, Any] = {
             "id": self.object_id,
             "object": "response",
@@ -298,11 +317,11 @@ class ReplyShape:
             "instructions": None,
             "max_output_tokens": self.request.config.max_tokens,
             "model": self.model,
-            "output": [self.response_message(text or "", status)] if done else [],
-            "parallel_tool_calls": False,
+            "output": output,
+            "parallel_tool_calls": r.parallel_tool_calls and bool(r.tools),
             "temperature": self.request.config.temperature,
-            "tool_choice": "none",
-            "tools": [],
+            "tool_choice": response_tool_choice(r.tool_choice) if r.tools else "none",
+            "tools": [{"type": "function", **t["function"]} for t in r.tools],
             "top_p": self.request.config.top_p,
             "text": {"format": {"type": "text"}},
             "truncation": "disabled",
@@ -311,6 +330,19 @@ class ReplyShape:
         if receipt is not None:
             out["surprisegate"] = self.extension(receipt)
         return out
+
+    @staticmethod
+    def function_call_item(call: Mapping[str, Any], arguments: str | None = None) -> dict[str, Any]:
+        """A chat-form tool call as a Responses function_call output item (`arguments`: as streamed so far)."""
+        function = call["function"]
+        return {
+            "type": "function_call",
+            "id": "fc_" + str(call["id"]).removeprefix("call_"),
+            "call_id": call["id"],
+            "name": function["name"],
+            "arguments": function["arguments"] if arguments is None else arguments,
+            "status": "completed" if arguments is None else "in_progress",
+        }
 
     def response_message(self, text: str, status: str = "completed") -> dict[str, Any]:
         return {

@@ -124,6 +124,7 @@ RESPONSES_FIELDS = (
     "top_p",
     "seed",
     "text",
+    "tools",
     "tool_choice",
     "parallel_tool_calls",
     "truncation",
@@ -132,7 +133,6 @@ RESPONSES_FIELDS = (
     "surprisegate",
 )
 RESPONSES_UNSERVED = {
-    "tools": "tool calls",
     "previous_response_id": "stored conversations (send the whole conversation in input)",
     "conversation": "stored conversations (send the whole conversation in input)",
     "reasoning": "reasoning models",
@@ -1063,15 +1063,46 @@ def parse_responses(
     if text is not None and (not isinstance(text, dict) or set(text) - {"format", "verbosity"}):
         raise ApiError(f'text={shown(text)} must be {{"format": {{...}}}}', param="text")
     output = response_format_of((text or {}).get("format"), "text.format", responses=True)
-    if body.get("tool_choice") not in (None, "auto", "none"):
-        raise ApiError(f"tool_choice={shown(body['tool_choice'])}: tool calls are not served", param="tool_choice")
+    tools, choice, parallel = tools_of(responses_tools(body))
+    if output is not None and tools and choice != "none":
+        raise ApiError(
+            "tools and text.format together are not served (the grammar holds the whole reply to the JSON format, "
+            "so no call could open); send one of them",
+            param="text.format",
+        )
     turns = response_turns(body.get("input"), body.get("instructions"))
     messages = chat_turns(turns, limits, base.system_prompt)
     chat_like = {k: v for k, v in body.items() if k not in ("max_output_tokens", "stream_options")}
     if body.get("max_output_tokens") is not None:
         chat_like["max_tokens"] = body["max_output_tokens"]
     request = _gate_request("responses", chat_like, base, limits, messages, False, 0, detect_only)
-    return replace(request, response_format=output)
+    return replace(request, response_format=output, tools=tools, tool_choice=choice, parallel_tool_calls=parallel)
+
+
+def responses_tools(body: dict) -> dict[str, Any]:
+    """A Responses request's tools and tool_choice in the chat form `tools_of` checks: a function tool is
+    {"type": "function", "name", "description", "parameters", "strict"} there, nested under "function" here.
+    Built-in tools (web search, file search, computer use...) are the provider's own: a 400 naming them."""
+    value = body.get("tools")
+    chat: dict[str, Any] = {k: body[k] for k in ("tool_choice", "parallel_tool_calls") if k in body}
+    if isinstance(value, list):
+        tools: list[Any] = []
+        for i, tool in enumerate(value):
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            if kind != "function":
+                raise ApiError(
+                    f"tools[{i}]={shown(tool)}: only function tools are served"
+                    + (f" ({shown(kind)} is a provider's built-in tool)" if isinstance(kind, str) else "")
+                    + '; send {"type": "function", "name": "...", "parameters": {...}}',
+                    param=f"tools[{i}]",
+                )
+            tools.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}})
+        value = tools
+    chat["tools"] = value
+    choice = chat.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
+        chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+    return chat
 
 
 def response_turns(value: Any, instructions: Any) -> list[dict[str, Any]]:
@@ -1093,6 +1124,9 @@ def response_turns(value: Any, instructions: Any) -> list[dict[str, Any]]:
         )
     for i, item in enumerate(value):
         param = f"input[{i}]"
+        if isinstance(item, dict) and item.get("type") in ("function_call", "function_call_output"):
+            _add_call_turn(turns, item, param)
+            continue
         if not isinstance(item, dict) or item.get("type", "message") != "message" or "role" not in item:
             kind = item.get("type") if isinstance(item, dict) else None
             raise ApiError(
@@ -1115,6 +1149,23 @@ def response_turns(value: Any, instructions: Any) -> list[dict[str, Any]]:
             content = texts
         turns.append({"role": item["role"], "content": content})
     return turns
+
+
+def _add_call_turn(turns: list[dict[str, Any]], item: dict, param: str) -> None:
+    """A Responses function_call item as the chat's assistant turn calling it (calls in a row, and an assistant
+    message right before them, make one turn), or a function_call_output as the tool's turn."""
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise ApiError(f"{param}.call_id={shown(call_id)} must be the call's id (a string)", param=f"{param}.call_id")
+    if item["type"] == "function_call_output":
+        turns.append({"role": "tool", "tool_call_id": call_id, "content": item.get("output")})
+        return
+    function = {"name": item.get("name"), "arguments": item.get("arguments")}
+    call = {"id": call_id, "type": "function", "function": function}
+    if turns and turns[-1].get("role") == "assistant":  # calls go on the assistant turn they follow
+        turns[-1] = {**turns[-1], "tool_calls": [*(turns[-1].get("tool_calls") or []), call]}
+    else:
+        turns.append({"role": "assistant", "content": None, "tool_calls": [call]})
 
 
 def _gate_request(
