@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The gate on questions worded as people word them (issue 45): factqa_dev's seeded 100-item sample asked in the
+# dev template and in each family of scripts/phrasings.py (the same items, answers and grading), off and
+# intervening, memory = the factkb store. Families lowercase and indirect are held out: never read while tuning.
+#   bash results/phrasings/run.sh MODEL [FAMILY ...]      MODEL = smollm2 | qwen   (a family done is skipped)
+set -euo pipefail
+MODEL=${1:?smollm2 or qwen}
+shift || true
+FAMILIES=(${@:-template conversational extra_words lowercase indirect})
+[[ -f factkb.sqlite ]] || .venv/bin/surprisegate memory add --memory factkb.sqlite ../shared/data/factkb_passages.jsonl
+[[ -f results/phrasings/sets/factqa_indirect.jsonl ]] || .venv/bin/python scripts/phrasings.py
+case $MODEL in
+  smollm2) M=() ;;
+  qwen)
+    M=(--model "${Q:-$(cat .second-model 2>/dev/null || ../shared/models/fetch-second-model.sh)}")
+    export SURPRISEGATE_HOME=${SURPRISEGATE_HOME:-/tmp/hq2}
+    mkdir -p "$SURPRISEGATE_HOME/calibrations"
+    cp -n results/second_model/calibration/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf--full.{toml,probe.npz} \
+        "$SURPRISEGATE_HOME/calibrations/"
+    ;;
+  *) echo "unknown model $MODEL (smollm2 or qwen)" >&2; exit 2 ;;
+esac
+for family in "${FAMILIES[@]}"; do
+  out=results/phrasings/$MODEL/factqa_$family
+  [[ -f $out/summary.json ]] && continue
+  data=results/phrasings/sets/factqa_$family.jsonl
+  [[ $family == template ]] && data=../shared/data/factqa_dev.jsonl
+  .venv/bin/surprisegate eval "${M[@]}" --data "$data" --modes off,intervene --sample 100 --memory factkb.sqlite --out "$out"
+done
+.venv/bin/python scripts/phrasing_table.py results/phrasings/$MODEL
