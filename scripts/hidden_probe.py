@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 import trigger_features as tf
 
-from surprisegate.gate.trigger import window_peak
+from surprisegate.gate.surprise import window_peak
 from surprisegate.research.threshold_sweep import auroc, precision_recall
 
 LAYERS = (6, 12, 18, 24, 30)

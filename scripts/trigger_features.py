@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from surprisegate.gate.signals import copy_flags, question_kind
-from surprisegate.gate.trigger import window_peak
+from surprisegate.gate.surprise import window_peak
 from surprisegate.research.threshold_sweep import (
     BETAS,
     CLOZE_INSTRUCTION,

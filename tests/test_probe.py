@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from surprisegate.config import Config
 from surprisegate.errors import ConfigError
 from surprisegate.gate.probe import TriggerProbe, load_probe, resolve_probe, shipped_probe_path
-from surprisegate.gate.trigger import TriggerPolicy, window_peak
+from surprisegate.gate.surprise import window_peak
+from surprisegate.gate.trigger import TriggerPolicy
 
 WIDTH = 3
 
