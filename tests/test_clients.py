@@ -8,7 +8,7 @@ run on the second model (its template offers tools): LangChain's bind_tools in a
 LlamaIndex's chat_with_tools and litellm. Structured output (a Pydantic schema) runs on both real models: the
 SDK's `parse`, LangChain's `with_structured_output` (json_schema and json_mode), litellm, and LlamaIndex's
 `structured_predict` (through tool calls, on the second model). Tools on a model whose template has none, and
-JSON output through a backend that cannot decode under a grammar, are refused with a 400 that names it: the
+JSON output through a backend that takes no grammar, are refused with a 400 that names it: the
 client raises and the message says so. A scripted server keeps most of them fast; the slow tests run the embedded model
 with the gate on by default (so clients that cannot send the `surprisegate` extension are gated too).
 """
@@ -97,7 +97,7 @@ def test_langchain_tools_on_a_model_without_them_and_structured_output_are_refus
     with pytest.raises(openai.BadRequestError, match="tools or tool turns|tool calls this server can read"):
         chat_model(server).bind_tools([weather]).invoke("Weather in Paris?")
     # Nor can it decode under a grammar: JSON output gets a 400 that says where it is served.
-    with pytest.raises(openai.BadRequestError, match="cannot decode under a grammar"):
+    with pytest.raises(openai.BadRequestError, match="takes no grammar here"):
         chat_model(server).with_structured_output({"title": "City", "type": "object", "properties": {}}).invoke("x")
 
 

@@ -175,8 +175,7 @@ class _ReplyLoop:
         self.assistant_prefix, self.started, self.calls = assistant_prefix, time.monotonic(), CallWatch(tools)
         self.scored, self.intervening = config.mode != "off", config.mode == "intervene"
         probe = _probe_for(backend, config, grammar) if self.scored else None
-        whole = getattr(grammar, "restarts_at_reply_start", False)  # a server's grammar: JSON rewound whole
-        self.policy = TriggerPolicy(config, self.question, assistant_prefix, probe, grammar is not None, whole)
+        self.policy = _trigger_policy(config, self.question, assistant_prefix, probe, grammar)
         self.prompt: ReplyPrompt | None = None  # rendered at the start (a server may fail: the receipt says so)
         self.emitter, self.reply, self.stops = Emitter(config.stream == "holdback"), Reply(), StopStrings(stop)
         sampling = _sampling(config, self.scored, self.policy.probe, self.reply, grammar)
@@ -461,6 +460,15 @@ def _grounding(trigger: Trigger, record: ConvergenceRecord, chosen: Evidence | N
     return Grounding(
         trigger.round, record.span_class, order, resumed is None, source, evidence, resumed or "evidence accepted"
     )
+
+
+def _trigger_policy(
+    config: Config, question: str, assistant_prefix: str, probe: TriggerProbe | None, grammar: TokenGrammar | None
+) -> TriggerPolicy:
+    """The reply's trigger: under a grammar its JSON values are judged; under a server's grammar (its state starts
+    at its root each request: backends.grammar.ServerGrammar) a doubtful reply is rewound whole."""
+    whole = getattr(grammar, "restarts_at_reply_start", False)
+    return TriggerPolicy(config, question, assistant_prefix, probe, grammar is not None, whole)
 
 
 def _probe_for(backend: SteerableBackend, config: Config, grammar: TokenGrammar | None) -> TriggerProbe | None:

@@ -202,9 +202,7 @@ class TriggerPolicy:
         # Sentence scope: every finished sentence judged on its claim tokens (no window; a sentence probe, if any).
         sentence_scope = config.sentence_scope and not copied_from and not json_values
         # Under a JSON grammar: every value judged when it closes (json_values.py), nothing else.
-        c = config
-        judge = ValueJudge(c.window, c.statistic, c.min_tokens, self.threshold, question, whole_reply=whole_reply)
-        self.values = judge if json_values else None
+        self.values = self._value_judge(question, whole_reply) if json_values else None
         # A probe judges what it was fitted on: every sentence (kind "sentence"), or this kind's first sentence.
         applies = probe is not None and probe.applies_to(SENTENCE_KIND if sentence_scope else self.kind)
         self.probe = probe if applies and not copied_from else None
@@ -298,6 +296,10 @@ class TriggerPolicy:
             pending.peak, pending.peak_span = stat, (self.pushed_at[self.window.start], index + 1)
         ended = ends_sentence(pending.text) or index + 1 >= self.config.max_tokens
         return self._judge() if ended and pending.peak > -math.inf else False
+
+    def _value_judge(self, question: str, whole_reply: bool) -> ValueJudge:
+        c = self.config
+        return ValueJudge(c.window, c.statistic, c.min_tokens, self.threshold, question, whole_reply=whole_reply)
 
     def _window_crossed(self, stat: float) -> bool:
         self.crossing = (self.statistic_name, stat, self.threshold)
