@@ -65,8 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BackendError, InputError, MissingDependency
-from ..gate.prompting import has_tool_turns
-from ..gate.tools import ToolFormat, ToolTemplate, tool_format
+from ..gate.tools import ToolRendering
 from . import LOGPROB_FLOOR, Sampling
 from .grammar import ServerGrammars, request_grammar
 from .http_session import (
@@ -97,7 +96,7 @@ __all__ = [
 LlamaServerSession = ServerSession  # the session of this backend is the shared one (http_session.py)
 
 
-class LlamaServerBackend(ServerGrammars, ServerBackend):
+class LlamaServerBackend(ToolRendering, ServerGrammars, ServerBackend):
     """A steerable backend over a running llama.cpp server (one model; sessions are HTTP requests)."""
 
     name = "llama-server"
@@ -131,7 +130,6 @@ class LlamaServerBackend(ServerGrammars, ServerBackend):
         self.total_slots = props.get("total_slots")
         self._chat_template = props.get("chat_template") or None
         self._bos_text = props.get("bos_token") or ""
-        self._tools_template: ToolTemplate | None = None
         self._eos_text = props.get("eos_token") or ""
         self._lock = threading.Lock()
         self._token_bytes: dict[int, bytes] = {}
@@ -261,31 +259,16 @@ class LlamaServerBackend(ServerGrammars, ServerBackend):
             self._token_bytes.setdefault(token, b"")
 
     # --- chat template ------------------------------------------------------------------------------
-    renders_tools = True  # tools and tool turns: the server's template rendered here (prompting.ReplyPrompt.build)
+    renders_tools = True  # tools and tool turns: the server's template rendered here (tools.ToolRendering)
 
-    def chat_prompt(
-        self,
-        messages: list[dict[str, Any]],
-        add_generation_prompt: bool = True,
-        tools: Any = None,
-        mark_data: bool = False,
-    ) -> str:
-        if tools or mark_data or has_tool_turns(messages):
-            return self._tool_template().render(messages, add_generation_prompt, tools, mark_data)
-        return super().chat_prompt(messages, add_generation_prompt)
+    def _plain_chat_prompt(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        return ServerBackend.chat_prompt(self, messages, add_generation_prompt)  # the server renders it (cached)
 
-    @property
-    def tool_format(self) -> ToolFormat | None:
-        """How the served model writes a tool call (its template's family); None: it offers no tools."""
-        return tool_format(self._chat_template)
-
-    def _tool_template(self) -> ToolTemplate:
-        """The server's template with tools, rendered as llama.cpp's server renders it (`--jinja`): compiled once."""
-        if self._tools_template is None:
-            if not self._chat_template:
-                raise BackendError(f"{self.uri} reports no chat template (/props chat_template); serve a chat model")
-            self._tools_template = ToolTemplate(self._chat_template, self._bos_text, self._eos_text)
-        return self._tools_template
+    def _tool_template_parts(self) -> tuple[str, str, str]:
+        """The server's template with tools, rendered as llama.cpp's server renders it (`--jinja`)."""
+        if not self._chat_template:
+            raise BackendError(f"{self.uri} reports no chat template (/props chat_template); serve a chat model")
+        return self._chat_template, self._bos_text, self._eos_text
 
     def _chat_prompt(self, msgs: list[dict[str, str]], add_generation_prompt: bool) -> str:
         if msgs and msgs[-1]["role"] == "assistant":

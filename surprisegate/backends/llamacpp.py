@@ -32,8 +32,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..errors import BackendError, InputError, MissingDependency
-from ..gate.prompting import has_tool_turns
-from ..gate.tools import ToolFormat, ToolTemplate, tool_format
+from ..gate.tools import ToolFormat, ToolRendering
 from . import LocalBackend, LocalSession, Sampling, Steps
 from .grammar import LlamaGrammar
 
@@ -83,7 +82,7 @@ def check_gguf(path: str | os.PathLike) -> Path:
     return p
 
 
-class LlamaCppModel:
+class LlamaCppModel(ToolRendering):
     """One loaded GGUF and what every context on it shares: the weights and vocabulary (`llama`, a
     `llama_cpp.Llama`), tokens and their bytes, the end-of-generation ids and the compiled chat template.
     `LlamaCppBackend` (one context: the Llama object's own) and `LlamaCppSessions` (a context of several
@@ -107,7 +106,6 @@ class LlamaCppModel:
         # A raw prompt starts as llama.cpp's server starts one: with BOS where the vocabulary asks for it.
         self.begin_tokens: tuple[int, ...] = (llama.token_bos(),) if llama._model.add_bos_token() else ()
         self._formatters: dict[bool, Any] = {}  # add_generation_prompt -> compiled Jinja2ChatFormatter
-        self._tools_template: ToolTemplate | None = None
 
     def tokenize(self, text: str, special: bool = False) -> list[int]:
         # special=False: "<|im_start|>" in a passage is the letters "<|im_start|>", never the control token.
@@ -126,33 +124,15 @@ class LlamaCppModel:
             self._token_bytes_cache[token_id] = cached
         return cached
 
-    def chat_prompt(
-        self,
-        messages: list[dict[str, Any]],
-        add_generation_prompt: bool = True,
-        tools: Any = None,
-        mark_data: bool = False,
-    ) -> str:
-        if tools or mark_data or has_tool_turns(messages):
-            return self._tool_template().render(messages, add_generation_prompt, tools, mark_data)
+    def _plain_chat_prompt(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         # llama_cpp types messages as its OpenAI TypedDicts; plain {"role", "content"} dicts are what it reads.
         return self._chat_formatter(add_generation_prompt)(messages=messages).prompt  # type: ignore[arg-type, unused-ignore]
 
-    @property
-    def tool_format(self) -> ToolFormat | None:
-        """How this model writes a tool call (tools.tool_format of its template); None: it offers no tools."""
-        return tool_format(self._chat_template)
-
-    def _tool_template(self) -> ToolTemplate:
-        """The template for chats with tools (or tool turns), compiled once: rendered as llama.cpp's server
-        and transformers render it (tools.ToolTemplate)."""
-        if self._tools_template is None:
-            self._tools_template = ToolTemplate(
-                self._template_source(),
-                self._special_text(self.llama.token_bos()),
-                self._special_text(self.llama.token_eos()),
-            )
-        return self._tools_template
+    def _tool_template_parts(self) -> tuple[str, str, str]:
+        """The GGUF's template for chats with tools (or tool turns): rendered as llama.cpp's server and
+        transformers render it (tools.ToolTemplate)."""
+        bos, eos = self.llama.token_bos(), self.llama.token_eos()
+        return self._template_source(), self._special_text(bos), self._special_text(eos)
 
     def _special_text(self, token_id: int) -> str:
         return self.llama.detokenize([token_id], special=True).decode("utf-8", "replace")

@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import InputError
-from .prompting import DATA_CLOSE, DATA_OPEN, unmark
+from .prompting import DATA_CLOSE, DATA_OPEN, has_tool_turns, unmark
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's own rule for function names
 
@@ -160,6 +160,43 @@ class ToolTemplate:
                 "send the turns in the order the model expects (user, assistant with tool_calls, tool results)"
             ) from None
         return text if mark_data else unmark(text)
+
+
+class ToolRendering:
+    """A model's chat template rendered with tools, for the backends that render it themselves (llama.cpp in
+    process, llama.cpp's server): a chat with tools or tool turns goes through `ToolTemplate` (compiled once,
+    from the class's `_tool_template_parts`), any other through the class's own `_plain_chat_prompt`."""
+
+    _chat_template: str | None
+    _tools_template: ToolTemplate | None = None
+
+    def chat_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Any = None,
+        mark_data: bool = False,
+    ) -> str:
+        if tools or mark_data or has_tool_turns(messages):
+            return self._tool_template().render(messages, add_generation_prompt, tools, mark_data)
+        return self._plain_chat_prompt(messages, add_generation_prompt)
+
+    @property
+    def tool_format(self) -> ToolFormat | None:
+        """How this model writes a tool call (its template's family); None: it offers no tools."""
+        return tool_format(self._chat_template)
+
+    def _tool_template(self) -> ToolTemplate:
+        if self._tools_template is None:
+            self._tools_template = ToolTemplate(*self._tool_template_parts())
+        return self._tools_template
+
+    def _tool_template_parts(self) -> tuple[str, str, str]:
+        """(template, bos text, eos text); a BackendError naming the model where it has no template."""
+        raise NotImplementedError
+
+    def _plain_chat_prompt(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        raise NotImplementedError
 
 
 def _marked_json(value: Any, indent: int | None = None, **_: Any) -> str:
