@@ -10,18 +10,7 @@ MODEL=${1:?smollm2 or qwen}
 STEP=${2:-all}
 DATA=../shared/data/longform_dev.jsonl
 MAX_TOKENS=160 # the paragraph rows' length (README "Paragraphs")
-case $MODEL in
-  smollm2) M=() ;;
-  qwen)
-    Q=${Q:-$(cat .second-model 2>/dev/null || ../shared/models/fetch-second-model.sh)}
-    M=(--model "$Q")
-    export SURPRISEGATE_HOME=${SURPRISEGATE_HOME:-/tmp/hq2}
-    mkdir -p "$SURPRISEGATE_HOME/calibrations"
-    cp -n results/second_model/calibration/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf--full.{toml,probe.npz} \
-        "$SURPRISEGATE_HOME/calibrations/"
-    ;;
-  *) echo "unknown model $MODEL (smollm2 or qwen)" >&2; exit 2 ;;
-esac
+source results/model_args.sh  # M: the model arguments (and the second model's calibration home)
 P=results/peers/$MODEL
 HALF_B=results/peers/longform_halfB.jsonl # the same 30 prompts for both models
 [[ -f $HALF_B ]] || .venv/bin/python scripts/peer_signals.py --data $DATA --sample 60 --out /tmp --write-half-b $HALF_B

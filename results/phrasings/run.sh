@@ -9,17 +9,7 @@ shift || true
 FAMILIES=(${@:-template conversational extra_words lowercase indirect})
 [[ -f factkb.sqlite ]] || .venv/bin/surprisegate memory add --memory factkb.sqlite ../shared/data/factkb_passages.jsonl
 [[ -f results/phrasings/sets/factqa_indirect.jsonl ]] || .venv/bin/python scripts/phrasings.py
-case $MODEL in
-  smollm2) M=() ;;
-  qwen)
-    M=(--model "${Q:-$(cat .second-model 2>/dev/null || ../shared/models/fetch-second-model.sh)}")
-    export SURPRISEGATE_HOME=${SURPRISEGATE_HOME:-/tmp/hq2}
-    mkdir -p "$SURPRISEGATE_HOME/calibrations"
-    cp -n results/second_model/calibration/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf--full.{toml,probe.npz} \
-        "$SURPRISEGATE_HOME/calibrations/"
-    ;;
-  *) echo "unknown model $MODEL (smollm2 or qwen)" >&2; exit 2 ;;
-esac
+source results/model_args.sh  # M: the model arguments (and the second model's calibration home)
 for family in "${FAMILIES[@]}"; do
   out=results/phrasings/$MODEL/factqa_$family
   [[ -f $out/summary.json ]] && continue

@@ -7,17 +7,7 @@
 set -euo pipefail
 MODEL=${1:?smollm2 or qwen}
 [[ -f factkb.sqlite ]] || .venv/bin/surprisegate memory add --memory factkb.sqlite ../shared/data/factkb_passages.jsonl
-case $MODEL in
-  smollm2) M=() ;;
-  qwen)
-    M=(--model "${Q:-$(cat .second-model 2>/dev/null || ../shared/models/fetch-second-model.sh)}")
-    export SURPRISEGATE_HOME=${SURPRISEGATE_HOME:-/tmp/hq2}  # the second model's calibration, as the peers' runs
-    mkdir -p "$SURPRISEGATE_HOME/calibrations"
-    cp -n results/second_model/calibration/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf--full.{toml,probe.npz} \
-        "$SURPRISEGATE_HOME/calibrations/"
-    ;;
-  *) echo "unknown model $MODEL (smollm2 or qwen)" >&2; exit 2 ;;
-esac
+source results/model_args.sh  # M: the model arguments (and the second model's calibration home)
 if [[ ${2:-} == server ]]; then
   S=(--llama-server "${LLAMA_SERVER:-$HOME/.cache/surprisegate/bin/llama-server}")
   OUT=results/structured/${MODEL}_llama_server
