@@ -448,6 +448,9 @@ def test_a_logit_bias_past_the_vocabulary_is_a_400_naming_the_id():
         body = {"model": MODEL, "messages": USER, "logit_bias": {"100": -100}}
         error = assert_openai_error(httpx.post(srv.url + "/v1/chat/completions", json=body), 400, "logit_bias.100")
         assert "vocabulary of 100 tokens" in error["message"]
+        raw = {"model": MODEL, "prompt": [5, 99, 100, 101]}  # token ids: the first past the vocabulary is named
+        error = assert_openai_error(httpx.post(srv.url + "/v1/completions", json=raw), 400, "prompt")
+        assert "token id 100, past this model's vocabulary of 100 tokens" in error["message"]
         assert backend.open == 0
     finally:
         srv.stop()

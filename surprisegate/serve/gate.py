@@ -16,7 +16,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Generator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
@@ -156,11 +156,10 @@ def continuation_for(backend: Any, request: GateRequest, limits: Limits) -> Gate
         messages = chat_turns([{"role": "user", "content": cont.text}], limits, request.config.system_prompt)
         return replace(request, messages=messages, continuation=None, notes=(*request.notes, note))
     if cont.token_ids is not None:
-        n_vocab = getattr(backend, "n_vocab", None)
-        bad = [t for t in cont.token_ids if isinstance(n_vocab, int) and t >= n_vocab]
-        if bad:
+        past = past_vocabulary(backend, cont.token_ids)
+        if past is not None:
             raise ApiError(
-                f"prompt holds token id {bad[0]}, past this model's vocabulary of {n_vocab} tokens; send ids the "
+                f"prompt holds token id {past[0]}, past this model's vocabulary of {past[1]} tokens; send ids the "
                 "model's tokenizer gives",
                 param="prompt",
             )
@@ -215,16 +214,23 @@ def _check_fits(n: int, max_tokens: int, n_ctx: int, param: str) -> None:
 def check_logit_bias(backend: Any, request: GateRequest) -> None:
     """A biased token id past the model's vocabulary is the client's to fix (400); checked where the backend
     says its vocabulary size (`capabilities.VocabSize`)."""
+    past = past_vocabulary(backend, sorted(request.config.logit_bias))
+    if past is not None:
+        bad, n_vocab = past
+        raise ApiError(
+            f"logit_bias names token id {bad}, past this model's vocabulary of {n_vocab} tokens (ids 0 to "
+            f"{n_vocab - 1}); send ids the model's tokenizer gives",
+            param=f"logit_bias.{bad}",
+        )
+
+
+def past_vocabulary(backend: Any, ids: Sequence[int]) -> tuple[int, int] | None:
+    """(the first of `ids` past the model's vocabulary, its size), or None: all inside it, or the backend does
+    not say its size (`capabilities.VocabSize`)."""
     n_vocab = getattr(backend, "n_vocab", None)
     if not isinstance(n_vocab, int):
-        return
-    bad = sorted(t for t in request.config.logit_bias if t >= n_vocab)
-    if bad:
-        raise ApiError(
-            f"logit_bias names token id {bad[0]}, past this model's vocabulary of {n_vocab} tokens (ids 0 to "
-            f"{n_vocab - 1}); send ids the model's tokenizer gives",
-            param=f"logit_bias.{bad[0]}",
-        )
+        return None
+    return next(((t, n_vocab) for t in ids if t >= n_vocab), None)
 
 
 def tool_use(backend: Any, request: GateRequest, model: str) -> ToolUse | None:
