@@ -245,11 +245,10 @@ class Server:
         tokens = token_infos(receipt, self.token_bytes, cut) if shape.request.logprobs else []
         calls = [c.wire() for c in parsed.calls] if parsed is not None else []
         finish = finish_reason(done.finish_reason, cut is not None, bool(calls))
+        content = parsed.content if calls and parsed else text  # with calls: the text before them (may be None)
         if shape.request.endpoint == "responses":
-            content = parsed.content if calls and parsed else text
             return JSONResponse(shape.response(content, receipt, finish, calls), headers=headers)
-        body = shape.body(parsed.content if calls and parsed else text, finish, receipt, tokens, calls)
-        return JSONResponse(body, headers=headers)
+        return JSONResponse(shape.body(content, finish, receipt, tokens, calls), headers=headers)
 
     async def _sse(self, gen: Generation, shape: ReplyShape, caller: str) -> AsyncIterator[str]:
         """The reply as chunks; rewound text never reaches them (holdback: Token events are final)."""
