@@ -109,12 +109,12 @@ class ValueJudge:
     def push(self, index: int, text: str, value: float) -> bool:
         """Add reply token `index` (its text and signal value); True when it closed a doubtful value (whole
         reply: never; the most doubtful is held for the end)."""
-        return self._held(self._read(index, text, value, judging=True)) and not self.whole_reply
+        return self._keep_most_doubtful(self._read(index, text, value, judging=True)) and not self.whole_reply
 
     def end(self) -> bool:
         """The reply ended: judge a value still open (cut at max_tokens or the end of turn); whole reply: True
         when any value was doubtful, with `judged` its span."""
-        doubtful = self._held(self.open_at is not None and self._judge(self._last_index + 1))
+        doubtful = self._keep_most_doubtful(self.open_at is not None and self._judge(self._last_index + 1))
         if not self.whole_reply or self.held is None:
             return doubtful and not self.whole_reply
         (self.judged, self.doubt), self.held = self.held, None
@@ -132,7 +132,7 @@ class ValueJudge:
             return 0
         return self.open_at if self.open_at is not None else n_reply
 
-    def _held(self, doubtful: bool) -> bool:
+    def _keep_most_doubtful(self, doubtful: bool) -> bool:
         if doubtful and self.whole_reply and (self.held is None or self.doubt > self.held[1]):
             self.held = (self.judged, self.doubt)
         return doubtful
