@@ -125,6 +125,41 @@ def test_relation_word_picks_the_sentence(store):
     assert evidence[0].claim == "The currency of Burkina Faso is the West African CFA Franc (XOF)."
 
 
+@pytest.mark.parametrize(
+    "question",
+    [
+        "What is the capital of Burkina Faso?",
+        "Hey, so which city is Burkina Faso's capital?",
+        "I'm putting together a geography quiz for my nephews and need one answer: the capital of Burkina Faso?",
+        "capital of burkina faso",
+        "Q: What is the capital of Burkina Faso?\nA:",
+    ],
+)
+def test_the_subject_the_store_knows_is_asked_however_the_question_is_worded(store, question):
+    (first, *_) = MemoryArm(store).ground(Query(span="", question=question, sentence=""), later())
+    assert first.source == "memory:country:BF"
+    assert first.evidence == "The capital of Burkina Faso is Ouagadougou."
+    assert first.detail["searched"] == "Burkina Faso capital"  # the asker's other words neither search nor score
+
+
+def test_a_relation_only_the_reply_names_is_read_from_the_reply(store):
+    # The question's words are in no sentence of the passage; the model's own sentence says "currency".
+    query = Query(span="", question="I'm off to Burkina Faso. What do they pay with?", sentence="The currency there is")
+    (first, *_) = MemoryArm(store).ground(query, later())
+    assert first.evidence == "The currency of Burkina Faso is the West African CFA Franc (XOF)."
+
+
+def test_a_question_no_sentence_words_gets_the_passage_lead(store):
+    query = Query(span="", question="Whereabouts on the globe is Mali?", sentence="")
+    (first, *_) = MemoryArm(store).ground(query, later())
+    assert first.source == "memory:country:ML" and first.evidence == "Mali is a country or territory in Africa."
+
+
+def test_a_question_naming_no_title_is_searched_by_its_words(store):
+    # No stored title is named: the wording search and its floor decide, as before (made-up subjects: nothing).
+    assert MemoryArm(store).ground(Query(span="", question="hey, capital of atlantis?", sentence=""), later()) == []
+
+
 def test_empty_question_falls_back_to_the_span(store):
     query = Query(span="the capital of Burkina Faso", question="", sentence="")
     assert MemoryArm(store).ground(query, later())[0].source == "memory:country:BF"

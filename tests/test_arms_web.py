@@ -675,6 +675,23 @@ def test_span_only_reranks_lightly():
     assert len(search_text(Query(span="", question="word " * 200, sentence="")).split()) == 50
 
 
+def test_a_chatty_question_is_covered_as_the_terse_one_is():
+    # The asker's words that no result holds ("quick", "exam", "tomorrow") barely count in coverage.
+    result = web.SearchResult("u", "France", "Lyon is a big city in France. The capital of France is Paris.", 0)
+    chatty = Query(
+        span="", question="Quick question before my exam tomorrow: what's the capital of France?", sentence=""
+    )
+
+    def best(query):
+        return web.results_to_evidence([result], query, "x", searched=query.question, floor=0.0, max_sentences=1)[0]
+
+    assert best(chatty).evidence == best(PARIS).evidence == "The capital of France is Paris."
+    assert best(chatty).confidence >= 2 * web.DEFAULT_FLOOR  # 0.70 (0.46 when every word counted whole)
+    # A made-up name no result holds still counts whole: it may be what the question is about.
+    made_up = Query(span="", question="Quick question: what's the capital of Fraxonia?", sentence="")
+    assert best(made_up).confidence < 0.5 * best(PARIS).confidence
+
+
 def test_glued_paragraphs_split_into_sentences():
     result = web.SearchResult(
         "u", "", "Arthur's Magazine (1844–1846) was an American periodical.First for Women is a woman's magazine.", 0

@@ -170,6 +170,10 @@ def test_bench_paragraph_runs_off_and_intervene_on_the_same_prompts():
     prompt = "Write a short paragraph about Testland: its capital and its currency."
     out = bench_paragraph(ScriptedBackend(script), config, {"memory": Memory()}, [prompt, prompt, prompt])
     assert out["prompts"] == 3 and out["grounded_prompts"] == 3 and out["extra_gap_ms"]["n"] == 3
+    # Each rewound round's overhead, and its rewrite's decode: the sentence rewritten ("Its capital is Rightburg.").
+    assert out["round_overhead_ms"]["n"] == 3 and out["round_overhead_ms"]["p95"] >= 0
+    assert out["rewrite_decode"]["ms"]["n"] == out["rewrite_decode"]["tokens"]["n"] == 3
+    assert out["rewrite_decode"]["tokens"]["p50"] >= 1 and out["goal"] == "round_overhead_ms p95 <= 150"
     for mode in ("off", "intervene"):
         assert out["ms"][mode]["time_to_first_token"]["n"] == 3
         assert out["ms"][mode]["longest_sentence_gap"]["p95"] >= out["ms"][mode]["longest_sentence_gap"]["p50"] >= 0

@@ -137,12 +137,22 @@ def test_scores_count_regressions_and_fixes_against_off():
     assert score_claims({"x": ["missing"]}).precision is None
 
 
+def test_a_reply_that_drops_an_item_off_stated_is_counted():
+    off = {"a": ["right", "wrong", "missing"], "b": ["wrong", "missing"], "c": ["right"]}
+    mode = {"a": ["right", "right", "right"], "b": ["missing", "right"], "c": ["wrong"]}
+    s = score_claims(mode, off)
+    assert (s.replies, s.kept_stated) == (3, 2)  # b no longer states the item off stated (wrongly)
+    assert s.to_dict()["still_states_off_items"] == pytest.approx(2 / 3, abs=1e-4)
+    assert score_claims(mode).to_dict()["still_states_off_items"] is None  # nothing to compare with
+
+
 @given(st.lists(st.lists(st.sampled_from(["right", "wrong", "missing"]), min_size=1, max_size=4), max_size=8))
 def test_scores_add_up(rows):
     verdicts = {str(i): vs for i, vs in enumerate(rows)}
     s = score_claims(verdicts, verdicts)
     assert s.right + s.wrong + s.missing == s.claims
     assert s.regressions == s.fixes == 0
+    assert s.kept_stated == s.replies == len(rows)  # every reply states what it states
     assert 0.0 <= s.accuracy <= s.coverage <= 1.0
 
 

@@ -185,6 +185,7 @@ def test_any_text_is_judged_without_error(sentence, evidence, question):
         ("What port does the Acme VPN gateway listen on?", "It listens on port 8443.", True),
         ("Who released the album with a single which reached number 60 on the chart?", "Wiiija released it.", True),
         ("Do Robert Fleischman and Jimmy Barnes have the same nationality?", "No.", True),
+        ("Do you know how many people live in Rwanda?", "People from Rwanda are called Rwandan.", False),  # asks for it
         ("What is the capital of Chad?", "N'Djamena is the capital of Chad.", True),
         ("What is the capital of Chad?", "I'm ready to help.", True),  # no kind of answer is told: nothing to judge
     ],

@@ -239,6 +239,10 @@ def test_fact_questions_are_entities():
     [
         ("Were Eatza Pizza and Your Pie founded in the same state?", "yes_no"),
         ("Is Paris the capital of France?", "yes_no"),
+        ("Do you know the currency of Andorra?", None),  # a request put to the listener asks for the answer
+        ("Can you name a neighbour of Guatemala?", None),
+        ("Could you tell me the population of Chad?", None),
+        ("Do Chad and Niger share a border?", "yes_no"),
         ("Are both The New Pornographers and Kings of Leon American rock bands?", "yes_no"),
         ("Who was born first, Pablo Trapero or Aleksander Ford?", "choice"),
         ("Which magazine was started first Arthur's Magazine or First for Women?", "choice"),

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from surprisegate.gate.signals import CopyTracker, copy_flags, question_kind, signal_value
+from surprisegate.gate.signals import CopyTracker, copy_flags, question_kind, resolve_kind, signal_value
 
 
 def test_copied_words_are_flagged_and_the_answer_is_not():
@@ -57,3 +57,28 @@ def test_reset_word_forgets_the_word_in_progress():
     assert t.push(" cap")
     t.reset_word()
     assert not t.push("ital")  # "ital" alone is not a prefix of a question word
+
+
+KNOWN_KINDS = ["capital", "capital state", "official currency", "international telephone calling code", "population"]
+
+
+@pytest.mark.parametrize(
+    "question,kind",
+    [
+        ("What is the capital of Chad?", "capital"),  # its own kind, calibrated
+        ("Hey, do you know what the capital of Chad is?", "capital"),
+        ("capital of chad", "capital"),  # lower case: the name is not dropped, the kind still found
+        ("Quick one: which city is the capital of the U.S. state of Ohio?", "capital state"),
+        ("Before I exchange my cash, could you tell me the currency of Chad?", "official currency"),
+        ("What's the phone code for calling Chad?", "international telephone calling code"),
+        ("Tell me something about Chad.", "tell me something about"),  # no calibrated kind shares a word: its own
+    ],
+)
+def test_a_kind_is_what_is_asked_whatever_the_wording(question, kind):
+    assert resolve_kind(question, KNOWN_KINDS) == kind
+
+
+@given(st.sampled_from(KNOWN_KINDS), st.lists(st.sampled_from(["hey", "so", "please", "thanks", "quick"]), max_size=4))
+def test_courtesy_words_do_not_change_a_kind(kind, extra):
+    question = " ".join(extra) + f" what is the {kind} of Chad?"
+    assert resolve_kind(question, KNOWN_KINDS) == kind

@@ -389,6 +389,17 @@ def test_scores_and_idf_equal_sqlites(module_store, tmp_path):
             assert module_store.idf(word) == pytest.approx(sqlite.idf(word)), word
 
 
+@by_module_kind()
+def test_every_store_names_the_same_titles(module_store):
+    """The memory arm asks about the subject a store knows by title: every kind reads a text's titles alike."""
+    for text, named in [
+        ("Hey, so which city is Burkina Faso's capital?", ["Burkina Faso"]),
+        ("is bobo-dioulasso in burkina faso", ["Bobo-Dioulasso", "Burkina Faso"]),
+        ("What is the capital of Atlantis?", []),
+    ]:
+        assert module_store.titles_named(text) == named, text
+
+
 @needs_milvus_lite
 def test_another_handles_writes_reach_the_score(lite_db, monkeypatch):
     """Document frequencies are cached, but a change in the store (here by another handle) drops them."""

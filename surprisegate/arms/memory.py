@@ -12,10 +12,12 @@ from __future__ import annotations
 import re
 import sqlite3
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 from ..errors import ArmError, SurpriseGateError
 from ..store.sqlite import Hit, query_terms
+from ..store.titles import title_key
 from ..text import QUERY_STOPWORDS, light_stem, split_sentences, stems
 from . import Evidence, Query, check_arm_settings
 
@@ -28,7 +30,8 @@ PASSAGE_CHARS = 600  # how much of the passage the receipt keeps
 _RELATION_HEAD = re.compile(r"([^\W_]+)\s+of\b", re.IGNORECASE)
 # "In what year ..." / "When did ..." asks for a year: a sentence holding one answers it ("Iowa became a
 # U.S. state in 1846." over "Iowa is a U.S. state with postal abbreviation IA.", which shares more words).
-_ASKS_YEAR = re.compile(r"\b(?:what|which)\s+year\b|^\s*when\b", re.IGNORECASE)
+# A question that names "the year" asks for one too, however it is put ("I need the year X was discovered").
+_ASKS_YEAR = re.compile(r"\byear\b|^\s*when\b", re.IGNORECASE)
 _YEAR = re.compile(r"\b(?:1[0-9]{3}|20[0-9]{2})\b")
 
 
@@ -72,6 +75,26 @@ def best_sentences(
     return " ".join(sentences[index] for index in sorted(chosen))
 
 
+@dataclass(frozen=True)
+class _Search:
+    """What the store is asked, and how each passage found gives its sentences."""
+
+    text: str  # the store's query
+    weights: dict[str, float]  # stemmed words that pick a passage's sentence, by weight
+    relation: str | None  # the stemmed word naming what is asked (best_sentences)
+    shape: re.Pattern | None  # the shape of text asked for (a year)
+    about: str  # text whose named title puts that title's passage first
+    claims_per_sentence: bool  # a paragraph sentence: as many passage sentences as it states claims
+    context: str = ""  # re-ranks the store's finds a little (the model's claim, which may be wrong)
+
+
+def _relates(word: str, held: set[str], subject: set[str]) -> bool:
+    """Whether a question word can state the relation asked: the subject's passage holds it, and it is not
+    the subject's own word or a bare number."""
+    stem = light_stem(word)
+    return stem in held and stem not in subject and not word.isdigit()
+
+
 class MemoryArm:
     name = "memory"
 
@@ -86,41 +109,81 @@ class MemoryArm:
 
     def ground(self, query: Query, deadline: float) -> list[Evidence]:
         """Evidence best first; empty when no passage clears the floor or the deadline has passed."""
+        if time.monotonic() >= deadline:
+            return []
+        try:
+            search = self._subject_search(query, deadline) or self._wording_search(query)
+            if not search.text:
+                return []
+            hits = self.store.search(search.text, k=self.k, context=search.context, deadline=deadline)
+        except TimeoutError:
+            return []
+        except (sqlite3.Error, SurpriseGateError) as err:  # SQLite, or a Milvus server that went away
+            raise ArmError(f"memory search failed for question={query.question or query.sentence!r}: {err}") from err
+        return self._evidence(hits, search, deadline)
+
+    def _subject_search(self, query: Query, deadline: float) -> _Search | None:
+        """Ask about the subject the store knows by title, and the relation asked of it, or None.
+
+        The subject is a title the question names (store/titles.py), whatever its wording; the relation is
+        the question's words its passage holds, else the words of the model's sentence that it holds, else
+        none (the passage's lead answers). The question's other words are its asker's wording: they neither
+        search nor score, so a chatty question clears the floor as a terse one does.
+        """
+        named = getattr(self.store, "titles_named", None)
+        question = query.question.strip()
+        if named is None:
+            return None
+        subject = next((titles[0] for text in (query.subject, question) if text and (titles := named(text))), "")
+        if not subject:
+            return None
+        key = title_key(subject)
+        passages = [
+            h.text for h in self.store.search(subject, k=self.k, deadline=deadline) if title_key(h.title) == key
+        ]
+        held = set().union(*(stems(p) for p in passages))
+        named_stems = stems(subject)
+        relation = []
+        for text in (question, query.sentence):
+            relation = [t.word for t in query_terms(text) if _relates(t.word, held, named_stems)]
+            if relation:
+                break
+        # Asked in words no sentence of it uses ("Which continent is Andorra part of?"): its passage still
+        # answers, by the sentence of the shape asked (a year), else by its lead ("… a country in Europe.").
+        words = " ".join(dict.fromkeys(relation))
+        return _Search(
+            text=f"{subject} {words}".strip(),
+            weights=self._word_weights(words),
+            relation=relation_word(question),
+            shape=answer_shape(question),
+            about=subject,
+            claims_per_sentence=bool(query.subject),
+        )
+
+    def _wording_search(self, query: Query) -> _Search:
+        """Search by the question's words (the claim re-ranking), or a paragraph sentence by its subject."""
         question = query.question.strip()
         claim = query.span.strip() or query.sentence.strip()
-        search_text, context = (question, claim) if question else (claim, "")
         subject = query.subject.strip()
         if subject:
             # A paragraph's sentence: the subject finds the passage, the sentence picks its sentence (its
             # other words, such as a wrong name, cover no passage: as search words or as re-ranking context
             # they would sink it below the floor).
-            search_text, context = subject, ""
-        if not search_text or time.monotonic() >= deadline:
-            return []
-        try:
-            hits = self.store.search(search_text, k=self.k, context=context, deadline=deadline)
-            weights = (
-                {}
-                if not hits
-                else self._sentence_weights(question, subject)
-                if subject
-                else self._word_weights(search_text)
-            )
-        except TimeoutError:
-            return []
-        except (sqlite3.Error, SurpriseGateError) as err:  # SQLite, or a Milvus server that went away
-            raise ArmError(f"memory search failed for question={search_text!r}: {err}") from err
+            weights = self._sentence_weights(question, subject)
+            return _Search(subject, weights, relation_word(subject), answer_shape(subject), subject, True)
+        text, context = (question, claim) if question else (claim, "")
+        return _Search(text, self._word_weights(text), relation_word(text), answer_shape(text), text, False, context)
 
-        relation = relation_word(search_text)
-        shape = answer_shape(search_text)
+    def _evidence(self, hits: list[Hit], search: _Search, deadline: float) -> list[Evidence]:
         evidence: list[Evidence] = []
-        for hit in sorted(hits, key=lambda h: not names_subject(h.title, search_text)):  # stable: score order otherwise
+        # The subject's own passage first ("the atomic number of Zinc": Zinc's, not Mercury's); stable: score order.
+        for hit in sorted(hits, key=lambda h: not names_subject(h.title, search.about)):
             if time.monotonic() > deadline:
                 break
             if hit.score < self.floor:
                 continue
-            count = claim_count(hit.text, weights) if subject else self.max_sentences
-            sentence = best_sentences(hit.text, weights, count, relation, shape)
+            count = claim_count(hit.text, search.weights) if search.claims_per_sentence else self.max_sentences
+            sentence = best_sentences(hit.text, search.weights, count, search.relation, search.shape)
             evidence.append(
                 Evidence(
                     claim=sentence,
@@ -130,6 +193,7 @@ class MemoryArm:
                     observable=0.0,
                     detail={
                         "title": hit.title,
+                        "searched": search.text,
                         "bm25": hit.bm25,
                         "cosine": hit.cosine,  # None from a store without vectors
                         "passage": hit.text[:PASSAGE_CHARS],

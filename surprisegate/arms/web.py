@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from urllib.parse import quote, urlencode, urlsplit
 
 from ..errors import ArmError, ConfigError
-from ..store.sqlite import query_terms
+from ..store.sqlite import UNSEEN_WORD_WEIGHT, query_terms
 from ..text import light_stem, split_sentences, stems
 from . import Evidence, Query, check_arm_settings
 
@@ -841,6 +841,16 @@ def _term_weights(question: str, span: str) -> dict[str, float]:
     return weights
 
 
+def _asker_words_discounted(weights: dict[str, float], question: str, held: set[str]) -> dict[str, float]:
+    """In a question that writes its names with capitals, a lower-case word no result holds is the asker's
+    wording ("Quick question before my exam"), not a missing subject: it counts UNSEEN_WORD_WEIGHT of its
+    weight in coverage, as the memory store counts it, so that a chatty question is not judged less covered."""
+    lower = {light_stem(t.word) for t in query_terms(question) if t.lower_case}
+    if not any(t.is_name for t in query_terms(question)):
+        return weights
+    return {s: w * (UNSEEN_WORD_WEIGHT if s in lower and s not in held else 1.0) for s, w in weights.items()}
+
+
 @dataclass
 class _Candidate:
     result: SearchResult
@@ -895,13 +905,15 @@ def results_to_evidence(
     the question's words found in the result's title plus chosen sentences, lowered a little by rank.
     """
     weights = _term_weights(query.question or searched, query.span)
-    total_weight = sum(weights.values())
     if not weights or not results:
         return []
     candidates = []
     for result in results:
         sentences = split_sentences(result.text) or [result.text]
         candidates.append(_Candidate(result, sentences, [stems(s) for s in sentences]))
+    held = set().union(*(stems(c.result.title) for c in candidates), *(h for c in candidates for h in c.sentence_stems))
+    coverage_weights = _asker_words_discounted(weights, query.question or searched, held)
+    total_weight = sum(coverage_weights.values())
     sentence_count = sum(len(c.sentences) for c in candidates)
     frequency = {stem: sum(stem in held for c in candidates for held in c.sentence_stems) for stem in weights}
     idf = {stem: math.log(1 + sentence_count / (1 + frequency[stem])) for stem in weights}
@@ -911,7 +923,7 @@ def results_to_evidence(
         chosen = _pick_sentences(candidate.sentence_stems, weights, idf, max_sentences)
         snippet = _clip(" ".join(candidate.sentences[i] for i in chosen), EVIDENCE_CHARS)
         covered = stems(candidate.result.title) | set().union(*(candidate.sentence_stems[i] for i in chosen))
-        coverage = sum(weight for stem, weight in weights.items() if stem in covered) / total_weight
+        coverage = sum(weight for stem, weight in coverage_weights.items() if stem in covered) / total_weight
         confidence = round(coverage * (1.0 - 0.05 * candidate.result.rank), 4)
         if confidence < floor or not snippet:
             continue

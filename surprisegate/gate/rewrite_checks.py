@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from fractions import Fraction
 
 from surprisegate.gate.claims import asked_items, claim_words, subject_of
-from surprisegate.gate.signals import YES_NO_START
+from surprisegate.gate.signals import asks_yes_or_no
 from surprisegate.text import EVIDENCE_STOPWORDS, normalise, parse_numbers, sentence_end, stems
 
 __all__ = [
@@ -115,7 +115,7 @@ _DEMONYM = re.compile(
 
 def expected_answer(question: str) -> str | None:
     """ "nationality", "time" or "number" when the question clearly asks for that kind of answer, else None."""
-    if YES_NO_START.match(question):  # "Do X and Y have the same nationality?" asks yes or no
+    if asks_yes_or_no(question):  # "Do X and Y have the same nationality?" asks yes or no
         return None
     for kind, pattern in _EXPECTS:
         if pattern.search(question):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from surprisegate.arms import files, status, units
 from surprisegate.arms.calculator import extract_computation
-from surprisegate.gate.signals import YES_NO_START
+from surprisegate.gate.signals import asks_yes_or_no
 from surprisegate.text import NOT_NAMES
 
 logger = logging.getLogger(__name__)
@@ -294,7 +294,7 @@ def closed_question(question: str) -> str | None:
     compared), while the model's pick among the named answers is often right: on halueval_qa_dev
     (100 seeded items, three configurations) grounding them fixed 0-1 of 15 and broke 2-9.
     """
-    if YES_NO_START.match(question) and question.rstrip().endswith("?") and not _WH_WORD.search(question):
+    if asks_yes_or_no(question) and question.rstrip().endswith("?") and not _WH_WORD.search(question):
         return "yes_no"
     if "?" not in question:
         return None

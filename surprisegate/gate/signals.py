@@ -12,9 +12,10 @@ That is decidable online, token by token, which the trigger needs.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from functools import lru_cache
 
-from ..text import KIND_STOPWORDS, WORD, fold
+from ..text import KIND_STOPWORDS, WORD, fold, stems
 
 SIGNALS = ("surprise", "entropy", "novel", "novel_entropy")
 
@@ -77,6 +78,17 @@ YES_NO_START = re.compile(
 )
 
 
+# "Do you know the currency of Chad?", "Can you name a neighbour of Chad?": asked of the listener, the yes/no form
+# is a polite request for the answer, not a question that asks yes or no.
+_ASKS_THE_LISTENER = re.compile(r"^\s*(?:do|can|could|would|will)\s+you\b", re.IGNORECASE)
+
+
+def asks_yes_or_no(question: str) -> bool:
+    """Whether the question's form asks yes or no ("Were X and Y founded in the same state?"); a request put
+    to the listener ("Do you know …?", "Could you tell me …?") asks for the answer."""
+    return bool(YES_NO_START.match(question)) and not _ASKS_THE_LISTENER.match(question)
+
+
 def question_kind(question: str) -> str:
     """A coarse, deterministic kind of question: its lower-case content words, names dropped.
 
@@ -89,6 +101,38 @@ def question_kind(question: str) -> str:
         w.lower() for i, w in enumerate(words) if not (i > 0 and w[0].isupper()) and w.lower() not in KIND_STOPWORDS
     ]
     return " ".join(kept[:4])
+
+
+def resolve_kind(question: str, known: Iterable[str]) -> str:
+    """The calibrated kind a question asks about, however it is worded: its own `question_kind` when that
+    was calibrated, else the known kind that shares the most words with it (stemmed; ties: the kind more
+    of whose words it holds, then the shorter); else its own kind (which gets the global threshold).
+
+    "Hey, do you know what the capital of Chad is?" -> "capital", as "What is the capital of Chad?" is: a
+    kind is what is asked, and the words around it must not make the question a kind never calibrated.
+    """
+    kind = question_kind(question)
+    kinds = set(known)
+    if kind in kinds:
+        return kind
+    held = _kind_stems(question)
+    best: tuple[int, float, int, str] | None = None
+    for candidate in kinds:
+        words = _kind_stems(candidate)
+        shared = len(words & held)
+        rank = (-shared, -shared / max(1, len(words)), len(candidate), candidate)
+        if shared and (best is None or rank < best):
+            best = rank
+    return best[3] if best else kind
+
+
+_KIND_STOP_STEMS = frozenset(stems(" ".join(KIND_STOPWORDS)))
+
+
+def _kind_stems(text: str) -> set[str]:
+    # Words of one or two letters are the particles of names ("Rio de Janeiro", "Dar es Salaam") that a
+    # calibrated kind may carry ("country city de"), not words of what is asked.
+    return {stem for stem in stems(text) - _KIND_STOP_STEMS if len(stem) > 2}
 
 
 def copy_flags(pieces: list[str], question: str) -> list[bool]:

@@ -26,7 +26,7 @@ from ..text import ends_sentence, sentence_end, sentence_end_after
 from .claims import claim_token_flags, first_claim_token, sentence_doubt, speaks_of_asked
 from .json_values import ValueJudge
 from .probe import SENTENCE_KIND, TriggerProbe
-from .signals import CopyTracker, question_kind, signal_value
+from .signals import CopyTracker, resolve_kind, signal_value
 from .surprise import RollingWindow, eligible  # the window rule (and calibration's window_peak) lives beside its window
 
 
@@ -191,7 +191,8 @@ class TriggerPolicy:
         whole_reply: bool = False,
     ) -> None:
         self.config = config
-        self.kind = question_kind(question)
+        # The kind asked, read against the kinds calibrated (thresholds, the probe's), whatever the wording.
+        self.kind = resolve_kind(question, [*config.kind_thresholds, *(probe.kinds if probe else ())])
         # Per-kind threshold (calibrated per-category normalisation), else the global one.
         self.threshold = config.kind_thresholds.get(self.kind, config.threshold)
         self.window = RollingWindow(config.window, config.statistic)

@@ -125,6 +125,10 @@ class ClaimScores:
     missing: int
     regressions: int  # claims `off` got right that this mode did not (0 for off itself)
     fixes: int  # claims `off` did not get right that this mode did
+    # Replies compared with off's, and those that still state every asked item off's reply states (right or
+    # wrong): a rewrite that states its evidence and stops drops the items the model was about to write.
+    replies: int = 0
+    kept_stated: int = 0
 
     @property
     def accuracy(self) -> float:
@@ -156,6 +160,8 @@ class ClaimScores:
             "claim_regressions": self.regressions,
             "claim_regression_rate": round(self.regression_rate, 4),
             "claim_fixes": self.fixes,
+            "replies_compared": self.replies,
+            "still_states_off_items": round(self.kept_stated / self.replies, 4) if self.replies else None,
         }
 
 
@@ -163,14 +169,18 @@ def score_claims(verdicts: Mapping[str, Sequence[str]], off: Mapping[str, Sequen
     """Scores of one mode from its verdicts per item id (in claim order); `off`: the same for plain decoding,
     which regressions and fixes are counted against (items missing from `off` count for neither)."""
     flat = [v for vs in verdicts.values() for v in vs]
-    regressions = fixes = 0
+    regressions = fixes = replies = kept = 0
     for item_id, vs in verdicts.items():
         base = (off or {}).get(item_id)
         if base is None:
             continue
-        regressions += sum(1 for b, v in zip(base, vs, strict=True) if b == "right" and v != "right")
-        fixes += sum(1 for b, v in zip(base, vs, strict=True) if b != "right" and v == "right")
-    return ClaimScores(len(flat), flat.count("right"), flat.count("wrong"), flat.count("missing"), regressions, fixes)
+        pairs = list(zip(base, vs, strict=True))
+        regressions += sum(1 for b, v in pairs if b == "right" and v != "right")
+        fixes += sum(1 for b, v in pairs if b != "right" and v == "right")
+        replies += 1
+        kept += all(v != "missing" for b, v in pairs if b != "missing")
+    counts = (flat.count("right"), flat.count("wrong"), flat.count("missing"))
+    return ClaimScores(len(flat), *counts, regressions, fixes, replies, kept)
 
 
 def verdict_counts(grades: Iterable[ClaimGrade]) -> dict[str, int]:

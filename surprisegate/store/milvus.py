@@ -64,6 +64,7 @@ from .sqlite import (
     prepare_query,
     query_bigrams,
 )
+from .titles import TitleIndex
 
 SCHEMA_VERSION = 1  # of the Milvus collection layout below
 CONNECT_TIMEOUT_S = 5.0
@@ -165,6 +166,7 @@ class MilvusMemory:
         self._df_cache: dict[tuple[str, ...], int] = {}
         self._df_cache_total = -1  # the passage count the cached frequencies belong to
         self._total_counted_at = -math.inf  # time.monotonic() of that count
+        self._titles: tuple[int, TitleIndex] | None = None  # (the passage count they were read at, the titles)
         self._workers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="surprisegate-milvus")
         self._pymilvus = _import_pymilvus()
         self._is_lite = not client_uri.startswith(("http://", "https://", "tcp://", "unix:"))
@@ -624,6 +626,19 @@ class MilvusMemory:
             )
             for candidate in best[:k]
         ]
+
+    def titles_named(self, text: str) -> list[str]:
+        """The titles of stored passages that `text` names, most specific first (store/titles.py); the titles
+        are read once, again when the store's passage count changes."""
+        total = self._count_passages(None)
+        if self._titles is None or self._titles[0] != total:
+            titles = (row["title"] for rows in self._scan('id != ""', ["title"]) for row in rows)
+            self._titles = (total, TitleIndex(titles, passages_naming=self._passages_naming))
+        return self._titles[1].named(text)
+
+    def _passages_naming(self, title: str) -> int:
+        group = _TOKENIZER.stems(title.lower())
+        return self._count_holding([group], None).get(group, 0) if group else 0
 
     def idf(self, word: str) -> float:
         """Inverse document frequency of `word` in this store (stemmed like the passages)."""

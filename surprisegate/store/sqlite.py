@@ -40,6 +40,7 @@ import numpy as np
 from ..errors import InputError, MissingDependency
 from ..text import FTS_TOKENIZER, QUERY_STOPWORDS, WORD, split_sentences, stops_between
 from .embed import Embedder, default_embedder, embedder_from_name
+from .titles import TitleIndex
 
 if TYPE_CHECKING:
     from threadpoolctl import ThreadpoolController
@@ -349,6 +350,7 @@ class SQLiteMemory:
         self._vectors: _VectorIndex | None = None
         self._frequencies: dict[str, int] = {}
         self._total_passages: int | None = None
+        self._titles: TitleIndex | None = None
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         try:
             self._open(create)
@@ -663,6 +665,7 @@ class SQLiteMemory:
         self._vectors = None
         self._frequencies.clear()
         self._total_passages = None
+        self._titles = None
 
     def _refresh_caches(self) -> None:
         # data_version changes when another connection commits; this connection's own writes drop the
@@ -779,6 +782,15 @@ class SQLiteMemory:
                 raise
             finally:
                 self._conn.set_progress_handler(None, 0)
+
+    def titles_named(self, text: str) -> list[str]:
+        """The titles of stored passages that `text` names, most specific first (store/titles.py)."""
+        with self._lock:
+            self._refresh_caches()
+            if self._titles is None:
+                titles = (title for (title,) in self._conn.execute("SELECT DISTINCT title FROM passages"))
+                self._titles = TitleIndex(titles, passages_naming=self._frequency)
+            return self._titles.named(text)
 
     def idf(self, word: str) -> float:
         """Inverse document frequency of `word` in this store (stemmed like the passages)."""
