@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"accuracy {s['claim_accuracy']:.3f} precision {s['claim_precision']} "
                 f"coverage {s['coverage']:.3f} regressions {s['claim_regressions']}"
                 f" ({s['claim_regression_rate']:.1%}) calls {s['grounding_calls']}"
+                f" still states off's items {s.get('still_states_off_items')}"
             )
     (Path(args.folder) / "halves.json").write_text(json.dumps(out, indent=2))
     return 0

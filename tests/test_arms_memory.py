@@ -423,6 +423,16 @@ def test_a_sentence_stating_two_claims_gets_both_evidence_sentences(store):
     )
 
 
+def test_a_prompt_in_lower_case_still_names_its_subject(store):
+    # No capital names the subject, so the sentence's query has none; the store finds it in the prompt.
+    from surprisegate.gate.claims import sentence_arm_query
+
+    query = sentence_arm_query("Its capital is Bobo.", "write a short paragraph about burkina faso: its capital")
+    assert query.subject == "" and query.prompt.startswith("write")
+    (first, *_) = MemoryArm(store).ground(query, later())
+    assert first.evidence == "The capital of Burkina Faso is Ouagadougou."
+
+
 def test_a_sentence_about_an_unknown_subject_gets_nothing(store):
     assert MemoryArm(store).ground(sentence_query("Its capital is Poseidonia.", "Atlantis"), later()) == []
 

@@ -137,8 +137,13 @@ def test_demo_command_wrong_then_right(tmp_path):
     # The paragraph: its wrong capital, mid-paragraph, grounded from the name on; the opening left alone.
     capital = receipts[3]["rounds"][0]
     assert capital["action"] == "rewound" and "N'Djamena" in capital["chosen"]["evidence"]
-    assert capital["trigger"]["span_text"].strip().startswith("Koufcontou")
+    doubted = capital["trigger"]["span_text"].strip()
+    assert doubted[:1].isupper() and doubted.split(",")[0] in receipts[2]["reply"]  # the off reply's wrong name on
     assert receipts[3]["reply"].startswith("Chad is a vast and diverse nation")
+    # Both paragraphs read as replies: one paragraph, ended by a sentence stop, no junk, no second start.
+    for receipt in receipts[2:]:
+        reply = receipt["reply"].strip()
+        assert "\n\n" not in reply and reply.endswith(".") and reply.count("Chad is a") == 1, reply
 
 
 def test_ask_streams_and_shows_the_intervention(factkb_memory):

@@ -52,3 +52,40 @@ def test_held_out_families_are_apart_from_the_tuning_ones():
     for wordings in phrasings.FACT.values():
         assert set(wordings) == set(phrasings.FAMILIES) and all(len(w) >= 2 for w in wordings.values())
         assert all(re.search(r"\{s\}", text) for family in wordings.values() for text in family)
+
+
+def _load_table():
+    table_spec = importlib.util.spec_from_file_location("phrasing_table", SCRIPTS / "phrasing_table.py")
+    assert table_spec is not None and table_spec.loader is not None
+    module = importlib.util.module_from_spec(table_spec)
+    table_spec.loader.exec_module(module)
+    return module
+
+
+def test_the_table_puts_each_family_beside_the_template_for_both_sets(tmp_path, monkeypatch, capsys):
+    def summary(off, on, calls, claims=None):
+        modes = {"off": {"accuracy": off}, "intervene": {"accuracy": on}}
+        modes["intervene"] |= {"grounding_calls": calls, "trigger_rate": 0.5, "regressions": 1, "n": 100}
+        if claims:
+            modes["off"]["claims"] = {"claim_accuracy": off}
+            modes["intervene"]["claims"] = {"claim_accuracy": on, "claim_regressions": 2} | claims
+        return {"modes": modes}
+
+    runs = {
+        "factqa_template": summary(0.3, 0.8, 50),
+        "factqa_indirect": summary(0.2, 0.6, 75),
+        "longform_template": summary(0.25, 0.5, 40, {"still_states_off_items": 0.99}),
+    }
+    for name, content in runs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(content))
+    monkeypatch.setattr(sys, "argv", ["phrasing_table.py", str(tmp_path)])
+    _load_table().main()
+    printed = capsys.readouterr().out
+    assert "| indirect (held out) | 0.20 | 0.60 | +0.40 | -0.10 | 75 (1.50×) | 0.50 | 1 |" in printed
+    assert (
+        "claim accuracy" in printed
+        and "| template | 0.25 | 0.50 | +0.25 | +0.00 | 40 (1.00×) | 0.50 | 2 | 0.99 |" in printed
+    )
+    saved = json.loads((tmp_path / "table.json").read_text())
+    assert set(saved) == {"factqa", "longform"} and saved["longform"]["template"]["still_states_off_items"] == 0.99

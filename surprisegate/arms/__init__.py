@@ -43,6 +43,9 @@ class Query:
     span_class: str = "other"  # router's class: computable | entity | other
     # Sentence scope: who the sentence is about ("Chad"); then `question` is the sentence, subject named.
     subject: str = ""
+    # Sentence scope: the user's whole request, where a subject it names may be found when `subject` is empty
+    # (it names none with a capital: "write about chad: its capital and currency").
+    prompt: str = ""
     # The model, for arms that have it write a scratch text they check (None: the backend lends none).
     scribe: Scribe | None = field(default=None, compare=False, repr=False)
 

@@ -134,7 +134,8 @@ class MemoryArm:
         question = query.question.strip()
         if named is None:
             return None
-        subject = next((titles[0] for text in (query.subject, question) if text and (titles := named(text))), "")
+        texts = (query.subject, query.prompt, question)
+        subject = next((titles[0] for text in texts if text and (titles := named(text))), "")
         if not subject:
             return None
         key = title_key(subject)
@@ -157,7 +158,7 @@ class MemoryArm:
             relation=relation_word(question),
             shape=answer_shape(question),
             about=subject,
-            claims_per_sentence=bool(query.subject),
+            claims_per_sentence=bool(query.subject or query.prompt),  # a paragraph's sentence
         )
 
     def _wording_search(self, query: Query) -> _Search:

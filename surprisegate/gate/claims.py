@@ -141,4 +141,4 @@ def sentence_arm_query(sentence: str, question: str, scribe: Scribe | None = Non
     its claim words (which the model may have wrong) left out."""
     subject, rest = subject_of(question), without_claims(sentence, question)
     asked = f"{subject}: {rest}" if subject else rest  # the subject, then the sentence without its claims
-    return Query(span=rest, question=asked, sentence=sentence, scribe=scribe, subject=subject)
+    return Query(span=rest, question=asked, sentence=sentence, scribe=scribe, subject=subject, prompt=question)

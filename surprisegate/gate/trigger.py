@@ -191,9 +191,8 @@ class TriggerPolicy:
         whole_reply: bool = False,
     ) -> None:
         self.config = config
-        # The kind asked, read against the kinds calibrated (thresholds, the probe's), whatever the wording.
+        # The kind asked, whatever the wording, among those calibrated; its threshold, else the global one.
         self.kind = resolve_kind(question, [*config.kind_thresholds, *(probe.kinds if probe else ())])
-        # Per-kind threshold (calibrated per-category normalisation), else the global one.
         self.threshold = config.kind_thresholds.get(self.kind, config.threshold)
         self.window = RollingWindow(config.window, config.statistic)
         self.pushed_at: list[int] = []  # reply index of each value pushed since the last reset
