@@ -443,6 +443,25 @@ def receipts_show(file: str, last: int | None) -> None:
         click.echo(f"note: skipped unreadable line(s) {', '.join(map(str, skipped))} (torn write?)", err=True)
 
 
+@receipts.command("view")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--id", "reply_id", default=None, help="Only the reply whose reply_id starts with this.")
+@click.option("--html", "out", required=True, type=click.Path(dir_okay=False), help="The HTML page to write.")
+def receipts_view(file: str, reply_id: str | None, out: str) -> None:
+    """Write a self-contained HTML page of the replies: tokens coloured by surprise, each round's doubted span,
+    evidence and rewrite, and a plot of surprise with its threshold. It loads nothing from anywhere."""
+    from .gate.receipts import read_receipts
+    from .receipt_view import render_page
+
+    records = list(read_receipts(file))
+    if reply_id is not None:
+        records = [r for r in records if str(r.get("reply_id", "")).startswith(reply_id)]
+        if not records:
+            raise InputError(f"--id={reply_id!r} matches no reply in {file!r}; `surprisegate receipts show` lists them")
+    Path(out).write_text(render_page(records), encoding="utf-8")
+    click.echo(f"{len(records)} repl{'y' if len(records) == 1 else 'ies'} → {out}")
+
+
 # ---------------------------------------------------------------------------------------------
 # label / calibrate / eval
 # ---------------------------------------------------------------------------------------------

@@ -510,6 +510,8 @@ def _result(loop: _ReplyLoop) -> ReplyResult:
         token_entropies=rounded(reply.entropies) if scored else [],
         token_ids=list(reply.tokens),
         token_top_logprobs=[[[t, round(lp, 4)] for t, lp in top] for top in reply.top],
+        token_pieces=reply.piece_texts() if scored else None,
+        token_windows=rounded(reply.window_stats) if scored else None,
         rounds=loop.rounds,
         would_trigger=loop.would_trigger,
         probe=_probe_receipt(policy),

@@ -49,6 +49,15 @@ class Reply:
     def text(self, upto: int | None = None) -> str:
         return b"".join(self.pieces[:upto]).decode("utf-8", "replace")
 
+    def piece_texts(self) -> list[str]:
+        """Each token's share of the reply's text (a character split over two tokens goes to the second): they
+        join to exactly `text()`."""
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        texts = [decoder.decode(piece) for piece in self.pieces]
+        if texts:
+            texts[-1] += decoder.decode(b"", final=True)
+        return texts
+
     def tail(self, start: int) -> str:
         """The text of the reply from token `start` on."""
         return self.text()[len(self.text(start)) :]

@@ -24,7 +24,7 @@ _DETAILS = (
     "would_trigger",
     "latency_ms",
 )
-_OPTIONAL_DETAILS = ("revise", "no_logprobs", "token_pieces", "probe")
+_OPTIONAL_DETAILS = ("revise", "no_logprobs", "token_pieces", "token_windows", "probe")
 
 
 @dataclass
@@ -54,7 +54,8 @@ class ReplyResult:
     fault: dict[str, Any] | None = None  # the backend failed mid-reply: what happened
     revise: dict[str, Any] | None = None  # the revise pass: draft, flagged spans, evidence, outcome
     no_logprobs: str | None = None  # why a chat API's draft came without logprobs
-    token_pieces: list[str] | None = None  # a chat API's token texts (labelling needs them: no ids)
+    token_pieces: list[str] | None = None  # each token's text (a chat API's draft: labelling needs them, no ids)
+    token_windows: list[float] | None = None  # the rolling window statistic right after each token (receipts view)
 
     def round_dicts(self) -> list[dict[str, Any]]:
         return [r.to_dict() for r in self.rounds]
