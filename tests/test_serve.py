@@ -299,6 +299,23 @@ def test_a_receipt_is_read_back_by_id_by_the_caller_that_made_it(server):
     )
 
 
+def test_a_receipt_is_shown_as_a_page_to_the_caller_that_made_it(server):
+    raw = client(server).chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "Show me <b>this</b>?"}]
+    )
+    reply_id = raw.headers["x-surprisegate-receipt"]
+    same = {"authorization": "Bearer unused"}
+    page = httpx.get(f"{server.url}/receipts/{reply_id}", headers=same)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert f"data-reply-id='{reply_id}'" in page.text and "Show me &lt;b&gt;this&lt;/b&gt;?" in page.text
+    assert "default-src 'none'" in page.headers["content-security-policy"]  # the page may load nothing
+    assert_openai_error(
+        httpx.get(f"{server.url}/receipts/{reply_id}", headers={"authorization": "Bearer someone-else"}),
+        404,
+        code="receipt_not_found",
+    )
+
+
 def test_without_receipts_the_receipt_route_says_so():
     srv = start(scripted_runtime())
     try:

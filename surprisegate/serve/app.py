@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..backends import SteerableBackend
 from ..gate.events import Token
+from ..receipt_view import render_page
 from ..text import first_stop
 from .gate import (
     Admission,
@@ -133,6 +134,16 @@ class Server:
 
     async def receipt(self, request: Request) -> Response:
         """GET /v1/receipts/{id}: a reply's receipt (as its caller was sent it) for the caller that made it."""
+        return JSONResponse(self._callers_receipt(request))
+
+    async def receipt_page(self, request: Request) -> Response:
+        """GET /receipts/{id}: the same receipt as a page (receipt_view.py), for the same caller. It may load
+        nothing: the policy forbids every request, styles inline aside."""
+        page = render_page([self._callers_receipt(request)])
+        policy = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+        return Response(page, media_type="text/html; charset=utf-8", headers={"Content-Security-Policy": policy})
+
+    def _callers_receipt(self, request: Request) -> dict[str, Any]:
         self.authorize(request)
         reply_id = request.path_params["reply_id"]
         if not self.recent.capacity:
@@ -149,7 +160,7 @@ class Server:
                 status=404,
                 code="receipt_not_found",
             )
-        return JSONResponse(receipt)
+        return receipt
 
     async def health(self, request: Request) -> Response:
         a = self.admission
@@ -635,6 +646,7 @@ def create_app(runtime: Any, settings: ServeSettings | None = None) -> Starlette
             Route("/v1/models", guarded(server.models), methods=["GET"]),
             Route("/v1/models/{model_id:path}", guarded(server.model_card), methods=["GET"]),
             Route("/v1/receipts/{reply_id}", guarded(server.receipt), methods=["GET"]),
+            Route("/receipts/{reply_id}", guarded(server.receipt_page), methods=["GET"]),
             Route("/health", guarded(server.health), methods=["GET"]),
             Route("/metrics", guarded(server.metrics_text), methods=["GET"]),
         ],
