@@ -135,6 +135,15 @@ class Config:
     paragraph_rounds: int = field(
         default=6, metadata={"help": "sentence scope: most grounding rounds per reply (one per sentence at most)"}
     )
+    # SmolLM2's paragraphs sometimes start over after a blank line or stop mid-sentence at max_tokens ("… Cote
+    # d Iba (CFA), C"), in both modes; a reply that ends whole reads as one (README Paragraphs).
+    long_reply_ends_whole: bool = field(
+        default=True,
+        metadata={
+            "help": "sentence scope: the reply ends at its paragraph's end (a blank line after text) and, cut by "
+            "max_tokens mid-sentence, at its last finished sentence; both modes"
+        },
+    )
     paragraph_goes_on: str = field(
         default="rewrite",
         metadata={
@@ -339,15 +348,6 @@ class Config:
         default=1.0, metadata={"help": "llama.cpp's: divide recent tokens' logits (1 = off; over repeat_last_n)"}
     )
     repeat_last_n: int = field(default=64, metadata={"help": "how many context tokens repeat_penalty reads"})
-    # Without it SmolLM2's paragraphs loop ("Chad is also a member of the African Union, and is a member of ...")
-    # and run into junk after a rewrite, in both modes; at 1.1 both end as written paragraphs (README Paragraphs).
-    long_reply_repeat_penalty: float = field(
-        default=1.1,
-        metadata={
-            "help": "repeat_penalty of a reply in sentence scope (claim_scope; a paragraph's budget) where "
-            "repeat_penalty is 1 (1 = off); both modes get it"
-        },
-    )
     frequency_penalty: float = field(
         default=0.0, metadata={"help": "OpenAI's: logit minus this x the reply's count of the token"}
     )
@@ -574,14 +574,10 @@ def _check_sampling(c: Config) -> None:
         ("top_p", 0.0, 1.0, "0.9 (1 = off)"),
         ("min_p", 0.0, 1.0, "0.05 (0 = off)"),
         ("repeat_penalty", 0.0, 10.0, "1.1 (1 = off)"),
-        ("long_reply_repeat_penalty", 0.0, 10.0, "1.1 (1 = off)"),
         ("frequency_penalty", -2.0, 2.0, "0.5 (0 = off)"),
         ("presence_penalty", -2.0, 2.0, "0.5 (0 = off)"),
     ):
-        value, open_low = (
-            getattr(c, key),
-            key in ("top_p", "repeat_penalty", "long_reply_repeat_penalty"),
-        )  # 0: no token
+        value, open_low = getattr(c, key), key in ("top_p", "repeat_penalty")  # 0 would leave no token / divide by 0
         if not (math.isfinite(value) and low <= value <= high) or (open_low and value == low):
             span = f"over {low:g} and at most {high:g}" if open_low else f"from {low:g} to {high:g}"
             _fail(key, value, f"use a number {span}, e.g. {example}", "argument")
@@ -659,12 +655,8 @@ SAMPLING_KEYS = (
 
 
 def shaping_of(config: Config) -> Shaping:
-    """The reply's sampling settings beyond the temperature (backends/samplers.py); a long reply left at
-    repeat_penalty 1 gets long_reply_repeat_penalty."""
-    values = {k: getattr(config, k) for k in SAMPLING_KEYS} | {"logit_bias": dict(config.logit_bias)}
-    if config.repeat_penalty == 1.0 and config.sentence_scope:
-        values["repeat_penalty"] = config.long_reply_repeat_penalty
-    return Shaping(**values)
+    """The reply's sampling settings beyond the temperature (backends/samplers.py)."""
+    return Shaping(**{k: getattr(config, k) for k in SAMPLING_KEYS} | {"logit_bias": dict(config.logit_bias)})
 
 
 CALIBRATED_KEYS = ("signal", "statistic", "window", "min_tokens", "threshold", "kind_thresholds", "sentence_threshold")

@@ -171,16 +171,3 @@ def test_layers_say_which_keys_the_user_gave(tmp_path):
     assert ConfigLayers(toml, env={}).given() == {"kind_thresholds"}
     layers = ConfigLayers(toml, {"window": 8}, env={})
     assert layers.load(calibration_file(tmp_path)).kind_thresholds == {"capital": 1.0}
-
-
-def test_a_long_reply_gets_the_long_reply_repeat_penalty_unless_one_is_set():
-    from surprisegate.config import shaping_of
-
-    short, long = Config(max_tokens=64), Config(max_tokens=160)
-    assert shaping_of(short).repeat_penalty == 1.0  # one sentence: as the model writes it
-    assert shaping_of(long).repeat_penalty == long.long_reply_repeat_penalty == 1.1
-    assert shaping_of(long.replace(repeat_penalty=1.3)).repeat_penalty == 1.3  # the caller's own wins
-    assert shaping_of(long.replace(long_reply_repeat_penalty=1.0)).repeat_penalty == 1.0  # turned off
-    assert shaping_of(long.replace(claim_scope="reply")).repeat_penalty == 1.0  # not judged sentence by sentence
-    with pytest.raises(ConfigError, match="long_reply_repeat_penalty"):
-        Config(long_reply_repeat_penalty=0.0)

@@ -1022,3 +1022,30 @@ def test_rewrite_keeps_asked_drops_a_rewrite_that_stops_speaking_of_an_asked_ite
     # The rewrite fixed the capital but no longer speaks of the currency the question asks for.
     assert done.text == (wrong if keeps_asked else bridges)
     assert done.rounds[0]["action"] == ("reverted" if keeps_asked else "rewound")
+
+
+# --------------------------------------------------------------------------------------------
+# a long reply ends whole: at its paragraph's end, or at its last finished sentence at max_tokens
+# --------------------------------------------------------------------------------------------
+def test_a_long_reply_ends_at_its_paragraphs_end_in_both_modes():
+    def starts_over(context):
+        return plan(f"{OPENING} Its currency is the Testmark.\n\n{OPENING} Its currency is the Testmark again.")
+
+    for mode in ("off", "intervene"):
+        _, events, done = run_paragraph(paragraph_cfg(mode=mode), script=starts_over)
+        assert done.text.rstrip() == f"{OPENING} Its currency is the Testmark." and done.finish_reason == "stop"
+        assert "".join(e.text for e in events if isinstance(e, Token)) == done.text  # nothing shown was cut
+    _, _, kept = run_paragraph(paragraph_cfg(long_reply_ends_whole=False), script=starts_over)
+    assert "\n\n" in kept.text
+
+
+def test_a_long_reply_cut_by_max_tokens_ends_at_its_last_finished_sentence():
+    def long_winded(context):
+        return plan(f"{OPENING} Its currency is the Testmark. It is " + "very " * 60 + "big.")
+
+    for mode in ("off", "intervene"):
+        config = paragraph_cfg(mode=mode, claim_scope="sentence", max_tokens=len(OPENING) + 60)  # cut in "very very"
+        _, events, done = run_paragraph(config, script=long_winded)
+        assert done.text == f"{OPENING} Its currency is the Testmark. " and done.finish_reason == "length"
+        assert "".join(e.text for e in events if isinstance(e, Token)) == done.text  # the cut part was never shown
+        assert done.result.n_tokens == len(done.text.encode())  # the receipt's tokens are the reply's

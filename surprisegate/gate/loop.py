@@ -25,7 +25,7 @@ from ..arms import Arm, Evidence, Query
 from ..backends import BlackBoxBackend, Grammars, HiddenStates, Sampling, SteerableBackend, Step, TokenGrammar
 from ..config import Config, evidence_text, shaping_of
 from ..errors import BackendFault, InputError
-from ..text import current_sentence
+from ..text import current_sentence, ends_sentence, sentence_start
 from .claims import sentence_arm_query
 from .events import Done, Event, Grounding, Rewind, Trigger
 from .grounding import ground_span, why_not_grounded
@@ -34,7 +34,7 @@ from .probe import TriggerProbe, resolve_probe
 from .prompting import Continuation, ReplyPrompt, conversation, last_user_turn
 from .receipts import ConvergenceRecord, rounded_trigger
 from .repetition import RepetitionGuard
-from .reply import Decoding, Emitter, Reply, StopStrings
+from .reply import PARAGRAPH_END, Decoding, Emitter, Reply, StopStrings, whole_end
 from .result import ReplyResult, build_receipt, rounded, surprise_summary
 from .rewrite import RewriteCheck, Unchecked
 from .scribe import SessionScribe
@@ -78,8 +78,8 @@ def stream(
     if not isinstance(backend, SteerableBackend):
         yield from _revise(backend, messages, config, dict(arms or {}), router, assistant_prefix)
         return
-    stop = (*stop, *(tools.stops if tools else ()))
     grammar, chat, config = _prepared(backend, messages, config, output, tools)
+    stop = (*stop, *(tools.stops if tools else ()), *((PARAGRAPH_END,) if _ends_whole(config) else ()))
     loop = _ReplyLoop(backend, chat, config, dict(arms or {}), router, assistant_prefix, stop, tools, grammar)
     try:
         yield from loop.run()
@@ -183,8 +183,7 @@ class _ReplyLoop:
         self.scribe = SessionScribe(backend, self.decoding)  # lent to arms that have the model write (programs)
         self.rounds: list[ConvergenceRecord] = []
         self.would_trigger: list[dict] = []  # detect mode: crossings recorded, never acted on
-        self.eos = frozenset(backend.eos_token_ids)
-        state = (self.reply, self.decoding, self.emitter, self.rounds)
+        self.eos, state = frozenset(backend.eos_token_ids), (self.reply, self.decoding, self.emitter, self.rounds)
         self.rewrites = RewriteCheck(
             config, self.question, state, self.eos, self._start_over_from, self._evidence_leaves
         )
@@ -204,6 +203,7 @@ class _ReplyLoop:
             yield from self._decode()
         except BackendFault as fault:
             yield from self._on_fault(fault)
+        _end_whole(self)
         yield from self.emitter.upto(self.reply, len(self.reply.tokens), final=True)
         yield Done(_result(self))
 
@@ -231,10 +231,10 @@ class _ReplyLoop:
             ):
                 continue  # a failed rewrite went back (or is tried again)
             self.decoding.context.tokens.append(reply.tokens[-1])  # fed when the next step is asked for
-            yield from self.emitter.upto(reply, self._final_upto())
             if self.stops and self.stops.reached(reply.text(self._unchangeable_upto())):
-                self.finish_reason = "stop"
+                self.finish_reason = "stop"  # the text from the stop on is cut before it is shown (_end_whole)
                 break
+            yield from self.emitter.upto(reply, self._final_upto())
 
     def _on_fault(self, fault: BackendFault) -> Iterator[Event]:
         """The backend failed mid-reply: the reply ends with what was received, and a rewrite not yet shown
@@ -271,7 +271,7 @@ class _ReplyLoop:
 
     def _final_upto(self) -> int:
         """Reply tokens to show now: all of them in emit streaming, those that can no longer change in holdback."""
-        return self._unchangeable_upto() if self.emitter.holdback else len(self.reply.tokens)
+        return _whole_upto(self, self._unchangeable_upto() if self.emitter.holdback else len(self.reply.tokens))
 
     def _unchangeable_upto(self) -> int:
         """Reply tokens that no round, rewrite check or revert can change any more."""
@@ -404,6 +404,34 @@ class _ReplyLoop:
             chosen.source, (span_len, dropped_text), (injected_tokens, injected), self.decoding.rewind_report()
         )
         yield Rewind(trigger.round, self.emitter.shown_after(trigger.span_start), dropped_text, injected_tokens)
+
+
+NEAR_END_TOKENS = 48  # longer than almost any sentence: the one open when the budget ends started after this
+
+
+def _ends_whole(config: Config) -> bool:
+    return config.long_reply_ends_whole and config.sentence_scope
+
+
+def _end_whole(loop: _ReplyLoop) -> None:
+    """A long reply ends whole: at its paragraph's end, or at its last finished sentence when max_tokens cut it
+    (reply.whole_end); only text not yet shown is cut (holdback shows no open sentence)."""
+    if not _ends_whole(loop.config) or loop.finish_reason == "error":
+        return
+    cut = whole_end(loop.reply.text(), loop.finish_reason == "length")
+    if cut is not None:
+        loop.reply.cut(max(loop.reply.token_at(cut), loop.emitter.emitted))
+
+
+def _whole_upto(loop: _ReplyLoop, upto: int) -> int:
+    """Near max_tokens a long reply's open sentence is held back in every mode, so that one the budget cuts is
+    dropped unseen (_end_whole); elsewhere the reply streams as before."""
+    config, n = loop.config, len(loop.reply.tokens)
+    if not _ends_whole(config) or n < config.max_tokens - NEAR_END_TOKENS:
+        return upto
+    text = loop.reply.text()
+    opens_at = len(text.rstrip()) if ends_sentence(text) else sentence_start(text, len(text.rstrip()) - 1)
+    return min(upto, loop.reply.token_at(opens_at))
 
 
 def _decode_budget(config: Config) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..backends import RequestLog, Sampling, Session, Step, Steps
-from ..text import first_stop
+from ..text import ends_sentence, first_stop, sentence_start
 from .events import Token
 from .receipts import RewindReport
 
@@ -73,6 +73,16 @@ class Reply:
             if starts >= char:
                 return i if starts == char else None
         return None
+
+    def token_at(self, char: int) -> int:
+        """Index of the token holding character `char` of the reply's text (a word's token carries the space
+        before it); the number of tokens when `char` is past the end."""
+        end = 0
+        for i, piece in enumerate(self.piece_texts()):
+            end += len(piece)
+            if end > char:
+                return i
+        return len(self.pieces)
 
     def cut(self, n: int) -> None:
         del self.tokens[n:], self.surprises[n:], self.entropies[n:], self.window_stats[n:], self.pieces[n:]
@@ -224,3 +234,22 @@ class StopStrings:
         start = max(0, self.searched - max(len(s) for s in self.stop) + 1)
         self.searched = len(unchangeable_text)
         return first_stop(unchangeable_text, self.stop, start) is not None
+
+
+# A blank line after text ends a paragraph: a long reply asked for one stops there (config.long_reply_ends_whole).
+PARAGRAPH_END = "\n\n"
+
+
+def whole_end(text: str, cut_by_budget: bool) -> int | None:
+    """Where a long reply should end to read whole: at its first blank line after some text (the paragraph's
+    end; what follows starts the reply over), and where the paragraph or a reply the token budget cut ends
+    mid-sentence, where that unfinished last sentence starts (one sentence at least is kept). None: it ends
+    whole as it is."""
+    opening = len(text) - len(text.lstrip())
+    blank = text.find(PARAGRAPH_END, opening)
+    if blank > opening:  # the paragraph ends here; its last sentence must end too ("… of DarISBN: 978-1")
+        text, cut_by_budget = text[:blank], True
+    if not cut_by_budget or ends_sentence(text):
+        return blank if blank > opening else None
+    start = sentence_start(text, len(text.rstrip()) - 1)
+    return start if start > opening else (blank if blank > opening else None)
