@@ -42,21 +42,21 @@ def shown_times(backend, prompt: str, config: Config, arms: Mapping[str, Arm]) -
     started = time.perf_counter()
     first, marks, text, done_at = None, [], "", 0
     rewrites: list[tuple[float, int]] = []
-    rewinding: tuple[float, int] | None = None  # (when the span was rewound, tokens shown since)
+    rewinding: tuple[float, int, int] | None = None  # (when the span was rewound, tokens shown since, text shown then)
     rounds: list = []
     for event in stream(backend, prompt, config, arms):
         now = time.perf_counter() - started
         if isinstance(event, Rewind):
-            rewinding = (now, 0)
+            rewinding = (now, 0, len(text))
         elif isinstance(event, Token):
             first = now if first is None else first
             text += event.text
-            rewinding = (rewinding[0], rewinding[1] + 1) if rewinding else None
+            rewinding = (rewinding[0], rewinding[1] + 1, rewinding[2]) if rewinding else None
             while (end := sentence_end(text, done_at)) is not None:
                 marks.append(now)
                 done_at = end
-                if rewinding:  # the rewritten sentence is shown whole: its rewrite is written
-                    rewrites.append(((now - rewinding[0]) * 1000, rewinding[1]))
+                if rewinding and end > rewinding[2] + 1:  # the rewritten sentence is shown whole (an end seen
+                    rewrites.append(((now - rewinding[0]) * 1000, rewinding[1]))  # only now is an earlier one's)
                     rewinding = None
         elif isinstance(event, Done):
             rounds = event.rounds
