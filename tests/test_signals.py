@@ -59,7 +59,14 @@ def test_reset_word_forgets_the_word_in_progress():
     assert not t.push("ital")  # "ital" alone is not a prefix of a question word
 
 
-KNOWN_KINDS = ["capital", "capital state", "official currency", "international telephone calling code", "population"]
+KNOWN_KINDS = [
+    "capital",
+    "capital state",
+    "official currency",
+    "international telephone calling code",
+    "population",
+    "continent located",
+]
 
 
 @pytest.mark.parametrize(
@@ -69,8 +76,9 @@ KNOWN_KINDS = ["capital", "capital state", "official currency", "international t
         ("Hey, do you know what the capital of Chad is?", "capital"),
         ("capital of chad", "capital"),  # lower case: the name is not dropped, the kind still found
         ("Quick one: which city is the capital of the U.S. state of Ohio?", "capital state"),
-        ("Before I exchange my cash, could you tell me the currency of Chad?", "official currency"),
-        ("What's the phone code for calling Chad?", "international telephone calling code"),
+        ("Before I exchange my cash, could you tell me the official currency of Chad?", "official currency"),
+        ("What is the international telephone calling code of Chad, please?", "international telephone calling code"),
+        ("Is the capital of Chad located in the south?", "capital"),  # one word of "continent located" is not it
         ("Tell me something about Chad.", "tell me something about"),  # no calibrated kind shares a word: its own
     ],
 )

@@ -105,25 +105,20 @@ def question_kind(question: str) -> str:
 
 def resolve_kind(question: str, known: Iterable[str]) -> str:
     """The calibrated kind a question asks about, however it is worded: its own `question_kind` when that
-    was calibrated, else the known kind that shares the most words with it (stemmed; ties: the kind more
-    of whose words it holds, then the shorter); else its own kind (which gets the global threshold).
+    was calibrated, else the known kind all of whose words it holds (stemmed), the one of most words (ties:
+    the longer, then the first in order); else its own kind (which gets the global threshold).
 
     "Hey, do you know what the capital of Chad is?" -> "capital", as "What is the capital of Chad?" is: a
-    kind is what is asked, and the words around it must not make the question a kind never calibrated.
+    kind is what is asked, and the words around it must not make the question a kind never calibrated. One
+    shared word is not enough: "… is located in Chestnut Hill …" is no "continent located" question.
     """
     kind = question_kind(question)
     kinds = set(known)
     if kind in kinds:
         return kind
     held = _kind_stems(question)
-    best: tuple[int, float, int, str] | None = None
-    for candidate in kinds:
-        words = _kind_stems(candidate)
-        shared = len(words & held)
-        rank = (-shared, -shared / max(1, len(words)), len(candidate), candidate)
-        if shared and (best is None or rank < best):
-            best = rank
-    return best[3] if best else kind
+    matches = [k for k in kinds if (words := _kind_stems(k)) and words <= held]
+    return min(matches, key=lambda k: (-len(_kind_stems(k)), -len(k), k)) if matches else kind
 
 
 _KIND_STOP_STEMS = frozenset(stems(" ".join(KIND_STOPWORDS)))

@@ -116,7 +116,16 @@ def bench_decode(
     assert isinstance(backend, LlamaCppBackend)  # sessions=1: the one-context backend
     llama = backend._llama
     prompt, scope = (PARAGRAPH_PROMPT, "sentence") if paragraph else (DECODE_PROMPT, "reply")
-    config = Config(mode="detect", max_tokens=n_tokens, max_rounds=0, system_prompt="", claim_scope=scope)
+    # The same tokens as plain decoding: a reply ending whole (cut at a blank line or unfinished sentence) would
+    # compare fewer; what is timed is the per-token cost of detection.
+    config = Config(
+        mode="detect",
+        max_tokens=n_tokens,
+        max_rounds=0,
+        system_prompt="",
+        claim_scope=scope,
+        long_reply_ends_whole=False,
+    )
     layout = PromptLayout.from_template(backend.chat_prompt, chat_messages(prompt))
     prompt_tokens = layout.body_tokens(backend.tokenize) + layout.open_tokens(backend.tokenize)
 
