@@ -146,7 +146,9 @@ def _plot(extra: dict[str, Any]) -> str:
         for i, s in enumerate(surprises)
     )
     points = " ".join(f"{(i + 0.5) * step:.1f},{y(w):.1f}" for i, w in enumerate(windows) if w is not None)
-    line = f"<polyline class='window' points='{points}' fill='none' stroke='#36c' stroke-width='1.5'/>"
+    line = ""
+    if points:
+        line = f"<polyline class='window' points='{points}' fill='none' stroke='#36c' stroke-width='1.5'/>"
     bar_line = ""
     if isinstance(threshold, (int, float)) and math.isfinite(threshold):
         bar_line = (
@@ -157,7 +159,6 @@ def _plot(extra: dict[str, Any]) -> str:
         f"<p class='meta'>surprise per token (bars, bits), the window statistic (blue) and its threshold "
         f"{_num(threshold)} (dashed)</p>"
     )
-    line = line if points else ""
     return (
         f"<svg class='plot' width='{PLOT_WIDTH}' height='{PLOT_HEIGHT}' viewBox='0 0 {PLOT_WIDTH} {PLOT_HEIGHT}' "
         f"role='img' aria-label='surprise over the reply'>{bars}{line}{bar_line}</svg>{caption}"

@@ -13,7 +13,7 @@ import re
 import sqlite3
 import threading
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
 
 # --------------------------------------------------------------------------------------------
@@ -146,6 +146,24 @@ def stops_between(text: str, start: int, end: int) -> bool:
     """Whether a sentence stop stands in `text[start:end]` (the gap between two words), judged with the
     words before it: the gap after "St" in "St. Louis" holds none, the gap after "end" in "end. Then" does."""
     return _STOP.search(text, start, end) is not None
+
+
+def name_tokens(text: str) -> Iterator[tuple[str, bool, bool]]:
+    """Yield (token, looks_like_name, follows_previous_word) for each word of `text`.
+
+    A name is capitalised inside a sentence; `follows_previous_word` is true when only spaces or a
+    hyphen separate it from the word before ("Burkina Faso", "Bobo-Dioulasso").
+    """
+    text = unicodedata.normalize("NFKC", text)
+    previous_end = None
+    for match in WORD.finditer(text):
+        token = match.group()
+        between = "." if previous_end is None else text[previous_end : match.start()]
+        # After a stop that ends no sentence a capital is a name ("Louis" in "St. Louis", "Virgin" in "U.S. Virgin
+        # Islands"); a letter glued on by a dot alone is part of the abbreviation ("S" in "U.S."), as before.
+        sentence_start = previous_end is None or between == "." or stops_between(text, previous_end, match.start())
+        previous_end = match.end()
+        yield token, token[0].isupper() and not sentence_start, between.strip() in ("", "-")
 
 
 def first_stop(text: str, stops: Sequence[str], start: int = 0) -> int | None:

@@ -845,9 +845,10 @@ def _asker_words_discounted(weights: dict[str, float], question: str, held: set[
     """In a question that writes its names with capitals, a lower-case word no result holds is the asker's
     wording ("Quick question before my exam"), not a missing subject: it counts UNSEEN_WORD_WEIGHT of its
     weight in coverage, as the memory store counts it, so that a chatty question is not judged less covered."""
-    lower = {light_stem(t.word) for t in query_terms(question) if t.lower_case}
-    if not any(t.is_name for t in query_terms(question)):
+    terms = query_terms(question)
+    if not any(t.is_name for t in terms):
         return weights
+    lower = {light_stem(t.word) for t in terms if t.lower_case}
     return {s: w * (UNSEEN_WORD_WEIGHT if s in lower and s not in held else 1.0) for s, w in weights.items()}
 
 

@@ -33,7 +33,7 @@ class ShownReply:
     first: float  # the first shown token
     marks: list[float] = field(default_factory=list)  # each shown sentence complete
     rounds: list = field(default_factory=list)  # the receipt's rounds
-    # Each rewind: (ms from the rewind to the end of the sentence rewritten, tokens shown in that time).
+    # Each rewind: (seconds from the rewind to the end of the sentence rewritten, tokens shown in that time).
     rewrites: list[tuple[float, int]] = field(default_factory=list)
 
 
@@ -56,7 +56,7 @@ def shown_times(backend, prompt: str, config: Config, arms: Mapping[str, Arm]) -
                 marks.append(now)
                 done_at = end
                 if rewinding and end > rewinding[2] + 1:  # the rewritten sentence is shown whole (an end seen
-                    rewrites.append(((now - rewinding[0]) * 1000, rewinding[1]))  # only now is an earlier one's)
+                    rewrites.append((now - rewinding[0], rewinding[1]))  # only now is an earlier one's)
                     rewinding = None
         elif isinstance(event, Done):
             rounds = event.rounds
@@ -72,13 +72,14 @@ def longest_gap(first: float, marks: Sequence[float]) -> float:
     return max((b - a for a, b in zip(points, points[1:], strict=False)), default=0.0)
 
 
-def _quantiles(values: Sequence[float]) -> dict[str, float | None]:
+def _quantiles(values: Sequence[float], scale: float = 1000.0) -> dict[str, float | None]:
+    """p50, p95 and count of `values` times `scale` (seconds to ms by default; 1 for counts)."""
     if not values:
         return {"p50": None, "p95": None, "n": 0}
     ordered = sorted(values)  # percentile() reads a sorted sequence
     return {
-        "p50": round(percentile(ordered, 50) * 1000, 1),
-        "p95": round(percentile(ordered, 95) * 1000, 1),
+        "p50": round(percentile(ordered, 50) * scale, 1),
+        "p95": round(percentile(ordered, 95) * scale, 1),
         "n": len(values),
     }
 
@@ -124,15 +125,8 @@ def bench_paragraph(
         # shown; what a round adds beyond it (its arms, injection, re-feeding) is the round's overhead.
         "round_overhead_ms": _quantiles(own),
         "rewrite_decode": {
-            "ms": _quantiles([ms / 1000 for ms, _ in rewrites]),
-            "tokens": _counts([tokens for _, tokens in rewrites]),
+            "ms": _quantiles([seconds for seconds, _ in rewrites]),
+            "tokens": _quantiles([tokens for _, tokens in rewrites], scale=1),
         },
         "goal": "round_overhead_ms p95 <= 150",
     }
-
-
-def _counts(values: Sequence[int]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p95": None, "n": 0}
-    ordered = sorted(values)
-    return {"p50": percentile(ordered, 50), "p95": percentile(ordered, 95), "n": len(values)}

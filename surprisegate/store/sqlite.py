@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import numpy as np
 
 from ..errors import InputError, MissingDependency
-from ..text import FTS_TOKENIZER, QUERY_STOPWORDS, WORD, split_sentences, stops_between
+from ..text import FTS_TOKENIZER, QUERY_STOPWORDS, name_tokens, split_sentences
 from .embed import Embedder, default_embedder, embedder_from_name
 from .titles import TitleIndex
 
@@ -119,24 +119,6 @@ class QueryTerm:
     lower_case: bool = False  # typed in lower case (so surely not a name)
 
 
-def _tokens(text: str):
-    """Yield (token, looks_like_name, follows_previous_word) for each word of `text`.
-
-    A name is capitalised inside a sentence; `follows_previous_word` is true when only spaces or a
-    hyphen separate it from the word before ("Burkina Faso", "Bobo-Dioulasso").
-    """
-    text = unicodedata.normalize("NFKC", text)
-    previous_end = None
-    for match in WORD.finditer(text):
-        token = match.group()
-        between = "." if previous_end is None else text[previous_end : match.start()]
-        # After a stop that ends no sentence a capital is a name ("Louis" in "St. Louis", "Virgin" in "U.S. Virgin
-        # Islands"); a letter glued on by a dot alone is part of the abbreviation ("S" in "U.S."), as before.
-        sentence_start = previous_end is None or between == "." or stops_between(text, previous_end, match.start())
-        previous_end = match.end()
-        yield token, token[0].isupper() and not sentence_start, between.strip() in ("", "-")
-
-
 def prepare_query(query: str, context: str, k: int, mode: str) -> tuple[list[QueryTerm], list[QueryTerm]] | None:
     """The query's terms and the context's new terms (at CONTEXT_WEIGHT); None when nothing can match.
 
@@ -154,7 +136,7 @@ def prepare_query(query: str, context: str, k: int, mode: str) -> tuple[list[Que
 def query_terms(text: str, weight: float = 1.0) -> list[QueryTerm]:
     """Content words of `text`, in order, without duplicates; names weigh NAME_WEIGHT times more."""
     terms: dict[str, QueryTerm] = {}
-    for token, looks_like_name, _ in _tokens(text):
+    for token, looks_like_name, _ in name_tokens(text):
         word = token.lower()
         if word in QUERY_STOPWORDS and not looks_like_name:  # keep "He"/"In" when they are symbols
             continue
@@ -170,7 +152,7 @@ def query_bigrams(text: str) -> list[str]:
     """Adjacent content-word pairs ("symbol b", "burkina faso"), to favour passages with the phrase."""
     bigrams: list[str] = []
     previous = None
-    for token, looks_like_name, follows_previous in _tokens(text):
+    for token, looks_like_name, follows_previous in name_tokens(text):
         word = token.lower()
         if word in QUERY_STOPWORDS and not looks_like_name:
             previous = None

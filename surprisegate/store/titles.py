@@ -12,7 +12,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable, Iterable
 
-from ..text import WORD, fold, stops_between
+from ..text import WORD, fold, name_tokens
 
 MOST_TITLE_WORDS = 8  # longer titles ("Saint Helena, Ascension and Tristan da Cunha") are rare; all are still named
 
@@ -23,17 +23,9 @@ def title_key(title: str) -> str:
 
 
 def writes_names(text: str) -> bool:
-    """Whether `text` capitalises a word inside a sentence (a name), so that case can tell names from words."""
-    text = unicodedata.normalize("NFKC", text)
-    previous_end = None
-    for match in WORD.finditer(text):
-        between = "" if previous_end is None else text[previous_end : match.start()]
-        # As the store reads names (sqlite._tokens): "S" glued to "U." by a dot is no name either.
-        opens_sentence = previous_end is None or between == "." or stops_between(text, previous_end, match.start())
-        previous_end = match.end()
-        if match.group()[0].isupper() and not opens_sentence:
-            return True
-    return False
+    """Whether `text` capitalises a word inside a sentence (a name, as the store's query terms read names), so
+    that case can tell names from words."""
+    return any(looks_like_name for _, looks_like_name, _ in name_tokens(text))
 
 
 class TitleIndex:
