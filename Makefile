@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up .venv first (idempotent; the llama.cpp wheel is cached).
-.PHONY: setup demo test test-fast bench
+.PHONY: setup demo test test-fast bench docs
 
 setup:
 	@bash scripts/setup.sh
@@ -9,7 +9,7 @@ demo: setup
 
 # The whole suite needs every optional part installed (both backends, Milvus, the plots, the peers), so `make test`
 # asks for all of them; the same command runs in CI (.ci/run).
-test: export EXTRAS ?= llamacpp,test,transformers,eval,milvus,minilm,peers,clients
+test: export EXTRAS ?= llamacpp,test,transformers,eval,milvus,minilm,peers,clients,docs
 test: setup
 	bash scripts/check.sh
 	.venv/bin/python -m pytest -q
@@ -17,6 +17,11 @@ test: setup
 test-fast: setup
 	bash scripts/check.sh
 	.venv/bin/python -m pytest -q -m "not slow"
+
+# The documentation site from docs/ into site/; --strict turns a broken link, anchor or missing page into a failure.
+docs: export EXTRAS ?= llamacpp,test,eval,docs
+docs: setup
+	.venv/bin/mkdocs build --strict
 
 bench: setup
 	.venv/bin/surprisegate bench decode --json

@@ -1,7 +1,7 @@
-"""Render the README's Results tables from the saved calibration and eval summaries.
+"""Render the Results page's tables (docs/results/index.md) from the saved calibration and eval summaries.
 
 python scripts/results_md.py results/   > results/RESULTS.md
-python scripts/results_md.py results/ --readme README.md   # also replace the README's generated block
+python scripts/results_md.py results/ --page docs/results/index.md   # also replace the page's generated block
 """
 
 from __future__ import annotations
@@ -89,16 +89,16 @@ def oracle_md(oracle: dict) -> str:
 BEGIN, END = "<!-- results:begin (scripts/results_md.py) -->", "<!-- results:end -->"
 
 
-def splice(readme: Path, block: str) -> None:
-    text = readme.read_text()
+def splice(page: Path, block: str) -> None:
+    text = page.read_text()
     if BEGIN not in text or END not in text:
-        sys.exit(f"{readme} has no {BEGIN} ... {END} block to replace")
+        sys.exit(f"{page} has no {BEGIN} ... {END} block to replace")
     head, rest = text.split(BEGIN, 1)
     tail = rest.split(END, 1)[1]
-    readme.write_text(head + BEGIN + "\n" + block.rstrip() + "\n" + END + tail)
+    page.write_text(head + BEGIN + "\n" + block.rstrip() + "\n" + END + tail)
 
 
-def main(root: str, readme: str | None = None) -> None:
+def main(root: str, page: str | None = None) -> None:
     base = Path(root)
     out: list[str] = []
     for folder, title in (
@@ -107,31 +107,31 @@ def main(root: str, readme: str | None = None) -> None:
     ):
         cal = base / folder / "calibration.json"
         if cal.exists():
-            out += [f"### {title}", ""] + calibration_md(json.loads(cal.read_text())) + [""]
+            out += [f"## {title}", ""] + calibration_md(json.loads(cal.read_text())) + [""]
     evals = sorted((base / "eval").glob("*/summary.json"))
     if evals:
-        out += ["### A/B", ""]
+        out += ["## A/B", ""]
         for path in evals:
             out += eval_md(path.parent.name, json.loads(path.read_text()))
     for path in sorted((base / "tradeoff").glob("*/tradeoff.md")):
         out += [
-            f"### Operating points on {path.parent.name}: accuracy against grounding calls and tokens",
+            f"## Operating points on {path.parent.name}: accuracy against grounding calls and tokens",
             "",
             path.read_text().rstrip(),
             "",
-            f"![trade-off]({path.parent.relative_to(base.parent)}/tradeoff.png)",
+            f"![trade-off](../figures/{path.parent.relative_to(base).as_posix()}/tradeoff.png)",
             "",
         ]
     print("\n".join(out))
-    if readme:
-        splice(Path(readme), "\n".join(out))
+    if page:
+        splice(Path(page), "\n".join(out))
 
 
 if __name__ == "__main__":
     import argparse
 
-    ap = argparse.ArgumentParser(description="Render the README's Results tables from results/.")
+    ap = argparse.ArgumentParser(description="Render the Results page's tables from results/.")
     ap.add_argument("root", nargs="?", default="results")
-    ap.add_argument("--readme", help="also replace this README's generated block")
+    ap.add_argument("--page", help="also replace this page's generated block (docs/results/index.md)")
     cli = ap.parse_args()
-    main(cli.root, cli.readme)
+    main(cli.root, cli.page)
