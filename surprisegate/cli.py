@@ -1036,6 +1036,12 @@ def _serve_main():
     help="A browser origin allowed to call the server (repeat for more, e.g. --cors-origin http://localhost:3000; "
     "'*' allows any); none by default, so browser pages elsewhere are blocked.",
 )
+@click.option(
+    "--ui",
+    is_flag=True,
+    help="Also serve a chat page at / to watch replies stream with their surprise and rounds (plain HTML and "
+    "JS from this server only).",
+)
 def serve(
     host: str,
     port: int,
@@ -1053,6 +1059,7 @@ def serve(
     allow_python: bool,
     receipts_show_config: bool,
     cors_origins: tuple[str, ...],
+    ui: bool,
     **kwargs,
 ) -> None:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/completions) with the gate in the loop.
@@ -1075,6 +1082,7 @@ def serve(
         allow_python=allow_python,
         show_config=receipts_show_config,
         cors_origins=cors_origins,
+        ui=ui,
     )
     serve_main.serve_forever(resolve_layers(kwargs), options, _say)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -16,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from browser import chromium, keep_artefact, loaded_resources
 from surprisegate.receipt_view import coloured_reply, render_page, rewrite_starts, surprise_colour
 
 PIECES = ["The", " capital", " of", " Chad", " is", " N", "'", "Dj", "amena", "."]
@@ -174,32 +174,11 @@ def test_the_demo_page_shows_the_dropped_capital_and_its_evidence(demo_page):
     assert len(page.tokens) > 5 and page.addresses == []
 
 
-def _chromium():
-    webdriver = pytest.importorskip("selenium.webdriver")
-    driver_path = shutil.which("chromedriver")
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not (driver_path and browser):
-        pytest.skip("headless Chromium is not installed (apt-get install chromium chromium-driver)")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--window-size=1000,1400",
-    ):
-        options.add_argument(flag)
-    return webdriver.Chrome(service=Service(driver_path), options=options)
-
-
 @pytest.mark.slow
 def test_the_demo_page_in_headless_chromium(demo_page):
     from selenium.webdriver.common.by import By
 
-    browser = _chromium()
+    browser = chromium()
     try:
         browser.get(demo_page.as_uri())
         doubted = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".round[data-action=rewound] del.doubted")]
@@ -211,14 +190,11 @@ def test_the_demo_page_in_headless_chromium(demo_page):
         assert tokens and coloured, "no token is coloured by its surprise"
         assert browser.find_elements(By.CSS_SELECTOR, "svg.plot line.threshold")
         # The page asked no host for anything: every resource it loaded is the page itself.
-        loaded = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+        loaded = loaded_resources(browser)
         assert loaded == [], loaded
         shot = demo_page.with_suffix(".png")
         assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
-        artefacts = os.environ.get("SURPRISEGATE_TEST_ARTEFACTS")
-        if artefacts:  # kept for the docs and for a person to look at
-            Path(artefacts).mkdir(parents=True, exist_ok=True)
-            shutil.copy(shot, Path(artefacts) / "receipts-view-demo.png")
+        keep_artefact(shot, "receipts-view-demo.png")
     finally:
         browser.quit()
 

@@ -8,6 +8,7 @@ module) and ask the README's demo questions, grounded, with their receipts; and 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -553,6 +554,31 @@ def test_a_stream_never_shows_rewound_text(gated):
     assert "".join(pieces) == RIGHT and not any("Wrong" in p for p in pieces)
     first = receipt_of(chunks[-1])["rounds"][0]
     assert first["action"] == "rewound" and first["dropped_text"] and first["dropped_text"] in WRONG
+
+
+def test_a_stream_that_asks_carries_each_rounds_events_as_they_happen(gated):
+    body = {"surprisegate": {"mode": "intervene", "events": True}}
+    chunks = list(ask(gated, "What is the capital of Testland?", stream=True, extra_body=body))
+    extension = [(c.model_extra or {}).get("surprisegate") or {} for c in chunks]
+    events = [(i, ext["event"]) for i, ext in enumerate(extension) if "event" in ext]
+    assert [e["type"] for _, e in events] == ["trigger", "grounding", "rewind"]
+    trigger, grounding, rewind = (e for _, e in events)
+    assert trigger["round"] == grounding["round"] == rewind["round"] == 1 and trigger["value"] > trigger["threshold"]
+    assert grounding["found"] and grounding["source"] == "memory:country:TL" and "Rightburg" in grounding["evidence"]
+    assert rewind["dropped_text"] and rewind["dropped_text"] in WRONG and not rewind["reverted"]
+    assert all(not chunks[i].choices for i, _ in events)  # no choices: a client that did not ask skips them
+    shown = itertools.accumulate((c.choices[0].delta.content or "") if c.choices else "" for c in chunks)
+    rewritten = next(i for i, text in enumerate(shown) if "Right" in text)
+    assert events[-1][0] < rewritten  # the round is shown before the text written after it
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == RIGHT
+    unasked = list(ask(gated, "What is the capital of Testland?", stream=True, extra_body={"surprisegate": {}}))
+    assert not any("event" in ((c.model_extra or {}).get("surprisegate") or {}) for c in unasked)
+
+
+def test_events_must_be_true_or_false(gated):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi?"}], "stream": True}
+    resp = httpx.post(gated.url + "/v1/chat/completions", json=body | {"surprisegate": {"events": "yes"}})
+    assert_openai_error(resp, 400, param="surprisegate.events")
 
 
 def test_metrics_count_requests_triggers_rounds_and_queue(gated):

@@ -33,7 +33,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..backends import SteerableBackend
-from ..gate.events import Token
+from ..gate.events import Grounding, Rewind, Token, Trigger
 from ..receipt_view import render_page
 from ..text import first_stop
 from .gate import (
@@ -50,6 +50,7 @@ from .gate import (
 )
 from .metrics import CONTENT_TYPE, Metrics
 from .replies import ReplyShape, StopCutter, cut_at_stop, finish_reason, token_info, token_infos
+from .ui import PAGE, PAGE_POLICY, SCRIPT
 from .wire import ApiError, GateRequest, Limits, parse_chat, parse_completion, parse_json, parse_responses, shown
 
 # An unread body would be parsed as the next request on a kept-alive connection: close it after the error.
@@ -75,6 +76,11 @@ class ServeSettings:
     show_config: bool = False  # clients' receipts carry the server's config too (--receipts-show-config)
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call (--cors-origin); none by default
     recent_receipts: int = 1024  # client receipts kept in memory for GET /v1/receipts/{id} (with receipts on)
+    ui: bool = False  # the chat page at / (--ui; ui.py)
+
+
+# A round's events, sent as they happen to a stream that asks ("surprisegate": {"events": true}).
+ROUND_EVENTS = (Trigger, Grounding, Rewind)
 
 
 def served_name(model_id: str) -> str:
@@ -161,6 +167,13 @@ class Server:
                 code="receipt_not_found",
             )
         return receipt
+
+    async def ui_page(self, request: Request) -> Response:
+        """GET / (with --ui): the chat page; its policy lets it run this server's script and call this server only."""
+        return Response(PAGE, media_type="text/html; charset=utf-8", headers={"Content-Security-Policy": PAGE_POLICY})
+
+    async def ui_script(self, request: Request) -> Response:
+        return Response(SCRIPT, media_type="text/javascript; charset=utf-8")
 
     async def health(self, request: Request) -> Response:
         a = self.admission
@@ -293,6 +306,8 @@ class Server:
             if isinstance(item, Finished) and item.parsed is not None:
                 async for chunk in self._tool_chunks(gen, shape, caller, cutter, item):
                     yield chunk
+            elif isinstance(item, ROUND_EVENTS) and r.events:
+                yield shape.event_chunk(item)
             elif isinstance(item, Token) and not buffered:
                 top = item.top_logprobs[: r.top_logprobs]
                 info = token_info(item.token_id, item.surprise, top, self.token_bytes) if r.logprobs else None
@@ -638,8 +653,10 @@ def create_app(runtime: Any, settings: ServeSettings | None = None) -> Starlette
         yield
         server.shutdown()  # replies still running stop at their next event and free their sessions
 
+    ui = [Route("/", guarded(server.ui_page), methods=["GET"]), Route("/ui.js", guarded(server.ui_script))]
     app = Starlette(
         routes=[
+            *(ui if server.settings.ui else []),
             Route("/v1/chat/completions", guarded(server.chat), methods=["POST"]),
             Route("/v1/completions", guarded(server.completions), methods=["POST"]),
             Route("/v1/responses", guarded(server.responses), methods=["POST"]),

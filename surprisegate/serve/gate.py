@@ -420,7 +420,7 @@ class Generation:
 # Config keys a client may see in its receipt: what a request may set, and its sampling. The rest (system
 # prompt, tool roots and allow-lists, model path, backend URI, templates, timeouts) is the operator's.
 CLIENT_CONFIG_KEYS = (
-    *REQUEST_KEYS,
+    *(k for k in REQUEST_KEYS if k != "events"),
     "max_tokens",
     "temperature",
     "seed",

@@ -41,6 +41,7 @@ class ServeOptions:
     allow_python: bool = False  # run clients' Python snippets: the operator's decision, off by default
     show_config: bool = False  # receipts sent to clients include the server's config (roots, prompts, paths)
     cors_origins: tuple[str, ...] = ()  # browser origins allowed (none by default)
+    ui: bool = False  # the chat page at / (--ui)
     limits: Limits = field(default_factory=Limits)
 
 
@@ -80,6 +81,7 @@ def build_settings(options: ServeOptions, slots: int, model_id: str) -> ServeSet
         model_name=options.model_name or served_name(model_id),
         show_config=options.show_config,
         cors_origins=check_origins(options.cors_origins),
+        ui=options.ui,
     )
 
 
@@ -130,6 +132,7 @@ def build_app(layers: ConfigLayers, options: ServeOptions, say: Callable[[str], 
         f"http://{options.host}:{options.port}/v1 — {slots} at once, {settings.queue} queued; receipts: {receipts}; "
         f"auth: {'bearer key' if settings.api_key else 'none (set SURPRISEGATE_API_KEY)'}; "
         f"python snippets: {python_line(runtime.config, options)}"
+        + (f"; chat page: http://{options.host}:{options.port}/" if options.ui else "")
     )
     return app, runtime
 

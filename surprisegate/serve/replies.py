@@ -6,12 +6,14 @@ Logprobs come from the loop's own measurements: a token's surprise is -log2 p, s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..gate.receipts import to_jsonable
 from ..text import first_stop
 from .wire import GateRequest
 
@@ -272,6 +274,20 @@ class ReplyShape:
         if receipt is not None:
             out["surprisegate"] = self.extension(receipt)
         return out
+
+    def event_chunk(self, event: Any) -> dict[str, Any]:
+        """A round's event as it happens (`"surprisegate": {"events": true}`): a chunk with no choices, as a usage
+        chunk is, so a client that did not ask for events would skip it."""
+        kind = "chat.completion.chunk" if self.request.endpoint == "chat" else "text_completion"
+        record = {"type": type(event).__name__.lower(), **to_jsonable(dataclasses.asdict(event))}
+        return {
+            "id": self.object_id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "surprisegate": {"event": record},
+        }
 
     def usage_chunk(self, receipt: dict[str, Any]) -> dict[str, Any]:
         """The extra last chunk `stream_options.include_usage` asks for: no choices, the usage, and the receipt

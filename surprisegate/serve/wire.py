@@ -51,6 +51,7 @@ REQUEST_KEYS = (
     "arm_order_computable",
     "arm_order_other",
     "stream",
+    "events",  # not a config key: the stream also carries the rounds' events as they happen (gate_events)
 )
 # Fields an OpenAI client may send that this server cannot honour: a 400 names them.
 UNSERVED = {
@@ -264,6 +265,7 @@ class GateRequest:
     response_format: ResponseFormat | None = None  # JSON output under a grammar (None: text)
     continuation: Continuation | None = None  # /v1/completions: the raw prompt the reply continues
     echo: bool = False  # /v1/completions: the prompt comes back before the reply's text
+    events: bool = False  # a stream also carries the rounds' events as they happen (gate_events)
 
 
 # --------------------------------------------------------------------------------------------
@@ -598,9 +600,18 @@ def gate_overrides(body: dict, limits: Limits, base: Config | None = None) -> di
         )
     base = base or Config()
     kinds = known_kinds(base)
-    out = {k: _setting(k, v, limits, kinds) for k, v in ext.items() if v is not None}
+    out = {k: _setting(k, v, limits, kinds) for k, v in ext.items() if v is not None and k != "events"}
     check_budget(out, base, limits)
     return out
+
+
+def gate_events(body: dict) -> bool:
+    """`"surprisegate": {"events": true}`: a stream also sends each round's trigger, grounding and rewind as it
+    happens (chunks with no choices, the event under "surprisegate"); the chat page of `serve --ui` asks so."""
+    ext = body.get("surprisegate")
+    if not isinstance(ext, dict) or ext.get("events") is None:
+        return False
+    return _bool(ext, "events", "surprisegate.events")
 
 
 def check_budget(out: dict[str, Any], base: Config, limits: Limits) -> None:
@@ -1182,4 +1193,5 @@ def _gate_request(
     stop = stops(body)
     overrides = sampling_overrides(body, limits) | gate_overrides(body, limits, base)
     config, notes = request_config(base, overrides, top, logprobs, detect_only, limits.max_grounding_s)
-    return GateRequest(endpoint, messages, config, stream, include_usage, logprobs, top, stop, overrides, notes)
+    request = GateRequest(endpoint, messages, config, stream, include_usage, logprobs, top, stop, overrides, notes)
+    return replace(request, events=gate_events(body))
