@@ -9,6 +9,7 @@ SURPRISEGATE_HOME, and they must leave the checkout as they found it.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -197,6 +198,50 @@ def test_every_command_on_every_page_parses(block, args):
         pass
     except (click.UsageError, AssertionError, SurpriseGateError) as err:
         pytest.fail(f"{block.name}: `surprisegate {shlex.join(args)}` does not parse: {err}")
+
+
+def _makefile_targets() -> set[str]:
+    text = (ROOT / "Makefile").read_text()
+    return set(re.findall(r"^([\w-]+):", text, re.M))
+
+
+def program_problem(command: list[str]) -> str | None:
+    """Why another program's command on a page would not run here: a script, module or make target that is
+    not in the checkout (None: it names one that is, or a program this check does not know)."""
+    words = [w for w in command if not re.match(r"^[A-Z_][A-Z0-9_]*=", w)]
+    if not words:
+        return None
+    program, args = Path(words[0]).name, words[1:]
+    if program.startswith("python") and args[:1] == ["-m"] and len(args) > 1:
+        module = args[1]  # ours must exist; another project's (sglang) is that project's to document
+        return module if module.split(".")[0] == "surprisegate" and not _module_exists(module) else None
+    if program.startswith("python") or program == "bash":
+        script = next((a for a in args if not a.startswith("-")), None)
+        if script and script.endswith((".py", ".sh")) and not (ROOT / script).exists():
+            return script
+    if program == "make":
+        missing = [a for a in args if not a.startswith("-") and "=" not in a and a not in _makefile_targets()]
+        return f"make {missing[0]}" if missing else None
+    return None
+
+
+def _module_exists(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+OTHER_LINES = [(b, c) for b in SHELL for c in shell_commands(b.text) if surprisegate_args(c) is None]
+
+
+def test_every_script_module_and_make_target_on_every_page_exists():
+    problems = [f"{b.name}: {shlex.join(c)} ({p})" for b, c in OTHER_LINES if (p := program_problem(c))]
+    assert not problems, "\n".join(problems)
+    assert program_problem(["python", "scripts/no_such_script.py"]) == "scripts/no_such_script.py"
+    assert program_problem(["make", "no-such-target"]) == "make no-such-target"
+    assert program_problem(["python", "-m", "surprisegate.no_such_module"]) == "surprisegate.no_such_module"
+    assert program_problem([".venv/bin/python", "scripts/results_md.py", "results"]) is None
 
 
 def test_the_site_builds_strict(tmp_path):
