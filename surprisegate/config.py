@@ -218,6 +218,15 @@ class Config:
             "banned"
         },
     )
+    # Off: on longform_dev it fixed as many paragraphs as it broke (7 / 6), on factqa 3 / 0 (issue 45 notes).
+    retry_opens_evidence: bool = field(
+        default=False,
+        metadata={
+            "help": "when a rewrite used none of its evidence, the one more try starts with a word of that evidence "
+            "the sentence and the question have not said, of the doubted words' shape (a number, a name); "
+            "every other first token is banned for that step (in-process backends only)"
+        },
+    )
     tool_roots: tuple[str, ...] = field(default=(), metadata={"help": "folders the file tool may read"})
     tool_status_targets: tuple[str, ...] = field(
         default=(), metadata={"help": "host:port or URLs the live-status tool may check"}

@@ -16,10 +16,11 @@ from surprisegate.errors import BackendFault, InputError
 from surprisegate.gate.events import Rewind, Token, Trigger
 from surprisegate.gate.loop import generate, stream
 from surprisegate.gate.prompting import Continuation
+from surprisegate.gate.rewrite import EvidenceOpeners
 from surprisegate.gate.structured import ResponseFormat
 from surprisegate.gate.surprise import RollingWindow
 
-from scripted import ScriptedBackend, bits, plan
+from scripted import VOCAB, ScriptedBackend, bits, plan
 
 QUESTION = "What is the capital of Testland?"
 WRONG = "The capital is Wrongville."
@@ -527,6 +528,72 @@ def test_a_retry_that_fails_again_is_reverted_to_the_plain_reply():
     assert record["action"] == "reverted" and len(record["retries"]) == 1
     assert backend.context == off_backend.context
     assert all(r["action"] != "rewound" for r in done.rounds)
+
+
+def script_chats_until_forced(context: str):
+    """Shown the evidence, the model chats, and after its chat is banned it would chat another way ("I'm …");
+    only a start the evidence opens ("R") leads it to answer from it."""
+    turn = context.rsplit("<|im_start|>assistant\n", 1)[-1]
+    if "The capital of Testland is Rightburg.\nAnswer the user" not in context:
+        return plan("Wrongville is the capital.", doubtful="Wrongville")
+    if turn.startswith("R"):
+        return plan("Rightburg is the capital.")
+    if turn.startswith("I"):
+        return plan("I'm ready to help.")
+    chat = [(c, 0.9) for c in IGNORED]
+    chat[0] = ("T", 0.6, {"I": 0.2, "R": 0.01})
+    return chat
+
+
+class VocabScripted(ScriptedBackend):
+    n_vocab = VOCAB  # as llama.cpp in process says it: a retry may ban all but the evidence's openers
+
+
+@pytest.mark.parametrize("opens_evidence", [True, False])
+def test_a_retry_opens_with_a_word_of_its_evidence(opens_evidence):
+    config = cfg(retry_opens_evidence=opens_evidence)
+    arms = {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}
+    _, events, done = run(config, arms, backend=VocabScripted(script_chats_until_forced))
+    record = done.rounds[0]
+    if opens_evidence:  # every first token but " " and "R" (of "Rightburg") banned for that one step
+        assert done.text == "Rightburg is the capital." and record["action"] == "rewound"
+        assert record["retries"][0]["rewrite"].startswith("The capital is a fine topic.")
+    else:  # its first token alone banned, it chats again ("I'm ready to help.") and the plain reply comes back
+        assert done.text == "Wrongville is the capital." and record["action"] == "reverted"
+    assert "".join(e.text for e in events if isinstance(e, Token)) == done.text
+
+
+def script_shouts(context: str):
+    """Shown the evidence, the model uses it but shouts it ("RIGHTBURG IS THE CAPITAL.": a miscased word fails the
+    check); its runner-up start chats."""
+    turn = context.rsplit("<|im_start|>assistant\n", 1)[-1]
+    if "The capital of Testland is Rightburg.\nAnswer the user" not in context:
+        return plan("Wrongville is the capital.", doubtful="Wrongville")
+    if turn.startswith("I"):
+        return plan("I'm ready to help.")
+    shout = [(c, 0.9) for c in "RIGHTBURG IS THE CAPITAL."]
+    shout[0] = ("R", 0.6, {"I": 0.2})
+    return shout
+
+
+def test_a_rewrite_that_used_its_evidence_is_tried_again_unconstrained():
+    arms = {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}
+    _, _, done = run(cfg(retry_opens_evidence=True), arms, backend=VocabScripted(script_shouts))
+    record = done.rounds[0]
+    (retry,) = record["retries"]
+    assert retry["how"] == "rewritten from the rewind point with its first token banned"  # no opening imposed
+    assert record["action"] == "reverted" and done.text == "Wrongville is the capital."
+
+
+def test_only_a_backend_that_bans_in_process_opens_with_evidence():
+    config = cfg(retry_opens_evidence=True)
+    assert EvidenceOpeners.of(VocabScripted(script_testland), config) is not None
+    assert EvidenceOpeners.of(ScriptedBackend(script_testland), config) is None  # no vocabulary size
+    assert EvidenceOpeners.of(VocabScripted(script_testland), cfg()) is None  # off by default
+    openers = EvidenceOpeners.of(VocabScripted(script_testland), config)
+    assert openers.openers(["The capital of Testland is Rightburg."], QUESTION) == {ord(" "), ord("R")}
+    assert openers.bans(["Testland."], QUESTION) == frozenset()  # nothing of its own: no ban at all
+    assert len(openers.bans(["Rightburg."], QUESTION)) == VOCAB - 2
 
 
 BOOKS_QUESTION = (

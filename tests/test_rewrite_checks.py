@@ -19,6 +19,7 @@ from surprisegate.gate.rewrite_checks import (
     fits_answer,
     miscased_code,
     rewrite_problem,
+    unsaid_evidence_words,
     uses_evidence,
 )
 from surprisegate.text import sentence_end, sentence_start
@@ -395,3 +396,31 @@ def test_miscased_code(sentence, evidence, expected):
 def test_a_rewrite_that_writes_a_code_in_another_case_is_dropped():
     problem = rewrite_problem('The two-letter postal abbreviation is "Va".', [VA], "Write about Virginia.")
     assert problem is not None and "'VA'" in problem and "'Va'" in problem
+
+
+# -- what a retry may open with ---------------------------------------------------------------------------------
+
+
+def test_unsaid_evidence_words_are_the_evidences_own_in_its_order():
+    chad = "Chad is a country in Africa. The capital of Chad is N'Djamena. Official languages include French."
+    asked = "Write a short paragraph about Chad: its capital and official languages. Its capital city,"
+    assert unsaid_evidence_words([chad], asked) == ["country", "Africa", "N'Djamena", "French"]
+    brazil = "The population of Brazil is 211,049,527."
+    assert unsaid_evidence_words([brazil], "The population of Brazil is about") == ["211,049,527"]
+    assert unsaid_evidence_words(["Oregon became a state in 1859."], "Oregon became a state in 1859 and") == []
+    assert unsaid_evidence_words(["The capital is Palikir. Palikir is small."], "Its capital is") == [
+        "Palikir",
+        "small",
+    ]
+
+
+@given(st.lists(st.text(max_size=60), max_size=3), st.text(max_size=60), st.sampled_from(["", "12 km", "Paris"]))
+def test_an_unsaid_word_is_always_the_evidences_and_never_said(evidence, said, like):
+    words = unsaid_evidence_words(evidence, said, like)
+    if like:  # a number for a number, a name for a name
+        assert all(w[0].isdigit() if like[0].isdigit() else w[0].isupper() for w in words)
+    assert len(words) == len(set(words))
+    for word in words:
+        assert any(word in text for text in evidence)
+        if not word[0].isdigit():
+            assert not content_words(word) <= content_words(said)

@@ -185,7 +185,7 @@ class _ReplyLoop:
         self.would_trigger: list[dict] = []  # detect mode: crossings recorded, never acted on
         self.eos, state = frozenset(backend.eos_token_ids), (self.reply, self.decoding, self.emitter, self.rounds)
         self.rewrites = RewriteCheck(
-            config, self.question, state, self.eos, self._start_over_from, self._evidence_leaves
+            config, self.question, state, self.eos, self._start_over_from, self._evidence_leaves, backend
         )
         self.arm_cache: dict = {}  # per reply: (arm, question, class) -> evidence list
         self.injected_total, self.finish_reason, self.at_end_of_turn = 0, "length", False  # last: judged at turn end

@@ -12,14 +12,25 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import cast
 
 from ..arms import Query
+from ..backends import Backend, LocalBackend, SteerableBackend
+from ..backends.capabilities import VocabSize
 from ..config import Config
 from ..text import sentence_end, sentence_start
 from .events import Event, Rewind
 from .receipts import ConvergenceRecord
 from .reply import Context, Decoding, Emitter, Reply, Snapshot
-from .rewrite_checks import answer_tail, computed_answer, cut_short, dropped_claim, rewrite_problem
+from .rewrite_checks import (
+    UNUSED_EVIDENCE,
+    answer_tail,
+    computed_answer,
+    cut_short,
+    dropped_claim,
+    rewrite_problem,
+    unsaid_evidence_words,
+)
 
 # How often a tail after a computed answer is cut and written again before the sentence stands as it is.
 ANSWER_LAST_TRIES = 2
@@ -46,6 +57,35 @@ class Unchecked:
     def replaces(self, own_sentence: list[int], reply_went_on: bool) -> None:
         """Sentence scope: the model's own tokens this rewrite replaces, and whether its reply went on after them."""
         self.own_sentence, self.reply_went_on = list(own_sentence), reply_went_on
+
+
+class EvidenceOpeners:
+    """config.retry_opens_evidence: a failed rewrite's one more try starts with a word of its evidence that neither
+    the sentence so far nor the question holds. Its first step bans every other token: "Its capital is Malaita."
+    ignored "… is Palikir." twice; the retry may only open "Federated", "States" or "Palikir". In process only,
+    where banning most of the vocabulary for one step is one masked copy of the logits."""
+
+    def __init__(self, tokenize: Callable[[str], list[int]], n_vocab: int) -> None:
+        self.tokenize, self.n_vocab = tokenize, n_vocab
+
+    @classmethod
+    def of(cls, backend: Backend, config: Config) -> EvidenceOpeners | None:
+        n_vocab = backend.n_vocab if isinstance(backend, VocabSize) else None
+        local = isinstance(backend, LocalBackend) and isinstance(backend, SteerableBackend)
+        if not (config.retry_opens_evidence and local and n_vocab):
+            return None
+        return cls(cast(SteerableBackend, backend).tokenize, n_vocab)
+
+    def openers(self, evidence: list[str], said: str, like: str = "") -> frozenset[int]:
+        """The first tokens of the evidence's unsaid words (of the shape of `like`, the doubted words), with and
+        without the space before them."""
+        words = unsaid_evidence_words(evidence, said, like) or unsaid_evidence_words(evidence, said)
+        return frozenset(ids[0] for word in words for text in (" " + word, word) if (ids := self.tokenize(text)))
+
+    def bans(self, evidence: list[str], said: str, like: str = "") -> frozenset[int]:
+        """Every token but the openers (none banned when the evidence has no word left to open with)."""
+        openers = self.openers(evidence, said, like)
+        return frozenset(range(self.n_vocab)) - openers if openers else frozenset()
 
 
 def checked_sentence(reply: Reply, unchecked: Unchecked, final: bool) -> tuple[int, str] | None:
@@ -91,6 +131,7 @@ class RewriteCheck:
         eos: frozenset[int],
         start_over: Callable[[int], None],
         evidence_leaves: Callable[[bool, Unchecked], None] = lambda at_end_of_turn, stood: None,
+        backend: Backend | None = None,
     ) -> None:
         self.enabled, self.retries = config.revert_unused_evidence, config.retry_failed_rewrite
         self.sentence_scope, self.keeps_asked = config.sentence_scope, config.rewrite_keeps_asked
@@ -98,6 +139,8 @@ class RewriteCheck:
         self.question = question
         self.reply, self.decoding, self.emitter, self.rounds = loop_state
         self.eos, self.start_over, self.evidence_leaves = eos, start_over, evidence_leaves
+        # config.retry_opens_evidence, where the backend can ban that much
+        self.openers = EvidenceOpeners.of(backend, config) if backend is not None else None
         self.pending: Unchecked | None = None  # a rewrite whose sentence is not finished: held back
         self.reverted = False  # a rewrite failed and was dropped: no further rounds
 
@@ -221,7 +264,7 @@ class RewriteCheck:
     def _try_again(self, problem: str, at_end_of_turn: bool) -> Generator[Event, None, None]:
         """One more try, the evidence still in context: a rewrite cut short by its end of turn goes on past it
         ("… is vpn." inside "vpn.acme.example"); any other is written again from the rewind point with its
-        first token banned ("I'm ready to help.")."""
+        first token banned ("I'm ready to help."), and, where it can, opening with a word of its evidence."""
         u, reply = self.pending, self.reply
         assert u is not None and u.after_injection is not None
         u.tried_again = True
@@ -236,11 +279,25 @@ class RewriteCheck:
             banned = frozenset({reply.tokens[start]}) if len(reply.tokens) > start else frozenset()
             if u.claim is not None:  # a paragraph's sentence is written again, not ended
                 banned |= self.eos
+            # Only a rewrite that ignored its evidence opens with it (one that used it and failed otherwise is
+            # tried freely), with a word of the shape of the doubted one: a number for a number, a name for a name.
+            openers = self.openers if problem == UNUSED_EVIDENCE else None
+            said, doubted = self._said_before(start), rewound.dropped_text
+            opening = openers.bans(u.evidence, said, doubted) if openers else frozenset()
+            if openers and opening and len(banned | opening) < openers.n_vocab:  # at least one token left
+                banned |= opening
+                how = "rewritten from the rewind point, opening with a word of its evidence"
             shown = self.emitter.shown_after(start)
             self.decoding.restore(u.after_injection, reply, banned)
             self.start_over(start)
             yield Rewind(rewound.round, shown, failed, 0)
         rewound.retry(problem, failed, how)
+
+    def _said_before(self, start: int) -> str:
+        """The question and the checked sentence up to the rewind point: words a retry need not open with."""
+        text = self.reply.text()
+        at = len(self.reply.text(start))
+        return f"{self.question} {text[sentence_start(text, at) : at]}"
 
     def _revert(self, problem: str, session: bool = True) -> Generator[Event, None, None]:
         """Back to the reply written without the rewrite; no more rounds. `session` False: only the reply goes

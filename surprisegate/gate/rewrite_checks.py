@@ -18,6 +18,7 @@ from surprisegate.gate.signals import asks_yes_or_no
 from surprisegate.text import EVIDENCE_STOPWORDS, normalise, parse_numbers, sentence_end, stems
 
 __all__ = [
+    "UNUSED_EVIDENCE",
     "answer_tail",
     "computed_answer",
     "content_words",
@@ -26,6 +27,7 @@ __all__ = [
     "fits_answer",
     "miscased_code",
     "rewrite_problem",
+    "unsaid_evidence_words",
     "uses_evidence",
 ]
 
@@ -39,6 +41,36 @@ _DIGITS = re.compile(r"\d[\d,.]*\d")
 def content_words(text: str) -> set[str]:
     """Normalised words of `text` that carry content: no function words, no bare numbers."""
     return {w for w in normalise(text).split() if w not in EVIDENCE_STOPWORDS and not w.isdigit()}
+
+
+_WORD = re.compile(r"\d[\d,.]*\d|\d|\w[\w'’-]*")
+
+
+def unsaid_evidence_words(evidence: Iterable[str], said: str, like: str = "") -> list[str]:
+    """The evidence's content words and numbers, as it writes them and in its order, that `said` does not hold:
+    what a rewrite could only have taken from its evidence ("N'Djamena" after "Its capital is", asked about Chad).
+    `like`: the words they stand in for; a number is replaced by numbers, a name by names ("1.2 million" by
+    "2,934,855", not by "Kingston")."""
+    known_words, known_numbers, out = content_words(said), parse_numbers(said), []
+    shape = _shape(like)
+    for text in evidence:
+        for word in _WORD.findall(text):
+            if shape and _shape(word) != shape:
+                continue
+            if word[0].isdigit():
+                new = not any(_same_number(n, k) for n in parse_numbers(word) for k in known_numbers)
+            else:
+                parts = content_words(word)
+                new = bool(parts) and not parts <= known_words
+            if new and word not in out:
+                out.append(word)
+    return out
+
+
+def _shape(text: str) -> str:
+    """ "number", "name" (a capitalised word) or "" (anything else) of the first word of `text`."""
+    first = text.strip()[:1]
+    return "number" if first.isdigit() else "name" if first.isupper() else ""
 
 
 def _same_number(a: Fraction, b: Fraction) -> bool:
@@ -195,10 +227,13 @@ def miscased_code(sentence: str, evidence: Iterable[str]) -> tuple[str, str] | N
     return None
 
 
+UNUSED_EVIDENCE = "used none of the evidence's own words or numbers"
+
+
 def rewrite_problem(sentence: str, evidence: Iterable[str], question: str = "") -> str | None:
     """Why a rewritten sentence must be dropped, or None when it stands."""
     if not uses_evidence(sentence, evidence, question):
-        return "used none of the evidence's own words or numbers"
+        return UNUSED_EVIDENCE
     miscased = miscased_code(sentence, evidence)
     if miscased is not None:
         return f"writes the evidence's {miscased[1]!r} as {miscased[0]!r} (codes and symbols are case-sensitive)"

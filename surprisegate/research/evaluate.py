@@ -598,7 +598,12 @@ def _round_summary(record: dict, item: dict) -> dict:
     out = {k: record.get(k) for k in ("action", "reason", "tokens_dropped", "span_class")}
     out["source"] = (record.get("chosen") or {}).get("source")
     out["retries"] = [
-        {"how": t["how"], "rewrite": t["rewrite"], "rewrite_correct": grade(t["rewrite"], item).correct}
+        {
+            "how": t["how"],
+            "problem": t.get("problem"),
+            "rewrite": t["rewrite"],
+            "rewrite_correct": grade(t["rewrite"], item).correct,
+        }
         for t in record.get("retries", [])
     ]
     if record.get("action") == "reverted":
