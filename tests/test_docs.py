@@ -9,6 +9,7 @@ SURPRISEGATE_HOME, and they must leave the checkout as they found it.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import re
@@ -200,9 +201,10 @@ def test_every_command_on_every_page_parses(block, args):
         pytest.fail(f"{block.name}: `surprisegate {shlex.join(args)}` does not parse: {err}")
 
 
-def _makefile_targets() -> set[str]:
+@functools.cache
+def _makefile_targets() -> frozenset[str]:
     text = (ROOT / "Makefile").read_text()
-    return set(re.findall(r"^([\w-]+):", text, re.M))
+    return frozenset(re.findall(r"^([\w-]+):", text, re.M))
 
 
 def program_problem(command: list[str]) -> str | None:

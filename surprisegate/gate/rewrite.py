@@ -281,12 +281,11 @@ class RewriteCheck:
                 banned |= self.eos
             # Only a rewrite that ignored its evidence opens with it (one that used it and failed otherwise is
             # tried freely), with a word of the shape of the doubted one: a number for a number, a name for a name.
-            openers = self.openers if problem == UNUSED_EVIDENCE else None
-            said, doubted = self._said_before(start), rewound.dropped_text
-            opening = openers.bans(u.evidence, said, doubted) if openers else frozenset()
-            if openers and opening and len(banned | opening) < openers.n_vocab:  # at least one token left
-                banned |= opening
-                how = "rewritten from the rewind point, opening with a word of its evidence"
+            if self.openers is not None and problem == UNUSED_EVIDENCE:
+                opening = self.openers.bans(u.evidence, self._said_before(start), rewound.dropped_text)
+                if opening and len(banned | opening) < self.openers.n_vocab:  # at least one token left
+                    banned |= opening
+                    how = "rewritten from the rewind point, opening with a word of its evidence"
             shown = self.emitter.shown_after(start)
             self.decoding.restore(u.after_injection, reply, banned)
             self.start_over(start)

@@ -117,8 +117,8 @@ def resolve_kind(question: str, known: Iterable[str]) -> str:
     if kind in kinds:
         return kind
     held = _kind_stems(question)
-    matches = [k for k in kinds if (words := _kind_stems(k)) and words <= held]
-    return min(matches, key=lambda k: (-len(_kind_stems(k)), -len(k), k)) if matches else kind
+    matches = {k: words for k in kinds if (words := _kind_stems(k)) and words <= held}
+    return min(matches, key=lambda k: (-len(matches[k]), -len(k), k)) if matches else kind
 
 
 _KIND_STOP_STEMS = frozenset(stems(" ".join(KIND_STOPWORDS)))

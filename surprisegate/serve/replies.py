@@ -265,43 +265,29 @@ class ReplyShape:
                 delta["tool_calls"] = list(calls)
             lp = chat_logprobs(tokens, r.top_logprobs) if r.logprobs and tokens else None
             choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
-            kind = "chat.completion.chunk"
         else:
             lp = completion_logprobs(tokens, r.top_logprobs, offset) if r.logprobs and tokens else None
             choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish_reason}
-            kind = "text_completion"
-        out = {"id": self.object_id, "object": kind, "created": self.created, "model": self.model, "choices": [choice]}
+        out = self._chunk_of([choice])
         if receipt is not None:
             out["surprisegate"] = self.extension(receipt)
         return out
 
+    def _chunk_of(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        """A stream chunk's envelope around its choices (none for a usage or an event chunk)."""
+        kind = "chat.completion.chunk" if self.request.endpoint == "chat" else "text_completion"
+        return {"id": self.object_id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
+
     def event_chunk(self, event: Any) -> dict[str, Any]:
         """A round's event as it happens (`"surprisegate": {"events": true}`): a chunk with no choices, as a usage
         chunk is, so a client that did not ask for events would skip it."""
-        kind = "chat.completion.chunk" if self.request.endpoint == "chat" else "text_completion"
         record = {"type": type(event).__name__.lower(), **to_jsonable(dataclasses.asdict(event))}
-        return {
-            "id": self.object_id,
-            "object": kind,
-            "created": self.created,
-            "model": self.model,
-            "choices": [],
-            "surprisegate": {"event": record},
-        }
+        return self._chunk_of([]) | {"surprisegate": {"event": record}}
 
     def usage_chunk(self, receipt: dict[str, Any]) -> dict[str, Any]:
         """The extra last chunk `stream_options.include_usage` asks for: no choices, the usage, and the receipt
         (a stream's receipt is always on its last chunk)."""
-        kind = "chat.completion.chunk" if self.request.endpoint == "chat" else "text_completion"
-        return {
-            "id": self.object_id,
-            "object": kind,
-            "created": self.created,
-            "model": self.model,
-            "choices": [],
-            "usage": self.usage(receipt),
-            "surprisegate": self.extension(receipt),
-        }
+        return self._chunk_of([]) | {"usage": self.usage(receipt), "surprisegate": self.extension(receipt)}
 
     # --- POST /v1/responses ------------------------------------------------------------------------
     def response(
