@@ -35,9 +35,14 @@ class ScriptedBackend(LocalBackend):
     model_id = "scripted-test-model"
     eos_token_ids = frozenset({IM_END, EOS})
 
-    def __init__(self, script: Callable[[str], list[tuple[str, float]]], trimmable: bool = True):
+    def __init__(
+        self, script: Callable[[str], list[tuple[str, float]]], trimmable: bool = True, turns_join: bool = False
+    ):
         self.script = script
         self.trimmable = trimmable
+        # The reply's position: its last assistant turn (False), or all assistant turns joined (a reply whose
+        # turn was closed and reopened around evidence, injection = sentence_turn).
+        self.turns_join = turns_join
         self.context: list[int] = []
         self.fed_tokens = 0  # every token ever evaluated: rewinds must not re-feed the prompt
         self.append_calls: list[int] = []  # sizes of each append
@@ -93,7 +98,8 @@ class ScriptedBackend(LocalBackend):
 
     def logits(self) -> np.ndarray:
         text = self.detokenize(self.context)
-        turn = text.rsplit("<|im_start|>assistant\n", 1)[-1]
+        turns = [t.split("<|im_end|>", 1)[0] for t in text.split("<|im_start|>assistant\n")[1:]]
+        turn = "".join(turns) if self.turns_join else text.rsplit("<|im_start|>assistant\n", 1)[-1]
         plan = self.script(text)
         pos = len(turn.encode("utf-8"))
         alternatives: dict = {}

@@ -177,6 +177,20 @@ def test_bench_paragraph_runs_off_and_intervene_on_the_same_prompts():
     for mode in ("off", "intervene"):
         assert out["ms"][mode]["time_to_first_token"]["n"] == 3
         assert out["ms"][mode]["longest_sentence_gap"]["p95"] >= out["ms"][mode]["longest_sentence_gap"]["p50"] >= 0
+    # The overhead's parts: the arms, and the injection with the tokens it fed (system_turn: the evidence turn, then
+    # the reply so far again). Under sentence_turn the opening sentence stays where it was: 2 tokens close its turn.
+    parts = out["round_parts"]
+    assert parts["arms_ms"]["n"] == parts["injection_and_refeed_ms"]["n"] == parts["tokens_fed"]["n"] == 3
+    assert parts["tokens_fed"]["p50"] > len("The capital of Testland is Rightburg. Testland is a small country.")
+    turn = bench_paragraph(
+        ScriptedBackend(script, turns_join=True),
+        config.replace(injection="sentence_turn"),
+        {"memory": Memory()},
+        [prompt],
+    )
+    assert (
+        turn["round_parts"]["tokens_fed"]["p50"] == parts["tokens_fed"]["p50"] - len("Testland is a small country.") + 2
+    )
 
 
 @pytest.mark.slow

@@ -899,6 +899,66 @@ def test_sentence_scope_grounds_the_doubtful_claim_not_the_opening():
     assert "Rightburg." not in backend.detokenize(backend.context).split("<|im_start|>assistant\n")[0]
 
 
+LONGER_OPENING = f"{OPENING} It lies by the sea."
+
+
+def script_longer_paragraph(context: str):
+    """script_paragraph with one more sentence before the doubtful one."""
+    return _longer(script_paragraph(context.replace(LONGER_OPENING, OPENING)))
+
+
+def _longer(planned: list) -> list:
+    at = len(OPENING)
+    return planned[:at] + [(c, 0.95) for c in " It lies by the sea."] + planned[at:]
+
+
+def test_sentence_turn_feeds_the_doubtful_sentence_alone_and_writes_the_same_paragraph():
+    """injection = sentence_turn: the turn closes before the doubtful sentence, the evidence goes in a system
+    turn, and a fresh assistant turn holds only that sentence's kept words; the sentences before it are never fed
+    again, at the rewind or when the evidence leaves."""
+    runs = {}
+    for injection in ("system_turn", "sentence_turn"):
+        contexts: list[str] = []
+
+        def seen(context: str, contexts: list[str] = contexts) -> list:
+            contexts.append(context)
+            return script_longer_paragraph(context)
+
+        backend = ScriptedBackend(seen, turns_join=True)
+        arms = {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}
+        events = list(stream(backend, PARAGRAPH_Q, paragraph_cfg(injection=injection), arms))
+        runs[injection] = (backend, events[-1], next(c for c in contexts if "Rightburg." in c))
+    (system, system_done, _), (sentence, sentence_done, at_rewind) = runs["system_turn"], runs["sentence_turn"]
+    right = RIGHT_PARAGRAPH.replace(OPENING, LONGER_OPENING)
+    assert sentence_done.text == system_done.text == right
+    # The context the rewrite was decoded from: the two sentences in a closed turn, the evidence, the kept words.
+    before, evidence_turn, rewrite_turn = at_rewind.rsplit("<|im_start|>", 2)
+    assert before.endswith(f"<|im_start|>assistant\n{LONGER_OPENING}<|im_end|>\n")
+    assert evidence_turn.startswith("system\n") and "Rightburg." in evidence_turn
+    assert rewrite_turn == "assistant\n Its capital is "
+    (record,) = sentence_done.rounds
+    closed = len(sentence.tokenize("<|im_end|>\n", special=True))  # their turn closed: 2 tokens, not 58
+    assert record["tokens_injected"] == system_done.rounds[0]["tokens_injected"] - len(LONGER_OPENING) + closed
+    # Everything fed over the whole reply: those sentences once, not again at the rewind nor when the evidence left.
+    assert sentence.fed_tokens <= system.fed_tokens - 2 * len(LONGER_OPENING)
+    assert "Rightburg." not in sentence.detokenize(sentence.context).split("<|im_start|>assistant\n")[0]
+
+
+def test_sentence_turn_acts_as_system_turn_on_the_first_sentence_and_in_reply_scope():
+    """The reply's first sentence has nothing before it to keep, and one-sentence answers (reply scope) keep
+    the layout their figures were measured with: both go exactly as under system_turn."""
+    for config in (paragraph_cfg(injection="sentence_turn"), cfg(injection="sentence_turn")):
+        done, fed = {}, {}
+        for injection in ("sentence_turn", "system_turn"):
+            backend = ScriptedBackend(script_testland)
+            arms = {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}
+            done[injection] = list(stream(backend, QUESTION, config.replace(injection=injection), arms))[-1]
+            fed[injection] = backend.fed_tokens
+        (first, *_), (reference, *_) = done["sentence_turn"].rounds, done["system_turn"].rounds
+        assert first["tokens_injected"] == reference["tokens_injected"] > 0
+        assert done["sentence_turn"].text == done["system_turn"].text and fed["sentence_turn"] == fed["system_turn"]
+
+
 def test_sentence_scope_holds_back_one_sentence_at_a_time():
     _, events, done = run_paragraph(paragraph_cfg(), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])})
     shown_before_trigger = "".join(

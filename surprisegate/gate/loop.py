@@ -384,10 +384,8 @@ class _ReplyLoop:
         assert prompt is not None  # built before the first step
         span_len = len(reply.tokens) - trigger.span_start
         dropped_text = reply.tail(trigger.span_start)
-        injection = self.config.injection
-        keep = context.turn_start if injection == "system_turn" else len(context.tokens) - (span_len - 1)
+        injection, keep, kept_reply = _kept(self, trigger.span_start)
         injected = evidence_text(self.config, chosen)
-        kept_reply = self.own_words.of(reply.tokens, trigger.span_start)  # a patched sentence as the model wrote it
         segment, refeed, turn_start = prompt.segment(self.backend.tokenize, injected, injection, keep, kept_reply)
         new_context = context.tokens[:keep] + segment + refeed
         # A paragraph's rewrite must write its sentence: with the evidence in a fresh turn the model may end it at once.
@@ -404,6 +402,25 @@ class _ReplyLoop:
             chosen.source, (span_len, dropped_text), (injected_tokens, injected), self.decoding.rewind_report()
         )
         yield Rewind(trigger.round, self.emitter.shown_after(trigger.span_start), dropped_text, injected_tokens)
+
+
+def _kept(loop: _ReplyLoop, span_start: int) -> tuple[str, int, list[int]]:
+    """A rewind's layout: (injection, context tokens kept, reply tokens re-fed after the evidence). system_turn
+    keeps the prompt before the assistant turn, close_reopen everything before the span, and both re-feed the
+    reply so far (a patched sentence as the model wrote it); sentence_turn keeps the reply before the doubtful
+    sentence and re-feeds that sentence's kept words only, so a round's prefill does not grow with the reply."""
+    injection, reply, context = loop.config.injection, loop.reply, loop.decoding.context
+    at_span = len(context.tokens) - (len(reply.tokens) - 1 - span_start)  # the triggering token was never fed
+    kept_reply = loop.own_words.of(reply.tokens, span_start)
+    sentence = loop.policy.sentences.judged[0] if loop.policy.sentences is not None else 0
+    if injection == "sentence_turn" and sentence == 0:  # the reply's first sentence (or reply scope)
+        injection = "system_turn"
+    if injection == "system_turn":
+        return injection, context.turn_start, kept_reply
+    if injection == "sentence_turn":
+        words = len(kept_reply) - len(loop.own_words.of(reply.tokens, sentence))
+        return injection, at_span - words, kept_reply[len(kept_reply) - words :]
+    return injection, at_span, kept_reply
 
 
 NEAR_END_TOKENS = 48  # longer than almost any sentence: the one open when the budget ends started after this

@@ -301,4 +301,6 @@ class ReplyPrompt:
             return turn + self.open, self.prefix + kept_reply, keep + len(turn)
         if injection == "close_reopen":
             return self.layout.segment_tokens(tokenize, injected, "close_reopen"), self.prefix + kept_reply, None
+        if injection == "sentence_turn":  # the turn closed before the doubtful sentence: its words alone re-fed
+            return self.layout.segment_tokens(tokenize, injected, "close_reopen"), kept_reply, None
         return self.layout.segment_tokens(tokenize, injected, "inline"), [], None

@@ -8,7 +8,8 @@ longest gap minus off's on the same prompt, over the prompts where intervene rew
 of each, against off in the same run. That gap is mostly the rewrite's own decode (about 20 tokens), which no
 design can hide while rewound text is never shown, so it is split: each rewound round's own overhead
 (routing, arms, injection and re-feeding: the receipt's `latency_ms`) and the rewrite's decode (from the
-rewind until its sentence is shown, in ms and tokens). The goal is on the overhead.
+rewind until its sentence is shown, in ms and tokens). The goal is on the overhead, itself split into the
+arms' calls and the injection (the tokens fed before the rewrite's first token, and their time).
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ def bench_paragraph(
     per_mode: dict[str, dict[str, list[float]]] = {m: {"ttft": [], "gap": []} for m in ("off", "intervene")}
     extra, grounded = [], 0
     own: list[float] = []  # each rewound round, routing to resume (arms, injection, re-feeding), seconds
+    arms_s: list[float] = []  # of which its arms' calls
+    fed: list[int] = []  # tokens each rewound round fed before its rewrite's first token (evidence, re-fed words)
     rewrites: list[tuple[float, int]] = []
     for i, prompt in enumerate(prompts):
         order = ("off", "intervene") if i % 2 == 0 else ("intervene", "off")
@@ -105,7 +108,12 @@ def bench_paragraph(
             per_mode[mode]["gap"].append(gaps[mode])
             if mode == "intervene":
                 rewound = any(r.get("action") == "rewound" for r in shown.rounds)
-                own.extend(r["latency_ms"] / 1000 for r in shown.rounds if r.get("action") == "rewound")
+                rewound_rounds = [r for r in shown.rounds if r.get("action") == "rewound"]
+                own.extend(r["latency_ms"] / 1000 for r in rewound_rounds)
+                arms_s.extend(
+                    sum(a.get("latency_ms") or 0.0 for a in r.get("arms") or []) / 1000 for r in rewound_rounds
+                )
+                fed.extend(r.get("tokens_injected") or 0 for r in rewound_rounds)
                 rewrites.extend(shown.rewrites)
         if rewound:
             grounded += 1
@@ -124,6 +132,13 @@ def bench_paragraph(
         # The extra gap is mostly the rewrite's own decode, which no design hides while rewound text is never
         # shown; what a round adds beyond it (its arms, injection, re-feeding) is the round's overhead.
         "round_overhead_ms": _quantiles(own),
+        # Its parts: the arms' calls, and the rest, mostly prefilling the evidence segment and the words re-fed
+        # after it (config.injection decides how many), at the backend's prefill speed.
+        "round_parts": {
+            "arms_ms": _quantiles(arms_s),
+            "injection_and_refeed_ms": _quantiles([o - a for o, a in zip(own, arms_s, strict=True)]),
+            "tokens_fed": _quantiles(fed, scale=1),
+        },
         "rewrite_decode": {
             "ms": _quantiles([seconds for seconds, _ in rewrites]),
             "tokens": _quantiles([tokens for _, tokens in rewrites], scale=1),
