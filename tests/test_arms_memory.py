@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -435,6 +436,38 @@ def test_a_prompt_in_lower_case_still_names_its_subject(store):
 
 def test_a_sentence_about_an_unknown_subject_gets_nothing(store):
     assert MemoryArm(store).ground(sentence_query("Its capital is Poseidonia.", "Atlantis"), later()) == []
+
+
+class WordsOnlyStore:
+    """A store that cannot name its titles in a text (no `titles_named`): paragraphs go the wording path."""
+
+    def __init__(self, inner: SQLiteMemory):
+        self.search, self.idf = inner.search, inner.idf
+
+
+def test_a_paragraph_sentence_is_searched_alike_with_or_without_the_stores_titles(tmp_path):
+    """Both paths ask for the subject's passage and pick its sentence by the sentence's words; a subject's name
+    names no relation (the wording path read "republ" from "Republic of the Congo", which outranked the capital)."""
+    congo = {
+        "source": "country:CG",
+        "title": "Republic of the Congo",
+        "text": (
+            "The Republic of the Congo is a country in Africa. Brazzaville is the capital. "
+            "The currency is the CFA franc."
+        ),
+    }
+    with SQLiteMemory(tmp_path / "memory.sqlite", create=True) as memory:
+        memory.add_passages([*PASSAGES, congo])
+        for sentence, subject, expected in (
+            ("Its capital is Kinshasa.", "Republic of the Congo", "Brazzaville is the capital."),
+            ("Its currency is the euro.", "Republic of the Congo", "The currency is the CFA franc."),
+            ("Its capital city, Koudougou, is lively.", "Burkina Faso", "The capital of Burkina Faso is Ouagadougou."),
+        ):
+            # The subject as a caller may name it whole (the gate's own query drops "of the").
+            query = replace(sentence_query(sentence, subject), subject=subject)
+            for arm in (MemoryArm(memory), MemoryArm(WordsOnlyStore(memory))):
+                (first, *_) = arm.ground(query, later())
+                assert first.evidence == expected
 
 
 PASSAGE = (

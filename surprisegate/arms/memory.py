@@ -143,7 +143,7 @@ class MemoryArm:
             # sentence's words (as many as it states claims). Evidence chosen by the sentence's held words alone,
             # or with the prompt's other asked items, measured worse (longform_dev intervene: 0.469 on all 187, 0.38
             # on the first 96, against 0.506 for these).
-            return _Search(subject, self._sentence_weights(question, subject), None, None, subject, True)
+            return self._paragraph_search(question, subject)
         key = title_key(subject)
         passages = [
             h.text for h in self.store.search(subject, k=self.k, deadline=deadline) if title_key(h.title) == key
@@ -173,13 +173,16 @@ class MemoryArm:
         claim = query.span.strip() or query.sentence.strip()
         subject = query.subject.strip()
         if subject:
-            # A paragraph's sentence: the subject finds the passage, the sentence picks its sentence (its
-            # other words, such as a wrong name, cover no passage: as search words or as re-ranking context
-            # they would sink it below the floor).
-            weights = self._sentence_weights(question, subject)
-            return _Search(subject, weights, relation_word(subject), answer_shape(subject), subject, True)
+            return self._paragraph_search(question, subject)
         text, context = (question, claim) if question else (claim, "")
         return _Search(text, self._word_weights(text), relation_word(text), answer_shape(text), text, False, context)
+
+    def _paragraph_search(self, sentence: str, subject: str) -> _Search:
+        """A paragraph's sentence: the subject finds the passage, the sentence's words pick its sentences (as
+        many as it states claims). Its other words, such as a wrong name, cover no passage: as search words or
+        as re-ranking context they would sink it below the floor. No relation word or answer shape: read from
+        a subject's name they named none ("Republic of the Congo" gave "republ")."""
+        return _Search(subject, self._sentence_weights(sentence, subject), None, None, subject, True)
 
     def _evidence(self, hits: list[Hit], search: _Search, deadline: float) -> list[Evidence]:
         evidence: list[Evidence] = []
