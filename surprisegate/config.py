@@ -227,6 +227,15 @@ class Config:
             "every other first token is banned for that step (in-process backends only)"
         },
     )
+    # A rewrite that fixes its claim and stops drops the sentence's later items ("Andorra la Vella, which is a
+    # Spanish island." for "… la Mana, and its official language is French."); spliced, the fix stands.
+    splice_own_clause: bool = field(
+        default=True,
+        metadata={
+            "help": "sentence scope: a rewrite that failed its check is tried as its first clause followed by the "
+            "model's own later clause of the sentence it replaces, and stands if that sentence passes the check"
+        },
+    )
     tool_roots: tuple[str, ...] = field(default=(), metadata={"help": "folders the file tool may read"})
     tool_status_targets: tuple[str, ...] = field(
         default=(), metadata={"help": "host:port or URLs the live-status tool may check"}

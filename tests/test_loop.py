@@ -1133,8 +1133,8 @@ def test_the_sentence_after_a_patch_is_judged_even_when_the_rewrite_ends_on_an_i
     assert done.text.startswith(f"{OPENING} Its capital is Port F. Its currency is the ")
 
 
-@pytest.mark.parametrize("keeps_asked", [False, True])
-def test_rewrite_keeps_asked_drops_a_rewrite_that_stops_speaking_of_an_asked_item(keeps_asked):
+@pytest.mark.parametrize("keeps_asked, splice", [(False, False), (True, False), (True, True)])
+def test_rewrite_keeps_asked_drops_a_rewrite_that_stops_speaking_of_an_asked_item(keeps_asked, splice):
     wrong = f"{OPENING} Its capital is Wrongville, and its currency is the Testmark."
     bridges = f"{OPENING} Its capital is Rightburg, a city of bridges."
 
@@ -1144,11 +1144,78 @@ def test_rewrite_keeps_asked_drops_a_rewrite_that_stops_speaking_of_an_asked_ite
             return plan(bridges)
         return plan(wrong, doubtful="Wrongville")
 
-    config = paragraph_cfg(rewrite_keeps_asked=keeps_asked, retry_failed_rewrite=False)
+    config = paragraph_cfg(rewrite_keeps_asked=keeps_asked, retry_failed_rewrite=False, splice_own_clause=splice)
     _, _, done = run_paragraph(config, {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, script)
-    # The rewrite fixed the capital but no longer speaks of the currency the question asks for.
-    assert done.text == (wrong if keeps_asked else bridges)
-    assert done.rounds[0]["action"] == ("reverted" if keeps_asked else "rewound")
+    # The rewrite fixed the capital but no longer speaks of the currency the question asks for: dropped, or
+    # spliced with the sentence's own later clause.
+    spliced = wrong.replace("Wrongville", "Rightburg")
+    assert done.text == (bridges if not keeps_asked else spliced if splice else wrong)
+    assert done.rounds[0]["action"] == ("reverted" if keeps_asked and not splice else "rewound")
+
+
+TWO_CLAIMS = f"{OPENING} Its capital is Wrongville, and its currency is the Testmark. It has many bridges."
+BOTH_EVIDENCE = Evidence(
+    claim="Testland",
+    evidence="The capital of Testland is Rightburg; its currency is the Testmark.",
+    confidence=0.9,
+    source="memory:country:TL",
+)
+
+
+def script_fixes_and_stops(context: str):
+    """The capital's rewrite names Rightburg and ends the sentence there, dropping the currency the model's own
+    sentence went on to state; after the sentence the paragraph goes on as the model wrote it."""
+    reply = context.rsplit("<|im_start|>assistant\n", 1)[-1]
+    if "Rightburg, and" in reply:
+        return plan(TWO_CLAIMS.replace("Wrongville", "Rightburg"))
+    if "Rightburg" in context:
+        return plan(f"{OPENING} Its capital is Rightburg, which is an island.")
+    return plan(TWO_CLAIMS, doubtful="Wrongville")
+
+
+@pytest.mark.parametrize("stream_mode", ["holdback", "emit"])
+def test_a_rewrite_that_fixes_its_claim_and_stops_keeps_the_sentences_own_later_clause(stream_mode):
+    config = paragraph_cfg(stream=stream_mode, retry_failed_rewrite=False)
+    _, events, done = run_paragraph(config, {"memory": StaticArm("memory", [BOTH_EVIDENCE])}, script_fixes_and_stops)
+    assert done.text == TWO_CLAIMS.replace("Wrongville", "Rightburg")  # the fix, then the model's own words
+    record = done.rounds[0]
+    assert record["action"] == "rewound" and record["went_on_from"] == "rewrite"
+    assert record["retries"][0]["how"] == "kept its first clause and the sentence's own later clause"
+    assert "no longer says" in record["retries"][0]["problem"] and "island" in record["retries"][0]["rewrite"]
+    screen: list[str] = []  # what a consumer shows: emit retracts the rewrite's tail it had shown
+    for e in events:
+        if isinstance(e, Token):
+            screen.append(e.text)
+        elif isinstance(e, Rewind):
+            del screen[len(screen) - e.n_tokens :]
+    assert "".join(screen) == done.text
+    if stream_mode == "emit":
+        assert any(isinstance(e, Rewind) and "island" in e.dropped_text for e in events)
+    # Off: the sentence's rewrite is dropped and the wrong capital stands, as before.
+    _, _, kept = run_paragraph(
+        paragraph_cfg(stream=stream_mode, retry_failed_rewrite=False, splice_own_clause=False),
+        {"memory": StaticArm("memory", [BOTH_EVIDENCE])},
+        script_fixes_and_stops,
+    )
+    assert kept.text == TWO_CLAIMS and kept.rounds[0]["action"] == "reverted"
+
+
+@pytest.mark.parametrize(
+    "rewrite",
+    [
+        "Wrongville, a city of bridges.",  # the model's own claim again: the splice would give its sentence back
+        "the capital of Testland, Rightburg.",  # a first clause that names nothing of the evidence
+    ],
+)
+def test_a_splice_whose_first_clause_is_no_fix_is_not_made_and_the_rewrite_is_dropped(rewrite):
+    def restates(context: str):
+        if "Rightburg" in context:
+            return plan(f"{OPENING} Its capital is {rewrite}")
+        return plan(TWO_CLAIMS, doubtful="Wrongville")
+
+    config = paragraph_cfg(retry_failed_rewrite=False)
+    _, _, done = run_paragraph(config, {"memory": StaticArm("memory", [BOTH_EVIDENCE])}, restates)
+    assert done.text == TWO_CLAIMS and done.rounds[0]["action"] == "reverted"  # fed back exactly, not spliced
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from surprisegate.gate.rewrite_checks import (
     answer_tail,
+    claims_from_evidence,
+    clause_break,
     computed_answer,
     content_words,
     cut_short,
@@ -424,3 +426,58 @@ def test_an_unsaid_word_is_always_the_evidences_and_never_said(evidence, said, l
         assert any(word in text for text in evidence)
         if not word[0].isdigit():
             assert not content_words(word) <= content_words(said)
+
+
+@pytest.mark.parametrize(
+    "sentence, head",
+    [
+        ("Andorra la Vella, which is a Spanish island.", "Andorra la Vella"),
+        ("Mana, and its official language is French.", "Mana"),
+        ("Karakal, is located in the northwest; its code is 5.", "Karakal"),
+        ("It became a state on July 1, 1850.", None),  # a date's comma
+        ("Its population is 1,234,567 people.", None),  # a number's commas
+        ("Brazzaville.", None),
+        ("Washington, D.C., and the state became one in 1788.", "Washington"),
+        ("Its capital is Sucre;   its currency is the boliviano.", "Its capital is Sucre"),
+        ("", None),
+    ],
+)
+def test_clause_break_finds_the_first_comma_before_a_word(sentence, head):
+    at = clause_break(sentence)
+    assert (None if at is None else sentence[:at]) == head
+
+
+@given(st.text(alphabet="ab ,;.1", max_size=40))
+def test_clause_break_is_a_comma_or_semicolon_followed_by_space_and_a_letter(sentence):
+    at = clause_break(sentence)
+    breaks = [i for i, c in enumerate(sentence) if c in ",;" and sentence[i + 1 :].lstrip()[:1].isalpha()]
+    breaks = [i for i in breaks if sentence[i + 1 : i + 2].isspace()]
+    assert at == (breaks[0] if breaks else None)
+
+
+ANDORRA = ["The capital of Andorra is Andorra la Vella. The currency of Andorra is the Euro (EUR)."]
+
+
+@pytest.mark.parametrize(
+    "sentence, start, holds",
+    [
+        ("Its capital is Andorra la Vella", 15, True),  # "Vella": a name of the evidence the question did not give
+        ("Its capital is Andorra la Mana", 15, False),  # a name of its own
+        ("Its capital is the capital of Andorra", 15, False),  # no claim word past the question's
+        ("Its capital is Andorra la Vella", 31, False),  # nothing from `start` on
+        ("Its currency is the euro", 16, False),  # lower case: not a claim word
+        ("Its currency is the EUR", 16, True),
+        ("It became a state on July 1, 1850", 21, False),  # numbers the evidence does not hold
+        ("Its code is +376", 12, False),
+    ],
+)
+def test_claims_from_evidence_needs_a_name_or_number_the_evidence_holds(sentence, start, holds):
+    assert claims_from_evidence(sentence, start, ANDORRA, "Write about Andorra: its capital.") is holds
+
+
+def test_claims_from_evidence_matches_whole_words_and_numbers():
+    evidence = ["California became a U.S. state in 1850."]
+    question = "Write about California."
+    assert claims_from_evidence("It became a state on July 1, 1850", 21, evidence, question)
+    assert not claims_from_evidence("It became a state on July 1, 850", 21, evidence, question)  # not inside 1850
+    assert not claims_from_evidence("It became a state on July 1, 185", 21, evidence, question)

@@ -333,6 +333,7 @@ class _ReplyLoop:
             self.policy.reset()
             return False
         own_sentence = self.policy.sentences.own_claim(self.reply.tokens) if self.policy.sentences else []
+        written = self.reply.copy(len(self.reply.tokens)) if own_sentence else None  # its words, for a splice
         yield trigger
         before = self.rewrites.before_round(trigger.span_start)
         record = yield from self._round(trigger)
@@ -344,7 +345,7 @@ class _ReplyLoop:
         claim = _arm_query(self) if self.policy.sentences is not None else None
         self.rewrites.opened(before, trigger.span_start, record.evidence or "", self.decoding.context, computed, claim)
         if claim is not None and self.rewrites.pending is not None:
-            self.rewrites.pending.replaces(own_sentence, reply_went_on=not self.at_end_of_turn)
+            self.rewrites.pending.replaces(own_sentence, not self.at_end_of_turn, written)
         self.injected_total += record.tokens_injected
         self._start_over_from(len(self.reply.tokens))
         return True

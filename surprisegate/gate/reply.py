@@ -98,6 +98,15 @@ class Reply:
             self.top[:n],
         )
 
+    def extend(self, other: Reply, start: int, end: int) -> None:
+        """Append `other`'s tokens [start, end) with their signals (words kept from a reply written earlier)."""
+        self.tokens += other.tokens[start:end]
+        self.surprises += other.surprises[start:end]
+        self.entropies += other.entropies[start:end]
+        self.window_stats += other.window_stats[start:end]
+        self.pieces += other.pieces[start:end]
+        self.top += other.top[start:end]
+
     def restore(self, kept: Reply) -> None:
         self.tokens[:], self.surprises[:], self.entropies[:] = kept.tokens, kept.surprises, kept.entropies
         self.window_stats[:], self.pieces[:], self.top[:] = kept.window_stats, kept.pieces, kept.top

@@ -25,6 +25,8 @@ from .reply import Context, Decoding, Emitter, Reply, Snapshot
 from .rewrite_checks import (
     UNUSED_EVIDENCE,
     answer_tail,
+    claims_from_evidence,
+    clause_break,
     computed_answer,
     cut_short,
     dropped_claim,
@@ -53,10 +55,12 @@ class Unchecked:
     claim: Query | None = None  # sentence scope: what the arms were asked about the sentence it replaces
     reply_went_on: bool = False  # sentence scope: the reply went on after the sentence it replaces
     own_sentence: list[int] = field(default_factory=list)  # sentence scope: the model's tokens it replaces
+    written: Reply | None = None  # sentence scope: the reply as the model wrote it, up to the round
 
-    def replaces(self, own_sentence: list[int], reply_went_on: bool) -> None:
-        """Sentence scope: the model's own tokens this rewrite replaces, and whether its reply went on after them."""
-        self.own_sentence, self.reply_went_on = list(own_sentence), reply_went_on
+    def replaces(self, own_sentence: list[int], reply_went_on: bool, written: Reply | None = None) -> None:
+        """Sentence scope: the model's own tokens this rewrite replaces, whether its reply went on after them, and
+        the reply they end (`written`: with their signals, for a splice)."""
+        self.own_sentence, self.reply_went_on, self.written = list(own_sentence), reply_went_on, written
 
 
 class EvidenceOpeners:
@@ -117,6 +121,46 @@ def rewrite_verdict(
     return True, problem or dropped_claim(claim.sentence, checked[1], unchecked.evidence, question, kept)
 
 
+def spliced_reply(reply: Reply, unchecked: Unchecked, question: str) -> tuple[int, Reply] | None:
+    """(where the rewrite's first clause ends, the reply with the model's own later clause of the sentence it
+    replaces after it): "… Andorra la Vella" + ", and its official language is French." None when either has
+    no clause to cut at on a token boundary, the model's own words are not the reply it had written, the first
+    clause states no name or number of its evidence (it is not the fix), or the splice gives the model's own
+    words back unchanged."""
+    start, own, before = unchecked.check_from, unchecked.own_sentence, unchecked.written
+    if not own or before is None or before.tokens[start : start + len(own)] != own:
+        return None
+    own_break = clause_break(before.between(start, start + len(own)))
+    own_at = None if own_break is None else before.token_starting_at(len(before.text(start)) + own_break)
+    head = _first_clause_end(reply, start)
+    if own_at is None or head is None or not _head_is_a_fix(reply, start, head, unchecked.evidence, question):
+        return None
+    spliced = reply.copy(head)
+    spliced.extend(before, own_at, start + len(own))
+    # The model's own sentence again ("Madrid" for "Madrid"): nothing fixed; the revert feeds it back exactly.
+    return None if spliced.tokens[start:] == own else (head, spliced)
+
+
+def _head_is_a_fix(reply: Reply, start: int, head: int, evidence: list[str], question: str) -> bool:
+    """Whether the rewrite's words [start, head) state a name or number of its evidence, read in their sentence
+    (a retry with its first token banned writes "the capital of Spain" or a name of its own: no fix)."""
+    text, at = reply.text(head), len(reply.text(start))
+    opens = sentence_start(text, at)
+    return claims_from_evidence(text[opens:], at - opens, evidence, question)
+
+
+def _first_clause_end(reply: Reply, start: int) -> int | None:
+    """Reply index where the rewrite from `start` ends its first clause: its first clause break, else its
+    sentence's stop; None when that is no token boundary past `start`, or the sentence has no stop."""
+    text, at = reply.text(), len(reply.text(start))
+    rewrite = text[at : sentence_end(text, at) or len(text)].rstrip()
+    cut = clause_break(rewrite)
+    if cut is None and rewrite[-1:] in (".", "!", "?"):
+        cut = len(rewrite) - 1
+    index = None if cut is None else reply.token_starting_at(at + cut)
+    return index if index is not None and index > start else None
+
+
 class RewriteCheck:
     """The rewrite awaiting its check, and what happens when it fails: one retry, then the revert.
 
@@ -135,7 +179,7 @@ class RewriteCheck:
     ) -> None:
         self.enabled, self.retries = config.revert_unused_evidence, config.retry_failed_rewrite
         self.sentence_scope, self.keeps_asked = config.sentence_scope, config.rewrite_keeps_asked
-        self.answer_last = config.answer_last
+        self.answer_last, self.splices = config.answer_last, config.splice_own_clause
         self.question = question
         self.reply, self.decoding, self.emitter, self.rounds = loop_state
         self.eos, self.start_over, self.evidence_leaves = eos, start_over, evidence_leaves
@@ -183,7 +227,8 @@ class RewriteCheck:
         assert self.pending is not None
         checked, problem = self._verdict(final)
         if problem is not None:
-            yield from self._failed(problem, at_end_of_turn=False)
+            if (yield from self._splice(problem, at_end_of_turn=False)) is None:
+                yield from self._failed(problem, at_end_of_turn=False)
             return True
         if checked:
             if (yield from self._answer_last(fed=len(self.reply.tokens) - 1)):  # the last token is not yet fed
@@ -205,6 +250,9 @@ class RewriteCheck:
             return not went_on
         if problem is None:
             return self.pending is None or not (yield from self._answer_last(fed=len(self.reply.tokens)))
+        spliced = yield from self._splice(problem, at_end_of_turn=True)
+        if spliced is not None:
+            return not spliced.reply_went_on
         yield from self._failed(problem, at_end_of_turn=True)
         return False
 
@@ -251,6 +299,28 @@ class RewriteCheck:
     def latest_rewound(self) -> ConvergenceRecord:
         """The round whose rewrite is being checked."""
         return next(r for r in reversed(self.rounds) if r.action == "rewound")
+
+    def _splice(self, problem: str, at_end_of_turn: bool) -> Generator[Event, None, Unchecked | None]:
+        """config.splice_own_clause: a paragraph's failed rewrite that fixed its claim and stopped is tried as its
+        first clause and the model's own later clause; the rewrite that stood when that sentence passes the check
+        (its evidence leaves unless the reply ends here), else None and nothing changed."""
+        u, reply = self.pending, self.reply
+        assert u is not None
+        found = spliced_reply(reply, u, self.question) if self.splices and u.claim is not None else None
+        if found is None or rewrite_verdict(found[1], u, self.question, True, self.keeps_asked)[1] is not None:
+            return None
+        head, spliced = found
+        failed, retracted, shown = reply.tail(u.check_from), reply.tail(head), self.emitter.shown_after(head)
+        reply.restore(spliced)
+        self.pending, rewound = None, self.latest_rewound()
+        rewound.retry(problem, failed, "kept its first clause and the sentence's own later clause")
+        self.emitter.restart(reply, head)
+        self.start_over(len(reply.tokens))  # the spliced sentence has ended: the next one opens
+        if shown:
+            yield Rewind(rewound.round, shown, retracted, 0)
+        if u.reply_went_on or not at_end_of_turn:
+            self.evidence_leaves(at_end_of_turn, u)
+        return u
 
     def _failed(self, problem: str, at_end_of_turn: bool) -> Generator[Event, None, None]:
         """A rewrite failed its check: one more try if allowed, else back to the reply written without it."""

@@ -15,11 +15,13 @@ from fractions import Fraction
 
 from surprisegate.gate.claims import asked_items, claim_words, subject_of
 from surprisegate.gate.signals import asks_yes_or_no
-from surprisegate.text import EVIDENCE_STOPWORDS, normalise, parse_numbers, sentence_end, stems
+from surprisegate.text import EVIDENCE_STOPWORDS, fold, normalise, parse_numbers, sentence_end, stems
 
 __all__ = [
     "UNUSED_EVIDENCE",
     "answer_tail",
+    "clause_break",
+    "claims_from_evidence",
     "computed_answer",
     "content_words",
     "cut_short",
@@ -276,6 +278,27 @@ def _asked_item_lost(original: str, rewrite: str, question: str, kept: int) -> f
     with, and the rewrite no longer does (None: every one is still spoken of)."""
     was_said, now_said = stems(original[kept:]), stems(rewrite[kept:])
     return next((item for item in asked_items(question) if item & was_said and not item & now_said), None)
+
+
+# A clause ends at a comma or semicolon before a word ("Vella, which …", "Mana, and its official language …"), not
+# at one inside a number or a date ("1,234", "July 1, 1850").
+_CLAUSE_BREAK = re.compile(r"[,;](?=\s+[^\W\d_])")
+
+
+def clause_break(sentence: str) -> int | None:
+    """Index of the sentence's first clause break (its comma or semicolon), None when it has none."""
+    m = _CLAUSE_BREAK.search(sentence)
+    return m.start() if m else None
+
+
+def claims_from_evidence(sentence: str, start: int, evidence: Iterable[str], question: str) -> bool:
+    """Whether the sentence, from character `start` on, states a claim word (a name or number the question did not
+    give) that its evidence holds: "… is Andorra la Vella" from "Vella" does, "… is the capital of Spain" does not."""
+    said = fold(" ".join(evidence))
+    return any(
+        s >= start and re.search(rf"(?<![^\W_]){re.escape(fold(sentence[s:e]))}(?![^\W_])", said)
+        for s, e in claim_words(sentence, question)
+    )
 
 
 def cut_short(rewrite: str, evidence: Iterable[str]) -> bool:
