@@ -227,6 +227,14 @@ class Config:
             "every other first token is banned for that step (in-process backends only)"
         },
     )
+    # After a rewrite a paragraph may end before the items off went on to state (still-states; issue 45).
+    unsaid_items_go_on: int = field(
+        default=2,
+        metadata={
+            "help": "sentence scope: a paragraph a rewrite changed that ends with an item the question asks for "
+            "unsaid goes on, its end of turn banned, at most this many times a reply | 0: off"
+        },
+    )
     # A rewrite that fixes its claim and stops drops the sentence's later items ("Andorra la Vella, which is a
     # Spanish island." for "… la Mana, and its official language is French."); spliced, the fix stands.
     splice_own_clause: bool = field(

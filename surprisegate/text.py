@@ -183,6 +183,25 @@ def split_sentences(text: str) -> list[str]:
     return [s for s in sentences if s]
 
 
+# A sentence repeats another when both have this many distinct words and share this much of their union
+# (the repetition guard's and the unsaid items' rule, gate/repetition.py and gate/rewrite.py).
+MIN_WORDS = 5
+OVERLAP = 0.7
+
+
+def repeats(sentence: str, earlier: Sequence[str], min_words: int = MIN_WORDS, overlap: float = OVERLAP) -> int | None:
+    """Index of the first of `earlier` that `sentence` repeats (their distinct words, case folded, overlap by
+    at least `overlap` of their union, both having `min_words`); None when it repeats none."""
+    words = set(WORD.findall(fold(sentence)))
+    if len(words) < min_words:
+        return None
+    for i, other in enumerate(earlier):
+        seen = set(WORD.findall(fold(other)))
+        if len(seen) >= min_words and len(words & seen) >= overlap * len(words | seen):
+            return i
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # stopwords: each set serves one purpose; its comment says which
 # --------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,7 +17,8 @@ from surprisegate.errors import BackendFault, InputError
 from surprisegate.gate.events import Rewind, Token, Trigger
 from surprisegate.gate.loop import generate, stream
 from surprisegate.gate.prompting import Continuation
-from surprisegate.gate.rewrite import EvidenceOpeners
+from surprisegate.gate.reply import Reply
+from surprisegate.gate.rewrite import EvidenceOpeners, UnsaidItems
 from surprisegate.gate.structured import ResponseFormat
 from surprisegate.gate.surprise import RollingWindow
 
@@ -1028,7 +1030,9 @@ def script_diverging(context: str):
 def test_a_patched_sentence_leaves_the_rest_of_the_paragraph_as_the_model_wrote_it(goes_on, text):
     arms = {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}
     _, _, off = run_paragraph(paragraph_cfg(mode="off"), script=script_diverging)
-    backend, events, done = run_paragraph(paragraph_cfg(paragraph_goes_on=goes_on), arms, script_diverging)
+    # The bridges paragraph never states the currency: it does not go on for it here (unsaid_items_go_on = 0).
+    config = paragraph_cfg(paragraph_goes_on=goes_on, unsaid_items_go_on=0)
+    backend, events, done = run_paragraph(config, arms, script_diverging)
     assert done.text == text and [r["went_on_from"] for r in done.rounds] == [goes_on]
     if goes_on == "own_sentence":
         # Only the claim changed: the rest is off's, and the context holds the model's own sentence, no evidence.
@@ -1085,7 +1089,7 @@ def test_a_paragraph_that_goes_on_from_a_rewrite_without_a_loop_is_shown_once_th
         return plan(long_tail) if "Rightburg" in reply or "Rightburg." in context else script_paragraph(context)
 
     backend = ScriptedBackend(script)
-    config = paragraph_cfg(paragraph_loop_guard=2, max_tokens=400)
+    config = paragraph_cfg(paragraph_loop_guard=2, max_tokens=400, unsaid_items_go_on=0)
     shown, fed_when_shown = "", {}
     for event in stream(backend, PARAGRAPH_Q, config, {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}):
         if isinstance(event, Token):
@@ -1144,7 +1148,9 @@ def test_rewrite_keeps_asked_drops_a_rewrite_that_stops_speaking_of_an_asked_ite
             return plan(bridges)
         return plan(wrong, doubtful="Wrongville")
 
-    config = paragraph_cfg(rewrite_keeps_asked=keeps_asked, retry_failed_rewrite=False, splice_own_clause=splice)
+    config = paragraph_cfg(
+        rewrite_keeps_asked=keeps_asked, retry_failed_rewrite=False, splice_own_clause=splice, unsaid_items_go_on=0
+    )
     _, _, done = run_paragraph(config, {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, script)
     # The rewrite fixed the capital but no longer speaks of the currency the question asks for: dropped, or
     # spliced with the sentence's own later clause.
@@ -1216,6 +1222,84 @@ def test_a_splice_whose_first_clause_is_no_fix_is_not_made_and_the_rewrite_is_dr
     config = paragraph_cfg(retry_failed_rewrite=False)
     _, _, done = run_paragraph(config, {"memory": StaticArm("memory", [BOTH_EVIDENCE])}, restates)
     assert done.text == TWO_CLAIMS and done.rounds[0]["action"] == "reverted"  # fed back exactly, not spliced
+
+
+ENDS_EARLY = f"{OPENING} Its capital is Rightburg. It is a city of bridges. Its currency is the Testmark."
+
+
+def script_ends_early(context: str):
+    """The model's own paragraph states the capital (wrong) and the currency; after the capital's rewrite it
+    would end its turn before the currency (an end of turn outranks the next sentence), and goes on to it when
+    that end is banned."""
+    reply = context.rsplit("<|im_start|>assistant\n", 1)[-1]
+    if "Rightburg" in reply or "Rightburg." in context:
+        out = plan(ENDS_EARLY)
+        at = ENDS_EARLY.index(" Its currency")
+        out[at] = (" ", 0.3, {"<eos>": 0.6})
+        return out
+    return plan(f"{OPENING} Its capital is Wrongville. Its currency is the Testmark.", doubtful="Wrongville")
+
+
+@pytest.mark.parametrize("times", [0, 1, 2])
+def test_a_paragraph_a_rewrite_changed_goes_on_while_an_asked_item_is_unsaid(times):
+    arms = {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}
+    _, _, done = run_paragraph(paragraph_cfg(unsaid_items_go_on=times), arms, script_ends_early)
+    before_currency = ENDS_EARLY[: ENDS_EARLY.index(" Its currency")]
+    assert done.text == (ENDS_EARLY if times else before_currency)
+    assert done.finish_reason == "stop" and [r["action"] for r in done.rounds] == ["rewound"]
+    assert done.rounds[0].get("went_on_for") == (["currency"] if times else None)  # the receipt says why
+    # Off is the model's own paragraph, which stated the currency; nothing goes on there.
+    _, _, off = run_paragraph(paragraph_cfg(mode="off", unsaid_items_go_on=times), arms, script_ends_early)
+    assert off.text == f"{OPENING} Its capital is Wrongville. Its currency is the Testmark."
+
+
+def test_a_paragraph_no_rewrite_changed_ends_where_the_model_ends_it():
+    def ends_early(context: str):  # no doubtful claim: no round; the model ends before the currency
+        own = ENDS_EARLY.replace("Rightburg", "Wrongville")
+        out = plan(own)
+        out[own.index(" Its currency")] = (" ", 0.3, {"<eos>": 0.6})
+        return out
+
+    _, _, done = run_paragraph(paragraph_cfg(), {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}, ends_early)
+    assert done.text == f"{OPENING} Its capital is Wrongville. It is a city of bridges." and not done.rounds
+
+
+def reply_of(text: str) -> Reply:
+    """A reply of one token per byte (the scripted backend's tokens), its signals zero."""
+    data = text.encode("utf-8")
+    n = len(data)
+    return Reply(list(data), [0.0] * n, [0.0] * n, [0.0] * n, [bytes([b]) for b in data])
+
+
+def test_unsaid_items_go_on_counts_its_times_and_needs_a_rewrite_that_stood():
+    def records():
+        return SimpleNamespace(action="rewound", went_on_for=[]), SimpleNamespace(action="reverted", went_on_for=[])
+
+    rewound, reverted = records()
+    unsaid = UnsaidItems("Write a short paragraph about Testland: its capital and its currency.", times=2)
+    capital = reply_of("Its capital is Rightburg.")
+    assert not unsaid.owes(capital, [reverted])  # the reply is the model's own
+    assert not unsaid.owes(reply_of("Its capital is Rightburg. Its currency is the Testmark."), [rewound])  # all said
+    assert unsaid.owes(capital, [reverted, rewound]) and unsaid.from_token == len(capital.tokens)
+    assert unsaid.owes(reply_of("Its capital is Rightburg. It has bridges."), [rewound])
+    assert unsaid.from_token == len(capital.tokens)  # held back from the first time it went on
+    assert not unsaid.owes(capital, [rewound])  # twice at most
+    assert rewound.went_on_for == ["currency", "currency"] and reverted.went_on_for == []
+    assert not UnsaidItems("Write about Testland: its capital.", times=0).owes(
+        reply_of("Testland is small."), [rewound]
+    )
+
+
+def test_what_a_paragraph_wrote_after_it_went_on_is_cut_at_its_first_repeated_sentence():
+    unsaid = UnsaidItems("Write a short paragraph about Testland: its capital and its currency.", times=1)
+    said = "Testland is a small country in the north. Its capital is Rightburg."
+    assert unsaid.owes(reply_of(said), [SimpleNamespace(action="rewound", went_on_for=[])])
+    new = " It has many old bridges and towers. Testland is a small country in the far north. Its currency is odd."
+    reply = reply_of(said + new)
+    cut = unsaid.repeat_cut(reply)
+    assert reply.text(cut) == said + " It has many old bridges and towers."  # the repeat and all after it go
+    assert unsaid.repeat_cut(reply_of(said + " It has many old bridges and towers.")) is None
+    assert UnsaidItems("Write about Testland: its capital.", times=1).repeat_cut(reply_of(said + new)) is None
 
 
 # --------------------------------------------------------------------------------------------

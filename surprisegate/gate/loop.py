@@ -203,6 +203,7 @@ class _ReplyLoop:
             yield from self._decode()
         except BackendFault as fault:
             yield from self._on_fault(fault)
+        _end_unrepeated(self)
         _end_whole(self)
         yield from self.emitter.upto(self.reply, len(self.reply.tokens), final=True)
         yield Done(_result(self))
@@ -439,6 +440,14 @@ def _end_whole(loop: _ReplyLoop) -> None:
     cut = whole_end(loop.reply.text(), loop.finish_reason == "length")
     if cut is not None:
         loop.reply.cut(max(loop.reply.token_at(cut), loop.emitter.emitted))
+
+
+def _end_unrepeated(loop: _ReplyLoop) -> None:
+    """What a paragraph wrote after it went on for an unsaid item (rewrite.UnsaidItems, held back until now) ends
+    before its first sentence that repeats an earlier one."""
+    cut = loop.rewrites.unsaid.repeat_cut(loop.reply) if loop.finish_reason != "error" else None
+    if cut is not None:
+        loop.reply.cut(max(cut, loop.emitter.emitted))
 
 
 def _whole_upto(loop: _ReplyLoop, upto: int) -> int:

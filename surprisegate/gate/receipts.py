@@ -375,6 +375,7 @@ class ConvergenceRecord:
     rewritten_text: str | None = None  # a reverted round: the rewrite that was dropped
     went_on_from: str | None = None  # a paragraph rewrite that stood went on after: own_sentence | rewrite
     went_back_from: str | None = None  # the loop a paragraph went into after the rewrite, dropped (repetition.py)
+    went_on_for: list[str] = field(default_factory=list)  # asked items the paragraph went on for after it ended
     # A server backend: how the resume after the rewind reached the server, and the prompt tokens its cache served.
     prompt_path: str | None = None  # "token-ids" | "text"
     cached_tokens: int | None = None
@@ -496,6 +497,7 @@ class ConvergenceRecord:
             **({"rewritten_text": self.rewritten_text} if self.rewritten_text is not None else {}),
             **({"went_on_from": self.went_on_from} if self.went_on_from is not None else {}),
             **({"went_back_from": self.went_back_from} if self.went_back_from is not None else {}),
+            **({"went_on_for": list(self.went_on_for)} if self.went_on_for else {}),
             **({"prompt_path": self.prompt_path} if self.prompt_path is not None else {}),
             **({"cached_tokens": self.cached_tokens} if self.cached_tokens is not None else {}),
         }

@@ -12,30 +12,14 @@ While a rewrite is watched nothing after its sentence is shown (holdback), so th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..text import WORD, fold, sentence_end, sentence_start
+from ..text import MIN_WORDS, OVERLAP, repeats, sentence_end, sentence_start
+
+__all__ = ["MIN_WORDS", "OVERLAP", "RepetitionGuard", "finished_sentences", "repeats"]
 from .receipts import ConvergenceRecord
 from .reply import Reply
 from .rewrite import Unchecked
-
-# A sentence repeats another when both have this many distinct words and share this much of their union.
-MIN_WORDS = 5
-OVERLAP = 0.7
-
-
-def repeats(sentence: str, earlier: Sequence[str], min_words: int = MIN_WORDS, overlap: float = OVERLAP) -> int | None:
-    """Index of the first of `earlier` that `sentence` repeats (their distinct words, case folded, overlap by
-    at least `overlap` of their union, both having `min_words`); None when it repeats none."""
-    words = set(WORD.findall(fold(sentence)))
-    if len(words) < min_words:
-        return None
-    for i, other in enumerate(earlier):
-        seen = set(WORD.findall(fold(other)))
-        if len(seen) >= min_words and len(words & seen) >= overlap * len(words | seen):
-            return i
-    return None
 
 
 def finished_sentences(text: str, start: int) -> list[str]:

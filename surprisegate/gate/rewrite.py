@@ -18,7 +18,8 @@ from ..arms import Query
 from ..backends import Backend, LocalBackend, SteerableBackend
 from ..backends.capabilities import VocabSize
 from ..config import Config
-from ..text import sentence_end, sentence_start
+from ..text import repeats, sentence_end, sentence_start, split_sentences, stems
+from .claims import asked_items
 from .events import Event, Rewind
 from .receipts import ConvergenceRecord
 from .reply import Context, Decoding, Emitter, Reply, Snapshot
@@ -161,6 +162,46 @@ def _first_clause_end(reply: Reply, start: int) -> int | None:
     return index if index is not None and index > start else None
 
 
+class UnsaidItems:
+    """config.unsaid_items_go_on: a paragraph whose course a rewrite changed may end before the items the model
+    was going to write ("… the most populous country in the Americas." and the turn ends, where off went on to
+    the capital and the calling code). Ending with an item the question asks for unsaid, it goes on, its end of
+    turn banned, at most `times` times a reply. What it writes so is held back until the reply ends, and cut at
+    its first sentence that repeats an earlier one (the model with nothing left to say loops)."""
+
+    def __init__(self, question: str, times: int) -> None:
+        self.items, self.left = (asked_items(question) if times else []), times
+        self.from_token: int | None = None  # reply index where it first went on: held back from here
+
+    def owes(self, reply: Reply, rounds: list[ConvergenceRecord]) -> bool:
+        """Whether the reply goes on once more: a rewrite stands in it and an asked item is unsaid (the latest
+        rewrite's round records the items it goes on for)."""
+        stood = [r for r in rounds if r.action == "rewound"]
+        if self.left <= 0 or not stood:
+            return False
+        said = stems(reply.text())
+        unsaid = [item for item in self.items if not item & said]
+        if not unsaid:
+            return False
+        self.left -= 1
+        self.from_token = len(reply.tokens) if self.from_token is None else self.from_token
+        stood[-1].went_on_for.append(" ".join(sorted(unsaid[0])))
+        return True
+
+    def repeat_cut(self, reply: Reply) -> int | None:
+        """Reply index where the first sentence written after it went on that repeats an earlier one starts."""
+        if self.from_token is None:
+            return None
+        text = reply.text()
+        start = len(reply.text(self.from_token))
+        earlier = split_sentences(text[:start])
+        for sentence in split_sentences(text[start:]):
+            if repeats(sentence, earlier) is not None:
+                return reply.token_at(text.index(sentence, start) - 1)  # its token carries the space before it
+            earlier.append(sentence)
+        return None
+
+
 class RewriteCheck:
     """The rewrite awaiting its check, and what happens when it fails: one retry, then the revert.
 
@@ -180,6 +221,7 @@ class RewriteCheck:
         self.enabled, self.retries = config.revert_unused_evidence, config.retry_failed_rewrite
         self.sentence_scope, self.keeps_asked = config.sentence_scope, config.rewrite_keeps_asked
         self.answer_last, self.splices = config.answer_last, config.splice_own_clause
+        self.unsaid = UnsaidItems(question, config.unsaid_items_go_on if config.sentence_scope else 0)
         self.question = question
         self.reply, self.decoding, self.emitter, self.rounds = loop_state
         self.eos, self.start_over, self.evidence_leaves = eos, start_over, evidence_leaves
@@ -191,7 +233,8 @@ class RewriteCheck:
     @property
     def held_from(self) -> int | None:
         """Reply index from which nothing may be shown yet (None: no rewrite awaits its check)."""
-        return None if self.pending is None else self.pending.span_start
+        held = [at for at in (None if self.pending is None else self.pending.span_start, self.unsaid.from_token)]
+        return min((at for at in held if at is not None), default=None)
 
     def before_round(self, span_start: int) -> Unchecked | None:
         """At a trigger, before its round: where a failed rewrite would go back to (the first of a chain)."""
@@ -240,21 +283,36 @@ class RewriteCheck:
         return False
 
     def end_of_turn(self) -> Generator[Event, None, bool]:
-        """The model ended its turn: True when the reply is finished, False when a failed rewrite went back."""
+        """The model ended its turn: True when the reply is finished; False when it goes on (a failed rewrite went
+        back or is tried again, or a paragraph goes on after its rewrite, without the evidence)."""
         problem = self._verdict(final=True)[1] if self.pending is not None else None
         if problem is None and self.pending is not None and self.pending.claim is not None:
             stood, self.pending = self.pending, None
-            went_on = stood.reply_went_on
-            if went_on:  # the reply its sentence replaced went on: so does this one, without the evidence
-                self.evidence_leaves(True, stood)
-            return not went_on
+            return self._stood_at_end(stood)
         if problem is None:
-            return self.pending is None or not (yield from self._answer_last(fed=len(self.reply.tokens)))
+            finished = self.pending is None or not (yield from self._answer_last(fed=len(self.reply.tokens)))
+            return finished and not self._owes_asked_items()
         spliced = yield from self._splice(problem, at_end_of_turn=True)
         if spliced is not None:
-            return not spliced.reply_went_on
+            return self._stood_at_end(spliced)
         yield from self._failed(problem, at_end_of_turn=True)
         return False
+
+    def _stood_at_end(self, stood: Unchecked) -> bool:
+        """A paragraph's rewrite stood as the turn ended: the reply goes on without its evidence when the reply its
+        sentence replaced went on, or when it still owes an item the question asks for; True: it is finished."""
+        if stood.reply_went_on or self.unsaid.owes(self.reply, self.rounds):
+            self.evidence_leaves(True, stood)
+            return False
+        return True
+
+    def _owes_asked_items(self) -> bool:
+        """A paragraph a rewrite changed ended with an asked item unsaid: its end of turn is banned once more and
+        it goes on (True)."""
+        if not self.unsaid.owes(self.reply, self.rounds):
+            return False
+        self.decoding.continue_from(self.decoding.context.tokens, banned=self.eos)
+        return True
 
     def _verdict(self, final: bool) -> tuple[bool, str | None]:
         """rewrite_verdict on the pending rewrite; unchecked (revert_unused_evidence off), a finished one stands."""
@@ -318,8 +376,8 @@ class RewriteCheck:
         self.start_over(len(reply.tokens))  # the spliced sentence has ended: the next one opens
         if shown:
             yield Rewind(rewound.round, shown, retracted, 0)
-        if u.reply_went_on or not at_end_of_turn:
-            self.evidence_leaves(at_end_of_turn, u)
+        if not at_end_of_turn:  # at the turn's end the caller decides whether the reply goes on (_stood_at_end)
+            self.evidence_leaves(False, u)
         return u
 
     def _failed(self, problem: str, at_end_of_turn: bool) -> Generator[Event, None, None]:
