@@ -389,3 +389,16 @@ def test_flare_as_their_configs_run_it_goes_on_past_a_cut_without_a_stop_of_ours
     assert out.reply == reply
     assert out.grounding_calls == 0 and not out.triggered
     assert out.tokens_prefilled > 2 * len("When did Iowa become a state?")  # the prompt sent twice: two look-aheads
+
+
+def test_a_results_row_keeps_what_a_round_went_on_for_and_a_dropped_rewrites_grade():
+    from surprisegate.research.evaluate import _round_summary
+
+    item = {"id": "q", "question": "What is the capital of Testland?", "answers": ["Rightburg"]}
+    stood = {"action": "rewound", "reason": "grounded", "went_on_for": ["currency"], "chosen": {"source": "memory:x"}}
+    dropped = {"action": "reverted", "rewritten_text": "It is Rightburg.", "retries": []}
+    assert _round_summary(stood, item)["went_on_for"] == ["currency"] and "rewritten_text" not in _round_summary(
+        stood, item
+    )
+    row = _round_summary(dropped, item)
+    assert "went_on_for" not in row and row["rewritten_text"] == "It is Rightburg." and row["rewrite_correct"]

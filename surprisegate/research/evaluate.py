@@ -606,6 +606,8 @@ def _round_summary(record: dict, item: dict) -> dict:
         }
         for t in record.get("retries", [])
     ]
+    if record.get("went_on_for"):  # a paragraph went on for these unsaid asked items after the rewrite
+        out["went_on_for"] = record["went_on_for"]
     if record.get("action") == "reverted":
         out["rewritten_text"] = record.get("rewritten_text")
         out["rewrite_correct"] = grade(record.get("rewritten_text") or "", item).correct
