@@ -232,8 +232,9 @@ class RewriteCheck:
 
     @property
     def held_from(self) -> int | None:
-        """Reply index from which nothing may be shown yet (None: no rewrite awaits its check)."""
-        held = [at for at in (None if self.pending is None else self.pending.span_start, self.unsaid.from_token)]
+        """Reply index from which nothing may be shown yet: a rewrite awaiting its check, or what a paragraph wrote
+        after it went on for an unsaid item (None: nothing is held)."""
+        held = (None if self.pending is None else self.pending.span_start, self.unsaid.from_token)
         return min((at for at in held if at is not None), default=None)
 
     def before_round(self, span_start: int) -> Unchecked | None:
