@@ -1299,6 +1299,8 @@ def test_what_a_paragraph_wrote_after_it_went_on_is_cut_at_its_first_repeated_se
     cut = unsaid.repeat_cut(reply)
     assert reply.text(cut) == said + " It has many old bridges and towers."  # the repeat and all after it go
     assert unsaid.repeat_cut(reply_of(said + " It has many old bridges and towers.")) is None
+    glued = reply_of(said + "Testland is a small country in the north.")  # no space: the cut keeps said's stop
+    assert glued.text(unsaid.repeat_cut(glued)) == said
     assert UnsaidItems("Write about Testland: its capital.", times=1).repeat_cut(reply_of(said + new)) is None
 
 

@@ -197,7 +197,8 @@ class UnsaidItems:
         earlier = split_sentences(text[:start])
         for sentence in split_sentences(text[start:]):
             if repeats(sentence, earlier) is not None:
-                return reply.token_at(text.index(sentence, start) - 1)  # its token carries the space before it
+                # Its first token carries the space before it; never before where it went on.
+                return max(reply.token_at(text.index(sentence, start) - 1), self.from_token)
             earlier.append(sentence)
         return None
 
