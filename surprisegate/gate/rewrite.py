@@ -1,7 +1,9 @@
 """The rewrite check: a rewrite stands only once its sentence shows it used its evidence and answers the
 question (rewrite_checks.py); until then nothing of it is shown. One that fails is tried once more, the
 evidence still in context; one that fails again is dropped for the reply written without it. So an
-intervention may fail to help, but it never makes the reply worse.
+intervention may fail to help, but it never makes the reply worse. In a paragraph, a failed rewrite is first
+tried as its first clause and the model's own later clause (`spliced_reply`), and a paragraph a rewrite
+changed that ends owing an asked item goes on (`UnsaidItems`).
 
 The loop opens a check on every rewind (`opened`), asks it after every token (`check`) and at the end of
 the turn (`end_of_turn`), and hands it a backend fault (`on_fault`).
@@ -204,7 +206,8 @@ class UnsaidItems:
 
 
 class RewriteCheck:
-    """The rewrite awaiting its check, and what happens when it fails: one retry, then the revert.
+    """The rewrite awaiting its check, and what happens when it fails: a paragraph's splice, one retry, then the
+    revert; and whether a paragraph a rewrite changed goes on at its end of turn.
 
     It shares the loop's reply, decoding, emitter and rounds; `start_over(n)` is the loop's restart of the
     window and the emitter after the reply was cut back to `n` tokens."""
