@@ -1058,7 +1058,8 @@ def script_looping(context: str):
 def test_a_paragraph_that_loops_after_a_rewrite_goes_on_from_the_models_own_sentence(guard):
     arms = {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}
     _, _, off = run_paragraph(paragraph_cfg(mode="off"), script=script_looping)
-    backend, events, done = run_paragraph(paragraph_cfg(paragraph_loop_guard=guard), arms, script_looping)
+    config = paragraph_cfg(paragraph_loop_guard=guard, unsaid_items_go_on=0)  # the loop owes the currency
+    backend, events, done = run_paragraph(config, arms, script_looping)
     shown = "".join(e.text for e in events if isinstance(e, Token))
     (record,) = done.rounds
     if guard == 0:  # off: the loop stands
@@ -1243,11 +1244,16 @@ def script_ends_early(context: str):
 @pytest.mark.parametrize("times", [0, 1, 2])
 def test_a_paragraph_a_rewrite_changed_goes_on_while_an_asked_item_is_unsaid(times):
     arms = {"memory": StaticArm("memory", [RIGHT_EVIDENCE])}
-    _, _, done = run_paragraph(paragraph_cfg(unsaid_items_go_on=times), arms, script_ends_early)
+    config = paragraph_cfg(unsaid_items_go_on=times, ground_unsaid_items=False)
+    _, _, done = run_paragraph(config, arms, script_ends_early)
     before_currency = ENDS_EARLY[: ENDS_EARLY.index(" Its currency")]
     assert done.text == (ENDS_EARLY if times else before_currency)
     assert done.finish_reason == "stop" and [r["action"] for r in done.rounds] == ["rewound"]
     assert done.rounds[0].get("went_on_for") == (["currency"] if times else None)  # the receipt says why
+    # Asked for by name, the currency's round gets the capital's sentence, which its sentence does not use: the
+    # round is dropped and the paragraph goes on past its end of turn as it did without it.
+    _, _, asked = run_paragraph(paragraph_cfg(unsaid_items_go_on=times), arms, script_ends_early)
+    assert asked.text == done.text and [r["action"] for r in asked.rounds] == ["rewound"] + ["reverted"][:times]
     # Off is the model's own paragraph, which stated the currency; nothing goes on there.
     _, _, off = run_paragraph(paragraph_cfg(mode="off", unsaid_items_go_on=times), arms, script_ends_early)
     assert off.text == f"{OPENING} Its capital is Wrongville. Its currency is the Testmark."
@@ -1302,6 +1308,86 @@ def test_what_a_paragraph_wrote_after_it_went_on_is_cut_at_its_first_repeated_se
     glued = reply_of(said + "Testland is a small country in the north.")  # no space: the cut keeps said's stop
     assert glued.text(unsaid.repeat_cut(glued)) == said
     assert UnsaidItems("Write about Testland: its capital.", times=1).repeat_cut(reply_of(said + new)) is None
+
+
+CURRENCY_EVIDENCE = Evidence(
+    claim="currency of Testland",
+    evidence="The currency of Testland is the Testmark.",
+    confidence=0.9,
+    source="memory:c",
+)
+BRIDGES = " It is a city of many old bridges and towers."
+LOOPED_THEN_CURRENCY = f"{OPENING} Its capital is Rightburg.{BRIDGES} Its currency is the Testmark."
+
+
+class ItemArm(StaticArm):
+    """Memory that holds the capital's sentence and, asked about the currency by name, the currency's."""
+
+    def ground(self, query, deadline):
+        self.calls.append(query)
+        return [CURRENCY_EVIDENCE] if "currency" in query.sentence else [RIGHT_EVIDENCE]
+
+
+def script_loops_owing_currency(context: str):
+    """After Rightburg the model repeats its bridges sentence and never states the currency, unless the
+    currency's evidence is in its context; its own paragraph (Wrongville) states it."""
+    reply = context.rsplit("<|im_start|>assistant\n", 1)[-1]
+    if "Rightburg" in reply or "Rightburg." in context:
+        return plan(
+            LOOPED_THEN_CURRENCY if "Testmark." in context else f"{OPENING} Its capital is Rightburg." + BRIDGES * 3
+        )
+    return plan(WRONG_PARAGRAPH, doubtful="Wrongville")
+
+
+@pytest.mark.parametrize("grounds", [True, False])
+def test_a_paragraph_that_loops_owing_an_asked_item_is_cut_and_asks_the_arms_for_it(grounds):
+    arm = ItemArm("memory")
+    config = paragraph_cfg(paragraph_loop_guard=0, ground_unsaid_items=grounds)
+    backend, events, done = run_paragraph(config, {"memory": arm}, script_loops_owing_currency)
+    shown = "".join(e.text for e in events if isinstance(e, Token))
+    assert done.text == shown and done.text.count("bridges") == 1  # the repeat was cut before it was shown
+    if not grounds:  # it went on without evidence: the model never comes back to the currency
+        assert [r["action"] for r in done.rounds] == ["rewound"] and "Testmark" not in done.text
+        return
+    assert done.text == LOOPED_THEN_CURRENCY
+    first, item = done.rounds
+    assert first["went_on_for"] == ["currency"] and item["action"] == "rewound" and item["tokens_dropped"] == 0
+    assert item["trigger"]["statistic"] == "asked item unsaid" and item["trigger"]["span_text"] == ""
+    assert [q.sentence for q in arm.calls][-1] == "its currency"  # asked in the question's own words
+
+
+def test_an_asked_item_is_asked_for_where_the_paragraph_ends_owing_it():
+    def ends_early(context: str):  # after the capital's rewrite the model ends; with the currency's evidence it goes on
+        reply = context.rsplit("<|im_start|>assistant\n", 1)[-1]
+        if "Rightburg" in reply or "Rightburg." in context:
+            if "Testmark." in context:
+                return plan(LOOPED_THEN_CURRENCY)
+            own = plan(f"{OPENING} Its capital is Rightburg.{BRIDGES}")
+            own[len(own) - len(BRIDGES)] = (" ", 0.3, {"<eos>": 0.6})  # it would end before the bridges
+            return own
+        return plan(WRONG_PARAGRAPH, doubtful="Wrongville")
+
+    arm = ItemArm("memory")
+    _, _, done = run_paragraph(paragraph_cfg(), {"memory": arm}, ends_early)
+    assert done.text == LOOPED_THEN_CURRENCY and done.finish_reason == "stop"
+    assert [r["trigger"]["statistic"] for r in done.rounds][1:] == ["asked item unsaid"]
+    assert done.rounds[0]["went_on_for"] == ["currency"] and done.rounds[1]["tokens_dropped"] == 0
+    _, _, plain = run_paragraph(paragraph_cfg(ground_unsaid_items=False), {"memory": ItemArm("memory")}, ends_early)
+    assert "Testmark" not in plain.text and len(plain.rounds) == 1  # pushed on without it, the model had nothing
+
+
+def test_unsaid_items_see_a_loop_at_the_token_that_finishes_the_repeated_sentence():
+    rewound = SimpleNamespace(action="rewound", went_on_for=[])
+    said = "Its capital is Rightburg. It has many old bridges and towers."
+    unsaid = UnsaidItems(PARAGRAPH_Q, times=1)
+    assert unsaid.looped(reply_of(said + " It has many old bridges and towers."), [rewound], 0) is None  # open
+    assert unsaid.open_from == len(said)  # the open sentence is held back (its leading space with it)
+    assert unsaid.looped(reply_of(said + " It has many old bridges."), [SimpleNamespace(action="reverted")], 0) is None
+    looped = reply_of(said + " It has many old bridges and towers. ")
+    assert unsaid.looped(looped, [rewound], len(looped.tokens)) is None  # already shown: never cut
+    at = unsaid.looped(looped, [rewound], 0)
+    assert looped.text(at) == said and unsaid.asking == "its currency" and rewound.went_on_for == ["currency"]
+    assert unsaid.looped(looped, [rewound], 0) is None  # once at most (times=1)
 
 
 # --------------------------------------------------------------------------------------------

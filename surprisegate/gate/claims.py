@@ -81,12 +81,17 @@ _LIST_PARTS = re.compile(r"[,;:?]|\band\b|\bor\b", re.IGNORECASE)
 def asked_items(question: str) -> list[frozenset[str]]:
     """What the question asks for, item by item: the asked stems of each part of its list ("…: its capital,
     its currency and the year it became a state" -> {capital}, {currency}, {year, became, state})."""
-    asked, items = asked_words(question), []
+    return list(asked_parts(question))
+
+
+def asked_parts(question: str) -> dict[frozenset[str], str]:
+    """asked_items, each with the question's own words for it (its first part: "the year it became a state")."""
+    asked, parts = asked_words(question), {}
     for part in _LIST_PARTS.split(question):
         item = frozenset(stems(part) & asked)
-        if item and item not in items:
-            items.append(item)
-    return items
+        if item and item not in parts:
+            parts[item] = part.strip(" .!\n")
+    return parts
 
 
 def speaks_of_asked(sentence: str, question: str) -> bool:

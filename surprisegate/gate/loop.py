@@ -34,7 +34,7 @@ from .probe import TriggerProbe, resolve_probe
 from .prompting import Continuation, ReplyPrompt, conversation, last_user_turn
 from .receipts import ConvergenceRecord, rounded_trigger
 from .repetition import RepetitionGuard
-from .reply import PARAGRAPH_END, Decoding, Emitter, Reply, StopStrings, whole_end
+from .reply import PARAGRAPH_END, Decoding, Emitter, Reply, Snapshot, StopStrings, whole_end
 from .result import ReplyResult, build_receipt, rounded, surprise_summary
 from .rewrite import RewriteCheck, Unchecked
 from .scribe import SessionScribe
@@ -184,8 +184,9 @@ class _ReplyLoop:
         self.rounds: list[ConvergenceRecord] = []
         self.would_trigger: list[dict] = []  # detect mode: crossings recorded, never acted on
         self.eos, state = frozenset(backend.eos_token_ids), (self.reply, self.decoding, self.emitter, self.rounds)
+        ask = lambda part, pushed_past: _ground_unsaid(self, part, pushed_past)  # noqa: E731
         self.rewrites = RewriteCheck(
-            config, self.question, state, self.eos, self._start_over_from, self._evidence_leaves, backend
+            config, self.question, state, self.eos, self._start_over_from, self._evidence_leaves, backend, ask
         )
         self.arm_cache: dict = {}  # per reply: (arm, question, class) -> evidence list
         self.injected_total, self.finish_reason, self.at_end_of_turn = 0, "length", False  # last: judged at turn end
@@ -301,10 +302,10 @@ class _ReplyLoop:
             self._start_over_from(len(self.reply.tokens), opens_sentence=True)  # "symbol F." ended one
 
     def _went_into_repetition(self) -> Generator[Event, None, bool]:
-        """A rewrite led into a loop: patched in place and written again from the model's own words; True if so."""
+        """A rewrite led into a loop: written again from its own words, or cut (_left_loop_owing); True if so."""
         back = self.guard.repeated(self.reply)  # its round's record holds the loop dropped
         if back is None:
-            return False
+            return (yield from _left_loop_owing(self))
         shown = self.emitter.shown_after(back.end)
         self.own_words.put_back(self.reply, back.start, back.own, back.end)
         self._go_on(frozenset())
@@ -351,17 +352,12 @@ class _ReplyLoop:
         self._start_over_from(len(self.reply.tokens))
         return True
 
-    def _round(self, trigger: Trigger) -> Generator[Event, None, ConvergenceRecord]:
-        """One grounding round: route, ask the arms, and rewind with the evidence or resume unmodified."""
-        started = time.monotonic()
+    def _round(self, trigger: Trigger, query: Query | None = None) -> Generator[Event, None, ConvergenceRecord]:
+        """One grounding round: route, ask the arms (`query`, else about the doubtful words), and rewind with the
+        evidence or resume unmodified."""
+        started, query = time.monotonic(), query or _arm_query(self)
         chosen, record = ground_span(
-            self.config,
-            self.arms,
-            self.router,
-            _arm_query(self),
-            rounded_trigger(trigger),
-            trigger.round,
-            self.arm_cache,
+            self.config, self.arms, self.router, query, rounded_trigger(trigger), trigger.round, self.arm_cache
         )
         # Sentence scope: each round's evidence left with its sentence, so none of it is in the context now.
         earlier = list(self.rounds) if self.policy.sentences is None else []
@@ -440,6 +436,54 @@ def _end_whole(loop: _ReplyLoop) -> None:
     cut = whole_end(loop.reply.text(), loop.finish_reason == "length")
     if cut is not None:
         loop.reply.cut(max(loop.reply.token_at(cut), loop.emitter.emitted))
+
+
+def _left_loop_owing(loop: _ReplyLoop) -> Generator[Event, None, bool]:
+    """A paragraph that owes an asked item repeated a sentence (rewrite.UnsaidItems.looped): that sentence is cut
+    and the paragraph goes on from its start, its first token banned, with the item's evidence where the arms
+    find some (_ground_unsaid); True if so."""
+    pending = loop.rewrites.pending is not None  # the rewrite's own check decides first
+    at = None if pending else loop.rewrites.unsaid.looped(loop.reply, loop.rounds, loop.emitter.emitted)
+    if at is None:
+        return False
+    opener = loop.reply.tokens[at]
+    loop.reply.cut(at)
+    loop._go_on(frozenset({opener}))
+    if not (yield from loop.rewrites.ground_unsaid(frozenset({opener}))):
+        loop._start_over_from(at, opens_sentence=True)
+    return True
+
+
+def _ground_unsaid(loop: _ReplyLoop, part: str, pushed_past: frozenset[int]) -> Generator[Event, None, bool]:
+    """A round for an asked item a paragraph went on for (config.ground_unsaid_items): the arms are asked about
+    the question's words for it ("its currency"), and the evidence goes in after the whole reply, nothing
+    rewound; the sentence written with it is checked like any rewrite. The reply as the context holds it is
+    fed to its end: its last token stands in for a trigger's, never fed. A revert goes back to the whole reply and
+    on past `pushed_past`, as without the round. True: the evidence went in."""
+    n, context = len(loop.reply.tokens), loop.decoding.context
+    if not n or loop.config.injection != "system_turn" or loop.calls.opened(loop.reply):
+        return False  # the other injections keep the reply's context in place: a span to drop is needed
+    before = Unchecked(Snapshot.take(loop.reply, n, context), n, len(loop.rounds), pushed_past=pushed_past)
+    context.tokens.pop()
+    trigger = Trigger(n - 1, "asked item unsaid", 0.0, 0.0, n, "", len(loop.rounds) + len(loop.would_trigger) + 1)
+    yield trigger
+    claim = sentence_arm_query(part, loop.question, loop.scribe)
+    record = yield from loop._round(trigger, claim)
+    if record.action != "rewound":
+        context.tokens.append(loop.reply.tokens[-1])
+        return False
+    # After the paragraph's last sentence the model would end it ("\n") or open a sentence as it opened the last
+    # one (how its loops begin): its first token may be neither.
+    text = loop.reply.text()
+    last_opener = loop.reply.tokens[loop.reply.token_at(sentence_start(text, len(text.rstrip()) - 1))]
+    breaks = frozenset(t for line in ("\n", "\n\n") for t in loop.backend.tokenize(line)[-1:])
+    loop.decoding.continue_from(list(context.tokens), banned=loop.eos | breaks | {last_opener})
+    loop.rewrites.opened(before, n, record.evidence or "", context, False, claim)
+    if loop.rewrites.pending is not None:
+        loop.rewrites.pending.replaces([], False, None)
+    loop.injected_total += record.tokens_injected
+    loop._start_over_from(n, opens_sentence=True)
+    return True
 
 
 def _end_unrepeated(loop: _ReplyLoop) -> None:

@@ -21,7 +21,7 @@ from ..backends import Backend, LocalBackend, SteerableBackend
 from ..backends.capabilities import VocabSize
 from ..config import Config
 from ..text import repeats, sentence_end, sentence_start, split_sentences, stems
-from .claims import asked_items
+from .claims import asked_parts
 from .events import Event, Rewind
 from .receipts import ConvergenceRecord
 from .reply import Context, Decoding, Emitter, Reply, Snapshot
@@ -59,6 +59,9 @@ class Unchecked:
     reply_went_on: bool = False  # sentence scope: the reply went on after the sentence it replaces
     own_sentence: list[int] = field(default_factory=list)  # sentence scope: the model's tokens it replaces
     written: Reply | None = None  # sentence scope: the reply as the model wrote it, up to the round
+    # A round for an unsaid item: `before` is the whole reply, and a revert goes on past where it was pushed on
+    # (its end of turn, or a repeat's first token, banned), as it would have without the round.
+    pushed_past: frozenset[int] = frozenset()
 
     def replaces(self, own_sentence: list[int], reply_went_on: bool, written: Reply | None = None) -> None:
         """Sentence scope: the model's own tokens this rewrite replaces, whether its reply went on after them, and
@@ -172,23 +175,57 @@ class UnsaidItems:
     its first sentence that repeats an earlier one (the model with nothing left to say loops)."""
 
     def __init__(self, question: str, times: int) -> None:
-        self.items, self.left = (asked_items(question) if times else []), times
+        self.parts, self.left = (asked_parts(question) if times else {}), times
+        self.items = list(self.parts)
+        self.asking: str | None = None  # the question's words for the item it just went on for
         self.from_token: int | None = None  # reply index where it first went on: held back from here
+        self.open_from: int | None = None  # while it may go on from a loop: the open sentence, held back
 
-    def owes(self, reply: Reply, rounds: list[ConvergenceRecord]) -> bool:
-        """Whether the reply goes on once more: a rewrite stands in it and an asked item is unsaid (the latest
-        rewrite's round records the items it goes on for)."""
-        stood = [r for r in rounds if r.action == "rewound"]
-        if self.left <= 0 or not stood:
-            return False
-        said = stems(reply.text())
-        unsaid = [item for item in self.items if not item & said]
+    def owes(self, reply: Reply, rounds: list[ConvergenceRecord], at: int | None = None) -> bool:
+        """Whether the reply goes on once more (from reply index `at`, its end by default): a rewrite stands in
+        it and an asked item is unsaid (the latest rewrite's round records the items it goes on for)."""
+        unsaid = self._unsaid(reply, rounds)
         if not unsaid:
             return False
         self.left -= 1
-        self.from_token = len(reply.tokens) if self.from_token is None else self.from_token
-        stood[-1].went_on_for.append(" ".join(sorted(unsaid[0])))
+        at = len(reply.tokens) if at is None else at
+        self.from_token = at if self.from_token is None else min(self.from_token, at)
+        [r for r in rounds if r.action == "rewound"][-1].went_on_for.append(" ".join(sorted(unsaid[0])))
+        self.asking = self.parts[unsaid[0]]
         return True
+
+    def _unsaid(self, reply: Reply, rounds: list[ConvergenceRecord]) -> list[frozenset[str]]:
+        """The asked items the reply has not said, where it may still go on for them (a rewrite stands)."""
+        if self.left <= 0 or not self.items or not any(r.action == "rewound" for r in rounds):
+            return []
+        said = stems(reply.text())
+        return [item for item in self.items if not item & said]
+
+    def looped(self, reply: Reply, rounds: list[ConvergenceRecord], shown: int) -> int | None:
+        """After a token: where the sentence it just finished starts (a reply index), when that sentence repeats
+        an earlier one and the paragraph still owes an asked item: it goes on from there instead, once of its
+        `times`, that sentence's first token banned. The model that lost its plan after a rewrite loops to the
+        budget ("The country is divided into 100 municipalities." thrice) and never writes the currency.
+        While it owes one, the open sentence is held back (`open_from`): a repeat is cut before it is seen."""
+        self.open_from = None
+        if not self._unsaid(reply, rounds):
+            return None
+        text, spans, start = reply.text(), [], 0
+        while (end := sentence_end(text, start)) is not None:
+            spans.append((start, end))
+            start = end
+        self.open_from = max(reply.token_at(start), shown)
+        before = reply.text(len(reply.tokens) - 1)  # a stop ends a sentence once the whitespace after it comes
+        if len(spans) < 2 or sentence_end(before, spans[-1][0]) is not None:  # no sentence finished just now
+            return None
+        sentences = [text[a:b].strip() for a, b in spans]
+        if repeats(sentences[-1], sentences[:-1]) is None:
+            return None
+        # Its first token carries the space before it; a token that also ends the sentence before is not cut.
+        at = reply.token_at(spans[-1][0] + len(text[spans[-1][0] :]) - len(text[spans[-1][0] :].lstrip()) - 1)
+        if len(reply.text(at)) < len(text[: spans[-2][1]].rstrip()) or at < shown:
+            return None
+        return at if self.owes(reply, rounds, at) else None
 
     def repeat_cut(self, reply: Reply) -> int | None:
         """Reply index where the first sentence written after it went on that repeats an earlier one starts."""
@@ -221,14 +258,17 @@ class RewriteCheck:
         start_over: Callable[[int], None],
         evidence_leaves: Callable[[bool, Unchecked], None] = lambda at_end_of_turn, stood: None,
         backend: Backend | None = None,
+        ask_unsaid: Callable[[str, frozenset[int]], Generator[Event, None, bool]] | None = None,
     ) -> None:
         self.enabled, self.retries = config.revert_unused_evidence, config.retry_failed_rewrite
         self.sentence_scope, self.keeps_asked = config.sentence_scope, config.rewrite_keeps_asked
         self.answer_last, self.splices = config.answer_last, config.splice_own_clause
+        self.grounds_unsaid = config.ground_unsaid_items
         self.unsaid = UnsaidItems(question, config.unsaid_items_go_on if config.sentence_scope else 0)
         self.question = question
         self.reply, self.decoding, self.emitter, self.rounds = loop_state
         self.eos, self.start_over, self.evidence_leaves = eos, start_over, evidence_leaves
+        self.ask_unsaid = ask_unsaid  # the loop's round for an asked item left unsaid (True: its evidence went in)
         # config.retry_opens_evidence, where the backend can ban that much
         self.openers = EvidenceOpeners.of(backend, config) if backend is not None else None
         self.pending: Unchecked | None = None  # a rewrite whose sentence is not finished: held back
@@ -238,7 +278,11 @@ class RewriteCheck:
     def held_from(self) -> int | None:
         """Reply index from which nothing may be shown yet: a rewrite awaiting its check, or what a paragraph wrote
         after it went on for an unsaid item (None: nothing is held)."""
-        held = (None if self.pending is None else self.pending.span_start, self.unsaid.from_token)
+        held = (
+            None if self.pending is None else self.pending.span_start,
+            self.unsaid.from_token,
+            self.unsaid.open_from,
+        )
         return min((at for at in held if at is not None), default=None)
 
     def before_round(self, span_start: int) -> Unchecked | None:
@@ -293,31 +337,43 @@ class RewriteCheck:
         problem = self._verdict(final=True)[1] if self.pending is not None else None
         if problem is None and self.pending is not None and self.pending.claim is not None:
             stood, self.pending = self.pending, None
-            return self._stood_at_end(stood)
+            return (yield from self._stood_at_end(stood))
         if problem is None:
             finished = self.pending is None or not (yield from self._answer_last(fed=len(self.reply.tokens)))
-            return finished and not self._owes_asked_items()
+            return finished and not (yield from self._owes_asked_items())
         spliced = yield from self._splice(problem, at_end_of_turn=True)
         if spliced is not None:
-            return self._stood_at_end(spliced)
+            return (yield from self._stood_at_end(spliced))
         yield from self._failed(problem, at_end_of_turn=True)
         return False
 
-    def _stood_at_end(self, stood: Unchecked) -> bool:
+    def _stood_at_end(self, stood: Unchecked) -> Generator[Event, None, bool]:
         """A paragraph's rewrite stood as the turn ended: the reply goes on without its evidence when the reply its
         sentence replaced went on, or when it still owes an item the question asks for; True: it is finished."""
-        if stood.reply_went_on or self.unsaid.owes(self.reply, self.rounds):
+        owes = not stood.reply_went_on and self.unsaid.owes(self.reply, self.rounds)
+        if stood.reply_went_on or owes:
             self.evidence_leaves(True, stood)
+            if owes:
+                yield from self.ground_unsaid(self.eos)
             return False
         return True
 
-    def _owes_asked_items(self) -> bool:
+    def _owes_asked_items(self) -> Generator[Event, None, bool]:
         """A paragraph a rewrite changed ended with an asked item unsaid: its end of turn is banned once more and
-        it goes on (True)."""
+        it goes on (True), with that item's evidence where the arms find some."""
         if not self.unsaid.owes(self.reply, self.rounds):
             return False
         self.decoding.continue_from(self.decoding.context.tokens, banned=self.eos)
+        yield from self.ground_unsaid(self.eos)
         return True
+
+    def ground_unsaid(self, pushed_past: frozenset[int]) -> Generator[Event, None, bool]:
+        """The item it just went on for (past `pushed_past`, banned) is asked of the arms
+        (config.ground_unsaid_items); True: its evidence went in."""
+        asking, self.unsaid.asking = self.unsaid.asking, None
+        if asking is None or self.ask_unsaid is None or not self.grounds_unsaid:
+            return False
+        return (yield from self.ask_unsaid(asking, pushed_past))
 
     def _verdict(self, final: bool) -> tuple[bool, str | None]:
         """rewrite_verdict on the pending rewrite; unchecked (revert_unused_evidence off), a finished one stands."""
@@ -441,7 +497,7 @@ class RewriteCheck:
         rewritten = text[len(reply.text(u.span_start)) : sentence_end(text, len(reply.text(u.check_from)))]
         shown = self.emitter.shown_after(u.span_start)
         if session:
-            self.decoding.restore(u.before, reply)
+            self.decoding.restore(u.before, reply, banned=u.pushed_past)
         else:
             reply.restore(u.before.reply)
         for record in self.rounds[u.first_round :]:
