@@ -1388,6 +1388,9 @@ def test_unsaid_items_see_a_loop_at_the_token_that_finishes_the_repeated_sentenc
     at = unsaid.looped(looped, [rewound], 0)
     assert looped.text(at) == said and unsaid.asking == "its currency" and rewound.went_on_for == ["currency"]
     assert unsaid.looped(looped, [rewound], 0) is None  # once at most (times=1)
+    # After a blank line the model starts the reply over: the paragraph ends there (whole_end), nothing is cut.
+    over = reply_of(f"{said}\n\n{said} ")
+    assert UnsaidItems(PARAGRAPH_Q, times=1).looped(over, [rewound], 0) is None
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from ..text import repeats, sentence_end, sentence_start, split_sentences, stems
 from .claims import asked_parts
 from .events import Event, Rewind
 from .receipts import ConvergenceRecord
-from .reply import Context, Decoding, Emitter, Reply, Snapshot
+from .reply import PARAGRAPH_END, Context, Decoding, Emitter, Reply, Snapshot
 from .rewrite_checks import (
     UNUSED_EVIDENCE,
     answer_tail,
@@ -208,9 +208,10 @@ class UnsaidItems:
         budget ("The country is divided into 100 municipalities." thrice) and never writes the currency.
         While it owes one, the open sentence is held back (`open_from`): a repeat is cut before it is seen."""
         self.open_from = None
-        if not self._unsaid(reply, rounds):
-            return None
         text, spans, start = reply.text(), [], 0
+        opening = len(text) - len(text.lstrip())
+        if text.find(PARAGRAPH_END, opening) > opening or not self._unsaid(reply, rounds):
+            return None  # after a blank line the model starts the reply over: the paragraph ends there (whole_end)
         while (end := sentence_end(text, start)) is not None:
             spans.append((start, end))
             start = end
