@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import click
 
-from .gate.events import Done, Event, Grounding, Rewind, Token, Trigger
+from .gate.events import UNSAID_ITEM, Done, Event, Grounding, Rewind, Token, Trigger
 
 
 def _echo(text: str, nl: bool = True) -> None:
@@ -58,6 +58,8 @@ class TerminalView:
         dropped = event.dropped_text.strip()
         if event.reverted:
             line = f"  ⟲ the rewrite {dropped!r} used none of the evidence; keeping the reply written without it"
+        elif not dropped:  # a round for an unsaid asked item: nothing is rewound
+            line = f"  ⟲ injected {event.injected_tokens} tokens of evidence after the reply; writing on"
         else:
             line = f"  ⟲ dropped {dropped!r}, injected {event.injected_tokens} tokens of evidence; rewriting"
         self.write(self.paint(line, "35"))
@@ -66,6 +68,8 @@ class TerminalView:
 
 def _crossed(event: Trigger) -> str:
     span = event.span_text.strip()
+    if event.statistic == UNSAID_ITEM:  # no doubtful words: the question's words for an item the reply left unsaid
+        return f"asked item unsaid: {span!r}, asked of the arms"
     if event.statistic == "probe":  # a logistic score, not bits
         return f"probe score {event.value:.2f} > cut {event.threshold:.2f} on the first sentence {span!r}"
     return f"{event.statistic} {event.value:.2f} > {event.threshold:.2f} bits on {span!r}"

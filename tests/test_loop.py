@@ -1352,7 +1352,7 @@ def test_a_paragraph_that_loops_owing_an_asked_item_is_cut_and_asks_the_arms_for
     assert done.text == LOOPED_THEN_CURRENCY
     first, item = done.rounds
     assert first["went_on_for"] == ["currency"] and item["action"] == "rewound" and item["tokens_dropped"] == 0
-    assert item["trigger"]["statistic"] == "asked item unsaid" and item["trigger"]["span_text"] == ""
+    assert item["trigger"]["statistic"] == "asked item unsaid" and item["trigger"]["span_text"] == "its currency"
     assert [q.sentence for q in arm.calls][-1] == "its currency"  # asked in the question's own words
 
 

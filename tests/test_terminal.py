@@ -37,6 +37,16 @@ def test_a_window_shows_in_bits_and_a_probe_as_a_score():
     ]
 
 
+def test_a_round_for_an_unsaid_item_names_the_item_and_rewinds_nothing():
+    view, screen = view_and_screen()
+    view(Trigger(40, "asked item unsaid", 0.0, 0.0, 41, "its currency", 3))
+    view(Rewind(3, 0, "", 52))
+    assert [line for line in screen.text.splitlines() if line] == [
+        "  ⚠ round 3: asked item unsaid: 'its currency', asked of the arms",
+        "  ⟲ injected 52 tokens of evidence after the reply; writing on",
+    ]
+
+
 def test_tokens_stream_and_done_ends_the_line():
     view, screen = view_and_screen()
     tokens(view, "The", " capital", ".")

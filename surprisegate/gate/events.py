@@ -25,6 +25,9 @@ class Token:
     top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
+UNSAID_ITEM = "asked item unsaid"  # a Trigger's statistic for a round about an item the paragraph left unsaid
+
+
 @dataclass(frozen=True)
 class Trigger:
     token_index: int  # reply index of the token that pushed the window over the threshold

@@ -27,7 +27,7 @@ from ..config import Config, evidence_text, shaping_of
 from ..errors import BackendFault, InputError
 from ..text import current_sentence, ends_sentence, sentence_start
 from .claims import sentence_arm_query
-from .events import Done, Event, Grounding, Rewind, Trigger
+from .events import UNSAID_ITEM, Done, Event, Grounding, Rewind, Trigger
 from .grounding import ground_span, why_not_grounded
 from .patch import OwnWords, patchable
 from .probe import TriggerProbe, resolve_probe
@@ -464,13 +464,13 @@ def _ground_unsaid(loop: _ReplyLoop, part: str, pushed_past: frozenset[int]) -> 
     if not n or loop.config.injection != "system_turn" or loop.calls.opened(loop.reply):
         return False  # the other injections keep the reply's context in place: a span to drop is needed
     before = Unchecked(Snapshot.take(loop.reply, n, context), n, len(loop.rounds), pushed_past=pushed_past)
-    context.tokens.pop()
-    trigger = Trigger(n - 1, "asked item unsaid", 0.0, 0.0, n, "", len(loop.rounds) + len(loop.would_trigger) + 1)
+    last = context.tokens.pop()  # as the context holds it (the model's own words where patched in place)
+    trigger = Trigger(n - 1, UNSAID_ITEM, 0.0, 0.0, n, part, len(loop.rounds) + len(loop.would_trigger) + 1)
     yield trigger
     claim = sentence_arm_query(part, loop.question, loop.scribe)
     record = yield from loop._round(trigger, claim)
     if record.action != "rewound":
-        context.tokens.append(loop.reply.tokens[-1])
+        context.tokens.append(last)
         return False
     # After the paragraph's last sentence the model would end it ("\n") or open a sentence as it opened the last
     # one (how its loops begin): its first token may be neither.
