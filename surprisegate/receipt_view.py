@@ -16,6 +16,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .gate.events import UNSAID_ITEM
+
 # Surprise (bits) at which a token's colour is at its deepest; below 1 bit a token is left uncoloured.
 DEEPEST_BITS = 8.0
 PLOT_WIDTH, PLOT_HEIGHT = 720, 140
@@ -107,13 +109,23 @@ def _round(rnd: dict[str, Any]) -> str:
     trigger = rnd.get("trigger") or {}
     chosen = rnd.get("chosen") or {}
     action = str(rnd.get("action", ""))
-    lines = [
-        f"<div class='round {_esc(action)}' data-round='{_esc(str(rnd.get('round')))}' data-action='{_esc(action)}'>",
-        f"<b>Round {_esc(str(rnd.get('round')))}</b>: {_esc(str(trigger.get('statistic', '')))} "
-        f"{_num(trigger.get('value'))} &gt; {_num(trigger.get('threshold'))}",
-        f"<div>doubted: <del class='doubted'>{_esc(str(rnd.get('dropped_text') or trigger.get('span_text', '')))}</del>"
-        "</div>",
-    ]
+    opening = (
+        f"<div class='round {_esc(action)}' data-round='{_esc(str(rnd.get('round')))}' data-action='{_esc(action)}'>"
+    )
+    if trigger.get("statistic") == UNSAID_ITEM:  # nothing was doubted: an asked item the paragraph left unsaid
+        lines = [
+            opening,
+            f"<b>Round {_esc(str(rnd.get('round')))}</b>: {UNSAID_ITEM}",
+            f"<div>asked for: <span class='asked'>{_esc(str(trigger.get('span_text', '')))}</span></div>",
+        ]
+    else:
+        lines = [
+            opening,
+            f"<b>Round {_esc(str(rnd.get('round')))}</b>: {_esc(str(trigger.get('statistic', '')))} "
+            f"{_num(trigger.get('value'))} &gt; {_num(trigger.get('threshold'))}",
+            f"<div>doubted: <del class='doubted'>{_esc(str(rnd.get('dropped_text') or trigger.get('span_text', '')))}"
+            "</del></div>",
+        ]
     if chosen:
         lines.append(
             f"<div>evidence: <span class='evidence'>{_esc(str(chosen.get('evidence', '')))}</span> "

@@ -93,6 +93,26 @@ def test_the_page_shows_the_round_the_evidence_and_the_coloured_tokens():
     assert {"svg", "rect", "polyline", "line"} <= set(page.tags)  # the plot: bars, window line, threshold
 
 
+def test_a_round_for_an_unsaid_item_shows_what_was_asked_for_and_no_doubted_words():
+    item = {
+        "round": 2,
+        "trigger": {
+            "statistic": "asked item unsaid",
+            "value": 0.0,
+            "threshold": 0.0,
+            "span_start": 10,
+            "span_text": "its <currency>",
+        },
+        "action": "rewound",
+        "reason": "grounded by memory:country:TD",
+        "dropped_text": "",
+        "chosen": {"evidence": "The currency of Chad is the Franc (XAF).", "source": "memory:country:TD"},
+    }
+    page = parse(render_page([RECEIPT | {"rounds": [*RECEIPT["rounds"], item]}]))
+    assert page.by_class["asked"] == ["its <currency>"] and page.by_class["doubted"] == [" Koufcontou."]
+    assert "The currency of Chad is the Franc (XAF)." in page.by_class["evidence"]
+
+
 def test_the_page_loads_nothing_and_escapes_every_outside_text():
     hostile = RECEIPT | {
         "prompt": "<script>alert(1)</script>",
