@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from surprisegate.gate.claims import (
     asked_items,
+    asked_parts,
     asked_words,
     claim_token_flags,
     claim_words,
@@ -117,6 +118,18 @@ def test_doubt_skips_missing_values():
 )
 def test_asked_items_are_the_parts_of_the_question_list(question, items):
     assert [set(i) for i in asked_items(question)] == items
+
+
+def test_asked_parts_keep_the_questions_own_words_for_each_item():
+    question = "Write about Chad: its capital, roughly how many people live there and the year it became a state."
+    parts = asked_parts(question)
+    assert list(parts) == asked_items(question)  # the same items, in the same order
+    assert list(parts.values()) == ["its capital", "roughly how many people live there", "the year it became a state"]
+
+
+@given(st.text(max_size=120))
+def test_asked_parts_are_pieces_of_the_question(question):
+    assert all(part and part in question for part in asked_parts(question).values())
 
 
 @given(st.text(max_size=120))
