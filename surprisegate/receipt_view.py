@@ -109,23 +109,19 @@ def _round(rnd: dict[str, Any]) -> str:
     trigger = rnd.get("trigger") or {}
     chosen = rnd.get("chosen") or {}
     action = str(rnd.get("action", ""))
-    opening = (
-        f"<div class='round {_esc(action)}' data-round='{_esc(str(rnd.get('round')))}' data-action='{_esc(action)}'>"
-    )
     if trigger.get("statistic") == UNSAID_ITEM:  # nothing was doubted: an asked item the paragraph left unsaid
-        lines = [
-            opening,
-            f"<b>Round {_esc(str(rnd.get('round')))}</b>: {UNSAID_ITEM}",
-            f"<div>asked for: <span class='asked'>{_esc(str(trigger.get('span_text', '')))}</span></div>",
-        ]
+        crossed = UNSAID_ITEM
+        words = f"<div>asked for: <span class='asked'>{_esc(str(trigger.get('span_text', '')))}</span></div>"
     else:
-        lines = [
-            opening,
-            f"<b>Round {_esc(str(rnd.get('round')))}</b>: {_esc(str(trigger.get('statistic', '')))} "
-            f"{_num(trigger.get('value'))} &gt; {_num(trigger.get('threshold'))}",
-            f"<div>doubted: <del class='doubted'>{_esc(str(rnd.get('dropped_text') or trigger.get('span_text', '')))}"
-            "</del></div>",
-        ]
+        statistic = _esc(str(trigger.get("statistic", "")))
+        crossed = f"{statistic} {_num(trigger.get('value'))} &gt; {_num(trigger.get('threshold'))}"
+        doubted = rnd.get("dropped_text") or trigger.get("span_text", "")
+        words = f"<div>doubted: <del class='doubted'>{_esc(str(doubted))}</del></div>"
+    lines = [
+        f"<div class='round {_esc(action)}' data-round='{_esc(str(rnd.get('round')))}' data-action='{_esc(action)}'>",
+        f"<b>Round {_esc(str(rnd.get('round')))}</b>: {crossed}",
+        words,
+    ]
     if chosen:
         lines.append(
             f"<div>evidence: <span class='evidence'>{_esc(str(chosen.get('evidence', '')))}</span> "

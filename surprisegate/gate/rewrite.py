@@ -175,8 +175,7 @@ class UnsaidItems:
     its first sentence that repeats an earlier one (the model with nothing left to say loops)."""
 
     def __init__(self, question: str, times: int) -> None:
-        self.parts, self.left = (asked_parts(question) if times else {}), times
-        self.items = list(self.parts)
+        self.parts, self.left = (asked_parts(question) if times else {}), times  # asked items -> their words
         self.asking: str | None = None  # the question's words for the item it just went on for
         self.from_token: int | None = None  # reply index where it first went on: held back from here
         self.open_from: int | None = None  # while it may go on from a loop: the open sentence, held back
@@ -196,10 +195,10 @@ class UnsaidItems:
 
     def _unsaid(self, reply: Reply, rounds: list[ConvergenceRecord]) -> list[frozenset[str]]:
         """The asked items the reply has not said, where it may still go on for them (a rewrite stands)."""
-        if self.left <= 0 or not self.items or not any(r.action == "rewound" for r in rounds):
+        if self.left <= 0 or not self.parts or not any(r.action == "rewound" for r in rounds):
             return []
         said = stems(reply.text())
-        return [item for item in self.items if not item & said]
+        return [item for item in self.parts if not item & said]
 
     def looped(self, reply: Reply, rounds: list[ConvergenceRecord], shown: int) -> int | None:
         """After a token: where the sentence it just finished starts (a reply index), when that sentence repeats
@@ -222,8 +221,9 @@ class UnsaidItems:
         sentences = [text[a:b].strip() for a, b in spans]
         if repeats(sentences[-1], sentences[:-1]) is None:
             return None
-        # Its first token carries the space before it; a token that also ends the sentence before is not cut.
-        at = reply.token_at(spans[-1][0] + len(text[spans[-1][0] :]) - len(text[spans[-1][0] :].lstrip()) - 1)
+        # Its first token carries the space before it (as in repeat_cut); one that also ends the sentence before
+        # is not cut.
+        at = reply.token_at(text.index(sentences[-1], spans[-1][0]) - 1)
         if len(reply.text(at)) < len(text[: spans[-2][1]].rstrip()) or at < shown:
             return None
         return at if self.owes(reply, rounds, at) else None
