@@ -245,6 +245,26 @@ class Config:
             "injection = system_turn only), its sentence checked like any rewrite"
         },
     )
+    # Given an item's evidence after a loop, the small model mostly went on with the loop's subject; an item round has
+    # no doubted words of its own for a retry to replace, so the retry opens with what the evidence gives.
+    item_retry_opens_evidence: bool = field(
+        default=True,
+        metadata={
+            "help": "ground_unsaid_items: when an item round's sentence fails its check, its one more try opens with "
+            "a word of its evidence (as retry_opens_evidence does for doubted sentences; in-process backends only)"
+        },
+    )
+    # system_turn feeds the whole reply again after an item's evidence, and again when the evidence leaves: an item
+    # round's prefill grows with the paragraph (issue 43's prefill bound).
+    item_round_fresh_turn: bool = field(
+        default=False,
+        metadata={
+            "help": "ground_unsaid_items: an item round closes the assistant turn after the whole reply, puts its "
+            "evidence turn there and opens a fresh assistant turn for the item's sentence; the reply is not fed "
+            "again, and when the sentence stands only it is (injection system_turn or sentence_turn) | false: the "
+            "evidence turn goes before the assistant turn and the whole reply is fed again (system_turn only)"
+        },
+    )
     # A rewrite that fixes its claim and stops drops the sentence's later items ("Andorra la Vella, which is a
     # Spanish island." for "… la Mana, and its official language is French."); spliced, the fix stands.
     splice_own_clause: bool = field(

@@ -13,7 +13,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from surprisegate.arms import Arm, Evidence, Query
-from surprisegate.arms.memory import DEFAULT_FLOOR, MemoryArm, best_sentences, claim_count, relation_word
+from surprisegate.arms.memory import (
+    DEFAULT_FLOOR,
+    MemoryArm,
+    best_sentences,
+    claim_count,
+    homonyms_by_asked,
+    relation_word,
+)
 from surprisegate.errors import ArmError, ConfigError
 from surprisegate.local.demo_kb import ensure_demo_memory
 from surprisegate.store.sqlite import Hit, SQLiteMemory
@@ -489,6 +496,88 @@ PASSAGE = (
 def test_claim_count_asks_for_one_sentence_per_claim_up_to_three(words, n):
     weights = {light_stem(word): 1.0 for word in words}
     assert claim_count(PASSAGE, weights) == n
+
+
+STATE = (
+    "Iowa is a U.S. state with postal abbreviation IA. The capital of Iowa is Des Moines. "
+    "Iowa became a U.S. state in 1846."
+)
+
+
+def test_an_asked_item_gets_one_sentence_of_the_shape_it_asks_for(tmp_path):
+    with SQLiteMemory(tmp_path / "kb.sqlite", create=True) as store:
+        store.add_passages([{"source": "us:IA", "title": "Iowa", "text": STATE}])
+        arm = MemoryArm(store)
+        prompt = (
+            "Write a few sentences about Iowa: its capital, its postal abbreviation and the year it became a state."
+        )
+        item = Query("the year it became a state", "Iowa: the year it became a state", "the year it became a state")
+        item = replace(item, subject="Iowa", prompt=prompt, asked_item=True)
+        assert arm.ground(item, later())[0].evidence == "Iowa became a U.S. state in 1846."
+        # The same words as a doubtful sentence of the paragraph: as many sentences as hold them (both "state" ones).
+        sentence = replace(item, asked_item=False)
+        assert arm.ground(sentence, later())[0].evidence == STATE.replace(" The capital of Iowa is Des Moines.", "")
+
+
+def _hit(title: str, text: str, source: str) -> Hit:
+    return Hit(text=text, title=title, source=source, score=1.0, bm25=-1.0)
+
+
+COUNTRY_GE = _hit(
+    "Georgia", "Georgia is a country in Asia. Its currency is the Lari. It borders Armenia.", "country:GE"
+)
+STATE_GA = _hit(
+    "Georgia", "Georgia is a U.S. state with postal abbreviation GA. Georgia became a state in 1788.", "us:GA"
+)
+SOUTH = _hit("South Georgia", "South Georgia is an island. Its capital is Grytviken.", "country:GS")
+
+
+@pytest.mark.parametrize(
+    "hits, asked, sources",
+    [
+        (
+            [COUNTRY_GE, STATE_GA, SOUTH],
+            "the US state of Georgia: its postal abbreviation and the year",
+            ["us:GA", "country:GE", "country:GS"],
+        ),
+        (
+            [STATE_GA, COUNTRY_GE, SOUTH],
+            "Georgia: its currency and the countries it borders",
+            ["country:GE", "us:GA", "country:GS"],
+        ),
+        (
+            [STATE_GA, COUNTRY_GE],
+            "What is the capital of Georgia?",
+            ["us:GA", "country:GE"],
+        ),  # says nothing: store order
+        ([COUNTRY_GE, STATE_GA], "georgia", ["country:GE", "us:GA"]),  # only the subject's own words
+        ([SOUTH, COUNTRY_GE], "the state of Georgia", ["country:GS", "country:GE"]),  # one passage titled so: as found
+        (
+            [SOUTH, COUNTRY_GE, STATE_GA],
+            "postal code of Georgia",
+            ["country:GS", "us:GA", "country:GE"],
+        ),  # their places
+    ],
+)
+def test_homonyms_are_ordered_by_the_users_words_in_their_own_places(hits, asked, sources):
+    ordered = homonyms_by_asked(hits, "Georgia", asked)
+    assert [h.source for h in ordered] == sources
+    assert sorted(h.source for h in ordered) == sorted(h.source for h in hits)  # nothing lost or added
+
+
+def test_a_paragraph_about_the_us_state_of_georgia_gets_the_states_passage(tmp_path):
+    with SQLiteMemory(tmp_path / "kb.sqlite", create=True) as store:
+        store.add_passages([{"source": h.source, "title": h.title, "text": h.text} for h in (COUNTRY_GE, STATE_GA)])
+        _ask_both_georgias(MemoryArm(store))
+
+
+def _ask_both_georgias(arm: MemoryArm) -> None:
+    prompt = "Write a few sentences about the US state of Georgia: its capital, its postal abbreviation and the year."
+    query = Query(span="", question="Georgia: the year", sentence="the year", subject="Georgia", prompt=prompt)
+    assert arm.ground(query, time.monotonic() + 10)[0].source == "memory:us:GA"
+    country = "Write a short paragraph about Georgia: its currency and the countries it borders."
+    query = Query(span="", question="Georgia: its currency", sentence="its currency", subject="Georgia", prompt=country)
+    assert arm.ground(query, time.monotonic() + 10)[0].source == "memory:country:GE"
 
 
 TURKMENISTAN = (

@@ -591,7 +591,7 @@ def test_only_a_backend_that_bans_in_process_opens_with_evidence():
     config = cfg(retry_opens_evidence=True)
     assert EvidenceOpeners.of(VocabScripted(script_testland), config) is not None
     assert EvidenceOpeners.of(ScriptedBackend(script_testland), config) is None  # no vocabulary size
-    assert EvidenceOpeners.of(VocabScripted(script_testland), cfg()) is None  # off by default
+    assert EvidenceOpeners.of(VocabScripted(script_testland), cfg(item_retry_opens_evidence=False)) is None  # both off
     openers = EvidenceOpeners.of(VocabScripted(script_testland), config)
     assert openers.openers(["The capital of Testland is Rightburg."], QUESTION) == {ord(" "), ord("R")}
     assert openers.bans(["Testland."], QUESTION) == frozenset()  # nothing of its own: no ban at all
@@ -1374,6 +1374,90 @@ def test_an_asked_item_is_asked_for_where_the_paragraph_ends_owing_it():
     assert done.rounds[0]["went_on_for"] == ["currency"] and done.rounds[1]["tokens_dropped"] == 0
     _, _, plain = run_paragraph(paragraph_cfg(ground_unsaid_items=False), {"memory": ItemArm("memory")}, ends_early)
     assert "Testmark" not in plain.text and len(plain.rounds) == 1  # pushed on without it, the model had nothing
+
+
+@pytest.mark.parametrize("injection", ["system_turn", "sentence_turn"])
+def test_an_item_round_in_a_fresh_turn_feeds_no_reply_again(injection):
+    """config.item_round_fresh_turn: the turn closes after the whole reply, the item's evidence turn follows and a
+    fresh assistant turn writes the item's sentence: the same paragraph as system_turn's, the reply not fed again
+    (the evidence leaves as it does from any round, patch.py)."""
+    runs = {}
+    for fresh in (False, True):
+        contexts: list[str] = []
+
+        def seen(context: str, contexts: list[str] = contexts) -> list:
+            contexts.append(context)
+            return script_loops_owing_currency(context)
+
+        backend = ScriptedBackend(seen, turns_join=True)
+        config = paragraph_cfg(paragraph_loop_guard=0, injection=injection, item_round_fresh_turn=fresh)
+        done = list(stream(backend, PARAGRAPH_Q, config, {"memory": ItemArm("memory")}))[-1]
+        runs[fresh] = (backend, done, next((c for c in contexts if "Testmark." in c), ""))
+    (plain, plain_done, _), (fresh, fresh_done, at_item) = runs[False], runs[True]
+    if injection == "sentence_turn":  # without a fresh turn no item round goes in under sentence_turn
+        assert [r["trigger"]["statistic"] for r in plain_done.rounds] == ["sentence:surprise"]
+    else:
+        assert plain_done.text == LOOPED_THEN_CURRENCY
+    assert fresh_done.text == LOOPED_THEN_CURRENCY and fresh_done.rounds[1]["action"] == "rewound"
+    before, evidence_turn, item_turn = at_item.rsplit("<|im_start|>", 2)
+    assert before.endswith(f"Its capital is Rightburg.{BRIDGES}<|im_end|>\n") and "Testmark." in evidence_turn
+    assert item_turn == "assistant\n"  # the item's sentence opens a turn of its own
+    reply_tokens = len(fresh.tokenize(f"{OPENING} Its capital is Rightburg.{BRIDGES}"))
+    if injection == "system_turn":  # the round fed the evidence turn and the whole reply again; now the turn alone
+        assert fresh_done.rounds[1]["tokens_injected"] <= plain_done.rounds[1]["tokens_injected"] - reply_tokens + 4
+        assert fresh.fed_tokens <= plain.fed_tokens - reply_tokens + 4
+
+
+NOTE_EVIDENCE = Evidence(
+    claim="currency of Testland",
+    evidence="The currency of Testland is the Testmark, a paper note.",
+    confidence=0.9,
+    source="memory:c",
+)
+ENDED_EARLY = f"{OPENING} Its capital is Rightburg.{BRIDGES}"
+
+
+def script_item_says_nothing(context: str):
+    """After the capital's rewrite the model would end; given the currency's evidence it writes of a paper note
+    (an evidence word, but no name), and tried again freely, of bills of paper; only a start its evidence's unsaid
+    words open (" " of " Testmark", not "B") leads it to the Testmark. (Byte tokens: the sentences run together.)"""
+    turn = context.rsplit("<|im_start|>assistant\n", 1)[-1]
+    if "Rightburg" not in turn and "Rightburg." not in context:
+        return plan(WRONG_PARAGRAPH, doubtful="Wrongville")
+    if "Testmark, a paper note." not in context:
+        own = plan(ENDED_EARLY + " It has parks.")
+        own[len(ENDED_EARLY)] = (" ", 0.3, {"<eos>": 0.6})  # it would end before its parks
+        return own
+    if turn.startswith(ENDED_EARLY + " "):
+        return plan(ENDED_EARLY + " Testmark is its currency.")
+    if turn.startswith(ENDED_EARLY + "B"):
+        return plan(ENDED_EARLY + "Bills of paper are its currency.")
+    note = plan(ENDED_EARLY + "A paper note is its currency.")
+    note[len(ENDED_EARLY)] = ("A", 0.6, {"B": 0.25, " ": 0.1})
+    return note
+
+
+@pytest.mark.parametrize("opens_evidence", [True, False])
+def test_an_item_rounds_sentence_must_state_what_its_evidence_gives(opens_evidence):
+    class NoteArm(ItemArm):
+        def ground(self, query, deadline):
+            self.calls.append(query)
+            return [NOTE_EVIDENCE] if "currency" in query.sentence else [RIGHT_EVIDENCE]
+
+    config = paragraph_cfg(item_retry_opens_evidence=opens_evidence)
+    events = list(stream(VocabScripted(script_item_says_nothing), PARAGRAPH_Q, config, {"memory": NoteArm("memory")}))
+    done = events[-1]
+    item = done.rounds[1]
+    assert item["trigger"]["statistic"] == "asked item unsaid"
+    first = item["retries"][0]
+    assert first["rewrite"] == "A paper note is its currency." and first["problem"].startswith("states nothing")
+    if opens_evidence:  # one more try, every first token but those its evidence's unsaid words open banned
+        assert item["action"] == "rewound" and done.text == ENDED_EARLY + " Testmark is its currency."
+        assert first["how"] == "rewritten from the rewind point, opening with a word of its evidence"
+    else:  # tried again freely it says the same; dropped, the reply goes on past its end as without the round
+        assert item["action"] == "reverted" and "paper" not in done.text and "Testmark" not in done.text
+        assert done.text.startswith(ENDED_EARLY)
+    assert "".join(e.text for e in events if isinstance(e, Token)) == done.text
 
 
 def test_unsaid_items_see_a_loop_at_the_token_that_finishes_the_repeated_sentence():

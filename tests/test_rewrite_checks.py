@@ -21,6 +21,7 @@ from surprisegate.gate.rewrite_checks import (
     fits_answer,
     miscased_code,
     rewrite_problem,
+    states_evidence_claim,
     unsaid_evidence_words,
     uses_evidence,
 )
@@ -481,3 +482,27 @@ def test_claims_from_evidence_matches_whole_words_and_numbers():
     assert claims_from_evidence("It became a state on July 1, 1850", 21, evidence, question)
     assert not claims_from_evidence("It became a state on July 1, 850", 21, evidence, question)  # not inside 1850
     assert not claims_from_evidence("It became a state on July 1, 185", 21, evidence, question)
+
+
+CANADA = "Canada is a country or territory in North America."
+ARMENIA = "The currency of Armenia is the Armenian Dram (AMD)."
+
+
+@pytest.mark.parametrize(
+    "sentence, evidence, question, states",
+    [
+        ("Canada lies in North America.", CANADA, "Canada: which continent it is on", True),
+        ("The country's international appeal is reflected in its culture.", CANADA, "Canada: which continent", False),
+        ("Dram is the currency of Armenia.", ARMENIA, "Armenia: its currency", True),  # first word counts here
+        ("Its currency is the dram.", ARMENIA, "Armenia: its currency", True),  # case folded
+        ("Its currency is the AMD.", ARMENIA, "Armenia: its currency", True),
+        ("Armenia has a currency.", ARMENIA, "Armenia: its currency", False),  # the subject is no claim
+        ("Its code is +1.", "The international calling code of Canada is +1.", "Canada: its calling code", True),
+        ("Its code is +11.", "The international calling code of Canada is +1.", "Canada: its calling code", False),
+        ("South Dakota joined in 1889.", "South Dakota became a U.S. state in 1889.", "South Dakota: the year", True),
+        ("It became a state long ago.", "South Dakota became a U.S. state in 1889.", "South Dakota: the year", False),
+        ("Anything at all.", "Nothing named here.", "q", True),  # the evidence names nothing: no way to tell
+    ],
+)
+def test_an_item_sentence_states_a_claim_word_of_its_evidence(sentence, evidence, question, states):
+    assert states_evidence_claim(sentence, [evidence], question) is states

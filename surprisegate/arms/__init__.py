@@ -46,6 +46,9 @@ class Query:
     # Sentence scope: the user's whole request, where a subject it names may be found when `subject` is empty
     # (it names none with a capital: "write about chad: its capital and currency").
     prompt: str = ""
+    # Sentence scope: asked about an item the reply has not stated ("its currency"), not about a sentence of it: one
+    # passage sentence answers it, of the shape the item asks for (a year).
+    asked_item: bool = False
     # The model, for arms that have it write a scratch text they check (None: the backend lends none).
     scribe: Scribe | None = field(default=None, compare=False, repr=False)
 

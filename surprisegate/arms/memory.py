@@ -86,6 +86,7 @@ class _Search:
     about: str  # text whose named title puts that title's passage first
     claims_per_sentence: bool  # a paragraph sentence: as many passage sentences as it states claims
     context: str = ""  # re-ranks the store's finds a little (the model's claim, which may be wrong)
+    asked: str = ""  # the user's words: of two passages titled as the subject, the one holding more of them first
 
 
 def _relates(word: str, held: set[str], subject: set[str]) -> bool:
@@ -143,7 +144,7 @@ class MemoryArm:
             # sentence's words (as many as it states claims). Evidence chosen by the sentence's held words alone,
             # or with the prompt's other asked items, measured worse (longform_dev intervene: 0.469 on all 187, 0.38
             # on the first 96, against 0.506 for these).
-            return self._paragraph_search(question, subject)
+            return self._paragraph_search(question, subject, query)
         key = title_key(subject)
         passages = [
             h.text for h in self.store.search(subject, k=self.k, deadline=deadline) if title_key(h.title) == key
@@ -165,6 +166,7 @@ class MemoryArm:
             shape=answer_shape(question),
             about=subject,
             claims_per_sentence=False,
+            asked=question,
         )
 
     def _wording_search(self, query: Query) -> _Search:
@@ -173,21 +175,26 @@ class MemoryArm:
         claim = query.span.strip() or query.sentence.strip()
         subject = query.subject.strip()
         if subject:
-            return self._paragraph_search(question, subject)
+            return self._paragraph_search(question, subject, query)
         text, context = (question, claim) if question else (claim, "")
         return _Search(text, self._word_weights(text), relation_word(text), answer_shape(text), text, False, context)
 
-    def _paragraph_search(self, sentence: str, subject: str) -> _Search:
+    def _paragraph_search(self, sentence: str, subject: str, query: Query) -> _Search:
         """A paragraph's sentence: the subject finds the passage, the sentence's words pick its sentences (as
         many as it states claims). Its other words, such as a wrong name, cover no passage: as search words or
         as re-ranking context they would sink it below the floor. No relation word or answer shape: read from
         a subject's name they named none ("Republic of the Congo" gave "republ")."""
-        return _Search(subject, self._sentence_weights(sentence, subject), None, None, subject, True)
+        weights = self._sentence_weights(sentence, subject)
+        if query.asked_item:  # one item: one sentence, of the shape it asks for ("the year it became a state": 1889)
+            # (as many as the words hold gave South Dakota's postal-code sentence too, and the model copied that one)
+            return _Search(subject, weights, None, answer_shape(sentence), subject, False, asked=query.prompt)
+        return _Search(subject, weights, None, None, subject, True, asked=query.prompt)
 
     def _evidence(self, hits: list[Hit], search: _Search, deadline: float) -> list[Evidence]:
         evidence: list[Evidence] = []
         # The subject's own passage first ("the atomic number of Zinc": Zinc's, not Mercury's); stable: score order.
-        for hit in sorted(hits, key=lambda h: not names_subject(h.title, search.about)):
+        ordered = sorted(hits, key=lambda h: not names_subject(h.title, search.about))
+        for hit in homonyms_by_asked(ordered, search.about, search.asked):
             if time.monotonic() > deadline:
                 break
             if hit.score < self.floor:
@@ -235,6 +242,23 @@ def claim_count(passage: str, weights: dict[str, float], most: int = 3) -> int:
     60 longform_dev prompts (README Paragraphs)."""
     held = [stems(s) for s in split_sentences(passage)]
     return max(1, min(most, sum(1 for h in held if any(stem in h for stem in weights))))
+
+
+def homonyms_by_asked(hits: list[Hit], subject: str, asked: str) -> list[Hit]:
+    """`hits` with the passages titled as the subject reordered among their own places, the one holding more of
+    the user's words first (stable): "the US state of Georgia: its capital, its postal abbreviation" is the U.S.
+    state's passage, not the country's that the store ranked first; "What is the capital of Georgia?" says
+    nothing either way and keeps the store's order."""
+    key = title_key(subject)
+    places = [i for i, hit in enumerate(hits) if key and title_key(hit.title or "") == key]
+    if len(places) < 2:
+        return hits
+    words = {light_stem(t.word) for t in query_terms(asked)} - stems(subject)
+    homonyms = sorted((hits[i] for i in places), key=lambda h: -len(words & stems(h.text)))
+    out = list(hits)
+    for i, hit in zip(places, homonyms, strict=True):
+        out[i] = hit
+    return out
 
 
 def names_subject(title: str | None, question: str) -> bool:

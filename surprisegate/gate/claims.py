@@ -141,9 +141,10 @@ def without_claims(sentence: str, question: str) -> str:
     return " ".join("".join(kept).split())
 
 
-def sentence_arm_query(sentence: str, question: str, scribe: Scribe | None = None) -> Query:
+def sentence_arm_query(sentence: str, question: str, scribe: Scribe | None = None, asked_item: bool = False) -> Query:
     """What the arms are asked about a doubtful sentence of a paragraph: the sentence, its subject named and
-    its claim words (which the model may have wrong) left out."""
+    its claim words (which the model may have wrong) left out; `asked_item`: the sentence is the question's words
+    for an item the reply has not stated."""
     subject, rest = subject_of(question), without_claims(sentence, question)
     asked = f"{subject}: {rest}" if subject else rest  # the subject, then the sentence without its claims
-    return Query(span=rest, question=asked, sentence=sentence, scribe=scribe, subject=subject, prompt=question)
+    return Query(rest, asked, sentence, scribe=scribe, subject=subject, prompt=question, asked_item=asked_item)

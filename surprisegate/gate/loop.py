@@ -382,7 +382,7 @@ class _ReplyLoop:
         assert prompt is not None  # built before the first step
         span_len = len(reply.tokens) - trigger.span_start
         dropped_text = reply.tail(trigger.span_start)
-        injection, keep, kept_reply = _kept(self, trigger.span_start)
+        injection, keep, kept_reply = _kept(self, trigger.span_start, trigger.statistic == UNSAID_ITEM)
         injected = evidence_text(self.config, chosen)
         segment, refeed, turn_start = prompt.segment(self.backend.tokenize, injected, injection, keep, kept_reply)
         new_context = context.tokens[:keep] + segment + refeed
@@ -402,12 +402,15 @@ class _ReplyLoop:
         yield Rewind(trigger.round, self.emitter.shown_after(trigger.span_start), dropped_text, injected_tokens)
 
 
-def _kept(loop: _ReplyLoop, span_start: int) -> tuple[str, int, list[int]]:
+def _kept(loop: _ReplyLoop, span_start: int, item: bool = False) -> tuple[str, int, list[int]]:
     """A rewind's layout: (injection, context tokens kept, reply tokens re-fed after the evidence). system_turn
     keeps the prompt before the assistant turn, close_reopen everything before the span, and both re-feed the
     reply so far (a patched sentence as the model wrote it); sentence_turn keeps the reply before the doubtful
-    sentence and re-feeds that sentence's kept words only, so a round's prefill does not grow with the reply."""
+    sentence and re-feeds that sentence's kept words only, so a round's prefill does not grow with the reply.
+    An item round in a fresh turn (config.item_round_fresh_turn) keeps the whole reply and re-feeds nothing."""
     injection, reply, context = loop.config.injection, loop.reply, loop.decoding.context
+    if item and loop.config.item_round_fresh_turn:
+        return "sentence_turn", len(context.tokens), []
     at_span = len(context.tokens) - (len(reply.tokens) - 1 - span_start)  # the triggering token was never fed
     kept_reply = loop.own_words.of(reply.tokens, span_start)
     sentence = loop.policy.sentences.judged[0] if loop.policy.sentences is not None else 0
@@ -460,17 +463,21 @@ def _ground_unsaid(loop: _ReplyLoop, part: str, pushed_past: frozenset[int]) -> 
     rewound; the sentence written with it is checked like any rewrite. The reply as the context holds it is
     fed to its end: its last token stands in for a trigger's, never fed. A revert goes back to the whole reply and
     on past `pushed_past`, as without the round. True: the evidence went in."""
-    n, context = len(loop.reply.tokens), loop.decoding.context
-    if not n or loop.config.injection != "system_turn" or loop.calls.opened(loop.reply):
+    n, context, fresh = len(loop.reply.tokens), loop.decoding.context, loop.config.item_round_fresh_turn
+    turns = ("system_turn", "sentence_turn") if fresh else ("system_turn",)
+    if not n or loop.config.injection not in turns or loop.calls.opened(loop.reply):
         return False  # the other injections keep the reply's context in place: a span to drop is needed
-    before = Unchecked(Snapshot.take(loop.reply, n, context), n, len(loop.rounds), pushed_past=pushed_past)
-    last = context.tokens.pop()  # as the context holds it (the model's own words where patched in place)
+    before = Unchecked(Snapshot.take(loop.reply, n, context), n, len(loop.rounds), pushed_past=pushed_past, item=part)
+    # system_turn: as the context holds it (the model's own words where patched in place), the reply is fed again;
+    # a fresh turn keeps it where it is.
+    last = None if fresh else context.tokens.pop()
     trigger = Trigger(n - 1, UNSAID_ITEM, 0.0, 0.0, n, part, len(loop.rounds) + len(loop.would_trigger) + 1)
     yield trigger
-    claim = sentence_arm_query(part, loop.question, loop.scribe)
+    claim = sentence_arm_query(part, loop.question, loop.scribe, asked_item=True)
     record = yield from loop._round(trigger, claim)
     if record.action != "rewound":
-        context.tokens.append(last)
+        if last is not None:
+            context.tokens.append(last)
         return False
     # After the paragraph's last sentence the model would end it ("\n") or open a sentence as it opened the last
     # one (how its loops begin): its first token may be neither.

@@ -34,6 +34,7 @@ from .rewrite_checks import (
     cut_short,
     dropped_claim,
     rewrite_problem,
+    states_evidence_claim,
     unsaid_evidence_words,
 )
 
@@ -62,6 +63,7 @@ class Unchecked:
     # A round for an unsaid item: `before` is the whole reply, and a revert goes on past where it was pushed on
     # (its end of turn, or a repeat's first token, banned), as it would have without the round.
     pushed_past: frozenset[int] = frozenset()
+    item: str = ""  # a round for an unsaid item: the question's words for it ("its currency")
 
     def replaces(self, own_sentence: list[int], reply_went_on: bool, written: Reply | None = None) -> None:
         """Sentence scope: the model's own tokens this rewrite replaces, whether its reply went on after them, and
@@ -82,7 +84,7 @@ class EvidenceOpeners:
     def of(cls, backend: Backend, config: Config) -> EvidenceOpeners | None:
         n_vocab = backend.n_vocab if isinstance(backend, VocabSize) else None
         local = isinstance(backend, LocalBackend) and isinstance(backend, SteerableBackend)
-        if not (config.retry_opens_evidence and local and n_vocab):
+        if not ((config.retry_opens_evidence or config.item_retry_opens_evidence) and local and n_vocab):
             return None
         return cls(cast(SteerableBackend, backend).tokenize, n_vocab)
 
@@ -121,10 +123,19 @@ def rewrite_verdict(
     claim = unchecked.claim
     if claim is None:
         return True, rewrite_problem(checked[1], unchecked.evidence, question)
-    problem = rewrite_problem(checked[1], unchecked.evidence, claim.question)
+    problem = rewrite_problem(checked[1], unchecked.evidence, claim.question) or item_unstated(checked[1], unchecked)
     # The words before the rewind, in both sentences; with keeps_asked, the asked-for items past them are checked.
     kept = len(reply.text(unchecked.check_from)) - checked[0] if keeps_asked else None
     return True, problem or dropped_claim(claim.sentence, checked[1], unchecked.evidence, question, kept)
+
+
+def item_unstated(sentence: str, unchecked: Unchecked) -> str | None:
+    """Why an item round's sentence must be dropped: it states no name or number its evidence gives ("The country's
+    international appeal …" stood on Canada's continent evidence through the word "country"); None otherwise."""
+    claim = unchecked.claim
+    if not unchecked.item or claim is None or states_evidence_claim(sentence, unchecked.evidence, claim.question):
+        return None
+    return f"states nothing its evidence gives of {unchecked.item!r}"
 
 
 def spliced_reply(reply: Reply, unchecked: Unchecked, question: str) -> tuple[int, Reply] | None:
@@ -270,8 +281,9 @@ class RewriteCheck:
         self.reply, self.decoding, self.emitter, self.rounds = loop_state
         self.eos, self.start_over, self.evidence_leaves = eos, start_over, evidence_leaves
         self.ask_unsaid = ask_unsaid  # the loop's round for an asked item left unsaid (True: its evidence went in)
-        # config.retry_opens_evidence, where the backend can ban that much
+        # config.retry_opens_evidence (item_retry_opens_evidence: for item rounds), where the backend can ban that much
         self.openers = EvidenceOpeners.of(backend, config) if backend is not None else None
+        self.opens_evidence = (config.retry_opens_evidence, config.item_retry_opens_evidence and self.grounds_unsaid)
         self.pending: Unchecked | None = None  # a rewrite whose sentence is not finished: held back
         self.reverted = False  # a rewrite failed and was dropped: no further rounds
 
@@ -471,7 +483,7 @@ class RewriteCheck:
                 banned |= self.eos
             # Only a rewrite that ignored its evidence opens with it (one that used it and failed otherwise is
             # tried freely), with a word of the shape of the doubted one: a number for a number, a name for a name.
-            if self.openers is not None and problem == UNUSED_EVIDENCE:
+            if self.openers is not None and self._retry_opens_evidence(u, problem):
                 opening = self.openers.bans(u.evidence, self._said_before(start), rewound.dropped_text)
                 if opening and len(banned | opening) < self.openers.n_vocab:  # at least one token left
                     banned |= opening
@@ -481,6 +493,10 @@ class RewriteCheck:
             self.start_over(start)
             yield Rewind(rewound.round, shown, failed, 0)
         rewound.retry(problem, failed, how)
+
+    def _retry_opens_evidence(self, u: Unchecked, problem: str) -> bool:
+        doubted, item = self.opens_evidence
+        return (item and bool(u.item)) or (doubted and problem == UNUSED_EVIDENCE)
 
     def _said_before(self, start: int) -> str:
         """The question and the checked sentence up to the rewind point: words a retry need not open with."""

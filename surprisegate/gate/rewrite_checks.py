@@ -301,6 +301,16 @@ def claims_from_evidence(sentence: str, start: int, evidence: Iterable[str], que
     )
 
 
+def states_evidence_claim(sentence: str, evidence: Iterable[str], question: str) -> bool:
+    """Whether the sentence states one of its evidence's claim words (a name or number the question did not give),
+    wherever it writes it: "Yerevan is its capital." does for "The capital of Armenia is Yerevan.", though a
+    sentence's first word is no claim of its own (claim_words); "The country's international appeal …" does not
+    for "Canada is a country or territory in North America.". True when the evidence names nothing to state."""
+    said = fold(sentence)
+    claims = [fold(text[s:e]) for text in evidence for s, e in claim_words(text, question)]
+    return not claims or any(re.search(rf"(?<![^\W_]){re.escape(c)}(?![^\W_])", said) for c in claims)
+
+
 def cut_short(rewrite: str, evidence: Iterable[str]) -> bool:
     """Whether a rewrite that ended its turn stopped mid-sentence or inside a word it was copying from the
     evidence ("… is vpn." of "vpn.acme.example"): then going on past the end of turn may finish it."""
