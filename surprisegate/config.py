@@ -257,12 +257,13 @@ class Config:
     # system_turn feeds the whole reply again after an item's evidence, and again when the evidence leaves: an item
     # round's prefill grows with the paragraph (issue 43's prefill bound).
     item_round_fresh_turn: bool = field(
-        default=False,
+        default=True,
         metadata={
-            "help": "ground_unsaid_items: an item round closes the assistant turn after the whole reply, puts its "
-            "evidence turn there and opens a fresh assistant turn for the item's sentence; the reply is not fed "
-            "again, and when the sentence stands only it is (injection system_turn or sentence_turn) | false: the "
-            "evidence turn goes before the assistant turn and the whole reply is fed again (system_turn only)"
+            "help": "ground_unsaid_items: an item round closes the assistant turn before the reply's last sentence, "
+            "puts its evidence turn there and opens a fresh assistant turn holding that sentence, after which the "
+            "item's is written; the rest of the reply is not fed again (injection system_turn or sentence_turn) | "
+            "false: the evidence turn goes before the assistant turn and the whole reply is fed again "
+            "(system_turn only)"
         },
     )
     # A rewrite that fixes its claim and stops drops the sentence's later items ("Andorra la Vella, which is a

@@ -18,7 +18,7 @@ from surprisegate.gate.events import Rewind, Token, Trigger
 from surprisegate.gate.loop import generate, stream
 from surprisegate.gate.prompting import Continuation
 from surprisegate.gate.reply import Reply
-from surprisegate.gate.rewrite import EvidenceOpeners, UnsaidItems
+from surprisegate.gate.rewrite import EvidenceOpeners, UnsaidItems, needs_space
 from surprisegate.gate.structured import ResponseFormat
 from surprisegate.gate.surprise import RollingWindow
 
@@ -587,6 +587,23 @@ def test_a_rewrite_that_used_its_evidence_is_tried_again_unconstrained():
     assert record["action"] == "reverted" and done.text == "Wrongville is the capital."
 
 
+@pytest.mark.parametrize(
+    "text, spaced",
+    [
+        ("Its capital is", True),
+        ("… is the Kwacha (MWK).", True),
+        ("Its code is 12,", True),
+        ("", False),
+        ("Hello ", False),
+        ("Line\n", False),
+        ('He said "', False),
+        ("(", False),
+    ],
+)
+def test_a_word_after_a_word_or_a_stop_opens_with_a_space(text, spaced):
+    assert needs_space(text) is spaced
+
+
 def test_only_a_backend_that_bans_in_process_opens_with_evidence():
     config = cfg(retry_opens_evidence=True)
     assert EvidenceOpeners.of(VocabScripted(script_testland), config) is not None
@@ -594,6 +611,7 @@ def test_only_a_backend_that_bans_in_process_opens_with_evidence():
     assert EvidenceOpeners.of(VocabScripted(script_testland), cfg(item_retry_opens_evidence=False)) is None  # both off
     openers = EvidenceOpeners.of(VocabScripted(script_testland), config)
     assert openers.openers(["The capital of Testland is Rightburg."], QUESTION) == {ord(" "), ord("R")}
+    assert openers.openers(["The capital of Testland is Rightburg."], QUESTION, spaced=True) == {ord(" ")}
     assert openers.bans(["Testland."], QUESTION) == frozenset()  # nothing of its own: no ban at all
     assert len(openers.bans(["Rightburg."], QUESTION)) == VOCAB - 2
 
@@ -872,8 +890,8 @@ def paragraph_cfg(**kw):
     return cfg(**({"max_tokens": 160, "sentence_threshold": 3.0} | kw))
 
 
-def run_paragraph(config, arms=None, script=script_paragraph):
-    backend = ScriptedBackend(script)
+def run_paragraph(config, arms=None, script=script_paragraph, turns_join=False):
+    backend = ScriptedBackend(script, turns_join=turns_join)
     events = list(stream(backend, PARAGRAPH_Q, config, arms or {}))
     return backend, events, events[-1]
 
@@ -1343,7 +1361,8 @@ def script_loops_owing_currency(context: str):
 def test_a_paragraph_that_loops_owing_an_asked_item_is_cut_and_asks_the_arms_for_it(grounds):
     arm = ItemArm("memory")
     config = paragraph_cfg(paragraph_loop_guard=0, ground_unsaid_items=grounds)
-    backend, events, done = run_paragraph(config, {"memory": arm}, script_loops_owing_currency)
+    # turns joined: an item round's sentence is written in a turn of its own (config.item_round_fresh_turn)
+    backend, events, done = run_paragraph(config, {"memory": arm}, script_loops_owing_currency, turns_join=True)
     shown = "".join(e.text for e in events if isinstance(e, Token))
     assert done.text == shown and done.text.count("bridges") == 1  # the repeat was cut before it was shown
     if not grounds:  # it went on without evidence: the model never comes back to the currency
@@ -1368,7 +1387,7 @@ def test_an_asked_item_is_asked_for_where_the_paragraph_ends_owing_it():
         return plan(WRONG_PARAGRAPH, doubtful="Wrongville")
 
     arm = ItemArm("memory")
-    _, _, done = run_paragraph(paragraph_cfg(), {"memory": arm}, ends_early)
+    _, _, done = run_paragraph(paragraph_cfg(), {"memory": arm}, ends_early, turns_join=True)
     assert done.text == LOOPED_THEN_CURRENCY and done.finish_reason == "stop"
     assert [r["trigger"]["statistic"] for r in done.rounds][1:] == ["asked item unsaid"]
     assert done.rounds[0]["went_on_for"] == ["currency"] and done.rounds[1]["tokens_dropped"] == 0
@@ -1378,9 +1397,9 @@ def test_an_asked_item_is_asked_for_where_the_paragraph_ends_owing_it():
 
 @pytest.mark.parametrize("injection", ["system_turn", "sentence_turn"])
 def test_an_item_round_in_a_fresh_turn_feeds_no_reply_again(injection):
-    """config.item_round_fresh_turn: the turn closes after the whole reply, the item's evidence turn follows and a
-    fresh assistant turn writes the item's sentence: the same paragraph as system_turn's, the reply not fed again
-    (the evidence leaves as it does from any round, patch.py)."""
+    """config.item_round_fresh_turn: the turn closes before the reply's last sentence, the item's evidence turn
+    follows and a fresh assistant turn holds that sentence, after which the item's is written: the same paragraph as
+    system_turn's, the reply but its last sentence not fed again (the evidence leaves as from any round, patch.py)."""
     runs = {}
     for fresh in (False, True):
         contexts: list[str] = []
@@ -1400,12 +1419,13 @@ def test_an_item_round_in_a_fresh_turn_feeds_no_reply_again(injection):
         assert plain_done.text == LOOPED_THEN_CURRENCY
     assert fresh_done.text == LOOPED_THEN_CURRENCY and fresh_done.rounds[1]["action"] == "rewound"
     before, evidence_turn, item_turn = at_item.rsplit("<|im_start|>", 2)
-    assert before.endswith(f"Its capital is Rightburg.{BRIDGES}<|im_end|>\n") and "Testmark." in evidence_turn
-    assert item_turn == "assistant\n"  # the item's sentence opens a turn of its own
+    assert before.endswith("Its capital is Rightburg. <|im_end|>\n") and "Testmark." in evidence_turn
+    assert item_turn == f"assistant\n{BRIDGES.strip()}"  # the reply's last sentence, and the item's goes on after it
     reply_tokens = len(fresh.tokenize(f"{OPENING} Its capital is Rightburg.{BRIDGES}"))
-    if injection == "system_turn":  # the round fed the evidence turn and the whole reply again; now the turn alone
-        assert fresh_done.rounds[1]["tokens_injected"] <= plain_done.rounds[1]["tokens_injected"] - reply_tokens + 4
-        assert fresh.fed_tokens <= plain.fed_tokens - reply_tokens + 4
+    if injection == "system_turn":  # the round fed the evidence turn and the whole reply again; now its last sentence
+        saved = reply_tokens - len(BRIDGES.strip()) - 4
+        assert fresh_done.rounds[1]["tokens_injected"] <= plain_done.rounds[1]["tokens_injected"] - saved
+        assert fresh.fed_tokens <= plain.fed_tokens - saved
 
 
 NOTE_EVIDENCE = Evidence(
@@ -1421,7 +1441,7 @@ def script_item_says_nothing(context: str):
     """After the capital's rewrite the model would end; given the currency's evidence it writes of a paper note
     (an evidence word, but no name), and tried again freely, of bills of paper; only a start its evidence's unsaid
     words open (" " of " Testmark", not "B") leads it to the Testmark. (Byte tokens: the sentences run together.)"""
-    turn = context.rsplit("<|im_start|>assistant\n", 1)[-1]
+    turn = "".join(t.split("<|im_end|>", 1)[0] for t in context.split("<|im_start|>assistant\n")[1:])
     if "Rightburg" not in turn and "Rightburg." not in context:
         return plan(WRONG_PARAGRAPH, doubtful="Wrongville")
     if "Testmark, a paper note." not in context:
@@ -1445,7 +1465,8 @@ def test_an_item_rounds_sentence_must_state_what_its_evidence_gives(opens_eviden
             return [NOTE_EVIDENCE] if "currency" in query.sentence else [RIGHT_EVIDENCE]
 
     config = paragraph_cfg(item_retry_opens_evidence=opens_evidence)
-    events = list(stream(VocabScripted(script_item_says_nothing), PARAGRAPH_Q, config, {"memory": NoteArm("memory")}))
+    backend = VocabScripted(script_item_says_nothing, turns_join=True)
+    events = list(stream(backend, PARAGRAPH_Q, config, {"memory": NoteArm("memory")}))
     done = events[-1]
     item = done.rounds[1]
     assert item["trigger"]["statistic"] == "asked item unsaid"

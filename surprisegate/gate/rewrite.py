@@ -88,16 +88,23 @@ class EvidenceOpeners:
             return None
         return cls(cast(SteerableBackend, backend).tokenize, n_vocab)
 
-    def openers(self, evidence: list[str], said: str, like: str = "") -> frozenset[int]:
+    def openers(self, evidence: list[str], said: str, like: str = "", spaced: bool = False) -> frozenset[int]:
         """The first tokens of the evidence's unsaid words (of the shape of `like`, the doubted words), with and
-        without the space before them."""
+        without the space before them; `spaced`: with it only (the text before ends in a word or a stop, and an
+        item's sentence opened "Lilongwe" glued onto "(MWK).")."""
         words = unsaid_evidence_words(evidence, said, like) or unsaid_evidence_words(evidence, said)
-        return frozenset(ids[0] for word in words for text in (" " + word, word) if (ids := self.tokenize(text)))
+        forms = [" " + word for word in words] + ([] if spaced else words)
+        return frozenset(ids[0] for text in forms if (ids := self.tokenize(text)))
 
-    def bans(self, evidence: list[str], said: str, like: str = "") -> frozenset[int]:
+    def bans(self, evidence: list[str], said: str, like: str = "", spaced: bool = False) -> frozenset[int]:
         """Every token but the openers (none banned when the evidence has no word left to open with)."""
-        openers = self.openers(evidence, said, like)
+        openers = self.openers(evidence, said, like, spaced)
         return frozenset(range(self.n_vocab)) - openers if openers else frozenset()
+
+
+def needs_space(text: str) -> bool:
+    """Whether a word written after `text` must open with a space: it ends in a letter, digit or stop."""
+    return bool(text) and (text[-1].isalnum() or text[-1] in ".!?,;:")
 
 
 def checked_sentence(reply: Reply, unchecked: Unchecked, final: bool) -> tuple[int, str] | None:
@@ -484,7 +491,8 @@ class RewriteCheck:
             # Only a rewrite that ignored its evidence opens with it (one that used it and failed otherwise is
             # tried freely), with a word of the shape of the doubted one: a number for a number, a name for a name.
             if self.openers is not None and self._retry_opens_evidence(u, problem):
-                opening = self.openers.bans(u.evidence, self._said_before(start), rewound.dropped_text)
+                spaced = needs_space(reply.text(start))
+                opening = self.openers.bans(u.evidence, self._said_before(start), rewound.dropped_text, spaced)
                 if opening and len(banned | opening) < self.openers.n_vocab:  # at least one token left
                     banned |= opening
                     how = "rewritten from the rewind point, opening with a word of its evidence"
