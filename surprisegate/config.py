@@ -242,7 +242,8 @@ class Config:
         metadata={
             "help": "sentence scope, unsaid_items_go_on: where a paragraph goes on for an unsaid item, the arms are "
             "asked about it in the question's words and the evidence goes in after the reply (a round; "
-            "injection = system_turn only), its sentence checked like any rewrite"
+            "injection = system_turn, or sentence_turn with item_round_fresh_turn), its sentence checked like any "
+            "rewrite and required to state a name or number of its evidence"
         },
     )
     # Given an item's evidence after a loop, the small model mostly went on with the loop's subject; an item round has
