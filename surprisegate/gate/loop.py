@@ -472,9 +472,10 @@ def _left_loop_owing(loop: _ReplyLoop) -> Generator[Event, None, bool]:
 def _ground_unsaid(loop: _ReplyLoop, part: str, pushed_past: frozenset[int]) -> Generator[Event, None, bool]:
     """A round for an asked item a paragraph went on for (config.ground_unsaid_items): the arms are asked about
     the question's words for it ("its currency"), and the evidence goes in after the whole reply, nothing
-    rewound; the sentence written with it is checked like any rewrite. The reply as the context holds it is
-    fed to its end: its last token stands in for a trigger's, never fed. A revert goes back to the whole reply and
-    on past `pushed_past`, as without the round. True: the evidence went in."""
+    rewound; the sentence written with it is checked like any rewrite. In a fresh turn (_item_turn) the reply stays
+    where the context holds it; under system_turn it is fed again to its end, its last token standing in for a
+    trigger's, never fed. A revert goes back to the whole reply and on past `pushed_past`, as without the round.
+    True: the evidence went in."""
     n, context, fresh = len(loop.reply.tokens), loop.decoding.context, loop.config.item_round_fresh_turn
     turns = ("system_turn", "sentence_turn") if fresh else ("system_turn",)
     if not n or loop.config.injection not in turns or loop.calls.opened(loop.reply):
