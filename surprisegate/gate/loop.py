@@ -429,11 +429,16 @@ def _item_turn(loop: _ReplyLoop) -> tuple[str, int, list[int]]:
     after it as in its own turn. An empty fresh turn was opened without a space ("… Dzongkha.The capital …" in 34
     of 187 paragraphs)."""
     reply, context = loop.reply, loop.decoding.context
-    text = reply.text()
-    last = reply.token_at(sentence_start(text, len(text.rstrip()) - 1))
+    last = _last_sentence_at(reply)
     kept_reply = loop.own_words.of(reply.tokens, len(reply.tokens))
     words = len(kept_reply) - len(loop.own_words.of(reply.tokens, last))
     return "sentence_turn", len(context.tokens) - words, kept_reply[len(kept_reply) - words :]
+
+
+def _last_sentence_at(reply: Reply) -> int:
+    """Reply index of the token that opens the reply's last sentence."""
+    text = reply.text()
+    return reply.token_at(sentence_start(text, len(text.rstrip()) - 1))
 
 
 NEAR_END_TOKENS = 48  # longer than almost any sentence: the one open when the budget ends started after this
@@ -480,7 +485,7 @@ def _ground_unsaid(loop: _ReplyLoop, part: str, pushed_past: frozenset[int]) -> 
     turns = ("system_turn", "sentence_turn") if fresh else ("system_turn",)
     if not n or loop.config.injection not in turns or loop.calls.opened(loop.reply):
         return False  # the other injections keep the reply's context in place: a span to drop is needed
-    before = Unchecked(Snapshot.take(loop.reply, n, context), n, len(loop.rounds), pushed_past=pushed_past, item=part)
+    before = Unchecked(Snapshot.take(loop.reply, n, context), n, len(loop.rounds), pushed_past=pushed_past)
     # system_turn: as the context holds it (the model's own words where patched in place), the reply is fed again;
     # a fresh turn keeps it where it is.
     last = None if fresh else context.tokens.pop()
@@ -494,8 +499,7 @@ def _ground_unsaid(loop: _ReplyLoop, part: str, pushed_past: frozenset[int]) -> 
         return False
     # After the paragraph's last sentence the model would end it ("\n") or open a sentence as it opened the last
     # one (how its loops begin): its first token may be neither.
-    text = loop.reply.text()
-    last_opener = loop.reply.tokens[loop.reply.token_at(sentence_start(text, len(text.rstrip()) - 1))]
+    last_opener = loop.reply.tokens[_last_sentence_at(loop.reply)]
     breaks = frozenset(t for line in ("\n", "\n\n") for t in loop.backend.tokenize(line)[-1:])
     loop.decoding.continue_from(list(context.tokens), banned=loop.eos | breaks | {last_opener})
     loop.rewrites.opened(before, n, record.evidence or "", context, False, claim)

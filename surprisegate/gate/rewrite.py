@@ -63,7 +63,11 @@ class Unchecked:
     # A round for an unsaid item: `before` is the whole reply, and a revert goes on past where it was pushed on
     # (its end of turn, or a repeat's first token, banned), as it would have without the round.
     pushed_past: frozenset[int] = frozenset()
-    item: str = ""  # a round for an unsaid item: the question's words for it ("its currency")
+
+    @property
+    def item(self) -> str:
+        """A round for an unsaid item: the question's words for it ("its currency"), what its arms were asked."""
+        return self.claim.sentence if self.claim is not None and self.claim.asked_item else ""
 
     def replaces(self, own_sentence: list[int], reply_went_on: bool, written: Reply | None = None) -> None:
         """Sentence scope: the model's own tokens this rewrite replaces, whether its reply went on after them, and

@@ -295,10 +295,7 @@ def claims_from_evidence(sentence: str, start: int, evidence: Iterable[str], que
     """Whether the sentence, from character `start` on, states a claim word (a name or number the question did not
     give) that its evidence holds: "… is Andorra la Vella" from "Vella" does, "… is the capital of Spain" does not."""
     said = fold(" ".join(evidence))
-    return any(
-        s >= start and re.search(rf"(?<![^\W_]){re.escape(fold(sentence[s:e]))}(?![^\W_])", said)
-        for s, e in claim_words(sentence, question)
-    )
+    return any(s >= start and _holds_word(said, fold(sentence[s:e])) for s, e in claim_words(sentence, question))
 
 
 def states_evidence_claim(sentence: str, evidence: Iterable[str], question: str) -> bool:
@@ -308,7 +305,12 @@ def states_evidence_claim(sentence: str, evidence: Iterable[str], question: str)
     for "Canada is a country or territory in North America.". True when the evidence names nothing to state."""
     said = fold(sentence)
     claims = [fold(text[s:e]) for text in evidence for s, e in claim_words(text, question)]
-    return not claims or any(re.search(rf"(?<![^\W_]){re.escape(c)}(?![^\W_])", said) for c in claims)
+    return not claims or any(_holds_word(said, claim) for claim in claims)
+
+
+def _holds_word(text: str, word: str) -> bool:
+    """Whether `text` holds `word` as whole words (both folded)."""
+    return re.search(rf"(?<![^\W_]){re.escape(word)}(?![^\W_])", text) is not None
 
 
 def cut_short(rewrite: str, evidence: Iterable[str]) -> bool:
