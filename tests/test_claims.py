@@ -14,6 +14,8 @@ from surprisegate.gate.claims import (
     asked_words,
     claim_token_flags,
     claim_words,
+    distinct_parts,
+    kind_stems,
     sentence_arm_query,
     sentence_doubt,
     subject_of,
@@ -125,6 +127,50 @@ def test_asked_parts_keep_the_questions_own_words_for_each_item():
     parts = asked_parts(question)
     assert list(parts) == asked_items(question)  # the same items, in the same order
     assert list(parts.values()) == ["its capital", "roughly how many people live there", "the year it became a state"]
+
+
+@pytest.mark.parametrize(
+    "question, items",
+    [
+        (  # "state" names the subject and the year's item alike: it says neither (every sentence holds it)
+            "Write a few sentences about the US state of Ohio: its capital, its two-letter postal abbreviation and "
+            "the year it became a state.",
+            [{"capital"}, {"two", "letter", "postal", "abbreviation"}, {"year", "became"}],
+        ),
+        ("What are the capital city and the largest city of Ohio?", [{"capital"}, {"largest"}]),
+        (  # nothing shared: as asked
+            "Write a short paragraph about Chad: its capital, its currency, its official languages and the countries "
+            "it borders.",
+            [{"capital"}, {"currency"}, {"official", "language"}, {"country", "border"}],
+        ),
+        ("What is the capital of Chad?", [{"capital"}]),
+    ],
+)
+def test_distinct_parts_leave_out_the_words_parts_share(question, items):
+    assert [set(i) for i in distinct_parts(asked_parts(question))] == items
+
+
+@pytest.mark.parametrize(
+    "text, kinds",
+    [
+        ("It is a landlocked country with a population of 754,394.", {"landlock", "country", "with", "a"}),
+        ("Bhutan is a small Himalayan nation. Its capital is Thimphu.", {"small", "himalayan", "nation"}),
+        ("Thimphu is the capital of Bhutan.", set()),  # "the": what it is, not what kind
+        ("Its neighbour is a big country.", set()),  # another subject's kind
+        ("", set()),
+    ],
+)
+def test_kind_stems_are_what_the_text_calls_its_subject(text, kinds):
+    assert kind_stems(text, "Write a short paragraph about Bhutan: its capital and the countries it borders.") == kinds
+
+
+@given(st.text(max_size=120))
+def test_distinct_parts_are_disjoint_pieces_of_asked_parts(question):
+    parts = asked_parts(question)
+    distinct = distinct_parts(parts)
+    assert set(distinct.values()) <= set(parts.values())
+    assert all(item and any(item <= whole for whole in parts) for item in distinct)
+    assert all(not a & b for a in distinct for b in distinct if a is not b)
 
 
 @given(st.text(max_size=120))

@@ -616,6 +616,30 @@ def test_only_a_backend_that_bans_in_process_opens_with_evidence():
     assert len(openers.bans(["Rightburg."], QUESTION)) == VOCAB - 2
 
 
+class JoinedSpaces:
+    """A vocabulary that joins a space to the word after it (" Rightburg" one token) but writes digits apart, a
+    bare space before them (" 1889" -> " ", "1889"), as SmolLM2's does."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {" ": 0}
+
+    def tokenize(self, text: str) -> list[int]:
+        pieces = [" ", text[1:]] if text[1:2].isdigit() else [text]
+        return [self.ids.setdefault(piece, len(self.ids)) for piece in pieces]
+
+    def token_bytes(self, token: int) -> bytes:
+        return next(piece for piece, i in self.ids.items() if i == token).encode()
+
+
+def test_a_bare_space_opens_no_word_where_the_vocabulary_joins_spaces_to_words():
+    vocab = JoinedSpaces()
+    openers = EvidenceOpeners(vocab.tokenize, 100, vocab.token_bytes)
+    found = openers.openers(["Pierre, 1889."], "Write about it.", spaced=True)
+    assert found == {vocab.ids[" Pierre"]} and vocab.ids[" "] not in found  # " " + "1889" would open anything
+    assert openers.openers(["In 1889."], "Write about it.", spaced=True) == frozenset()
+    assert openers.bans(["In 1889."], "Write about it.", spaced=True) == frozenset()  # no ban
+
+
 BOOKS_QUESTION = (
     "Roger had 25 books. If he sold 21 of them and used the money he earned to buy 30 new books, "
     "how many books would Roger have?"
@@ -1479,6 +1503,63 @@ def test_an_item_rounds_sentence_must_state_what_its_evidence_gives(opens_eviden
         assert item["action"] == "reverted" and "paper" not in done.text and "Testmark" not in done.text
         assert done.text.startswith(ENDED_EARLY)
     assert "".join(e.text for e in events if isinstance(e, Token)) == done.text
+
+
+def script_item_doubted(context: str):
+    """As script_item_says_nothing, but the item round's sentence names a currency of its own, doubtfully: the
+    trigger that judges it would take over the item round (and its check) if it came first."""
+    turn = "".join(t.split("<|im_end|>", 1)[0] for t in context.split("<|im_start|>assistant\n")[1:])
+    if "Testmark, a paper note." in context and not turn.startswith((ENDED_EARLY + " ", ENDED_EARLY + "B")):
+        return plan(ENDED_EARLY + "Its currency is the Papermark. It is old.", doubtful="Papermark")
+    return script_item_says_nothing(context)
+
+
+def test_an_item_rounds_sentence_is_checked_before_a_trigger_judges_it():
+    class NoteArm(ItemArm):
+        def ground(self, query, deadline):
+            self.calls.append(query)
+            return [NOTE_EVIDENCE] if "currency" in query.sentence else [RIGHT_EVIDENCE]
+
+    arm = NoteArm("memory")
+    backend = VocabScripted(script_item_doubted, turns_join=True)
+    done = list(stream(backend, PARAGRAPH_Q, paragraph_cfg(), {"memory": arm}))[-1]
+    item = done.rounds[1]
+    assert item["trigger"]["statistic"] == "asked item unsaid" and len(done.rounds) == 2  # no round took it over
+    assert item["retries"][0]["rewrite"].endswith("currency is the Papermark. ")  # checked as its own sentence
+    assert item["action"] == "rewound" and done.text == ENDED_EARLY + " Testmark is its currency."
+    assert len(arm.calls) == 2
+
+
+@pytest.mark.parametrize(
+    "question, reply, asking",
+    [
+        (  # "state" is in every sentence about a state: it does not say the year it became one
+            "Write a few sentences about the US state of Ohio: its capital and the year it became a state.",
+            "Ohio is a state in the U.S. Its capital is Columbus.",
+            "the year it became a state",
+        ),
+        (
+            "Write a few sentences about the US state of Ohio: its capital and the year it became a state.",
+            "Ohio became a state in 1803. Its capital is Columbus.",
+            None,
+        ),
+        (  # what the reply calls its subject ("a landlocked country") does not say the countries it borders
+            "Write a short paragraph about Bhutan: its capital and the countries it borders.",
+            "It is a landlocked country. Its capital is Thimphu.",
+            "the countries it borders",
+        ),
+        (
+            "Write a short paragraph about Bhutan: its capital and the countries it borders.",
+            "It is a landlocked country. Its capital is Thimphu. It borders India.",
+            None,
+        ),
+    ],
+)
+def test_unsaid_items_are_not_said_by_a_shared_word_or_the_subjects_kind(question, reply, asking):
+    rewound = SimpleNamespace(action="rewound", went_on_for=[])
+    unsaid = UnsaidItems(question, times=1)
+    assert unsaid.owes(reply_of(reply), [rewound]) is (asking is not None)
+    assert unsaid.asking == asking
 
 
 def test_unsaid_items_see_a_loop_at_the_token_that_finishes_the_repeated_sentence():

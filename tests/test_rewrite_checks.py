@@ -506,3 +506,29 @@ ARMENIA = "The currency of Armenia is the Armenian Dram (AMD)."
 )
 def test_an_item_sentence_states_a_claim_word_of_its_evidence(sentence, evidence, question, states):
     assert states_evidence_claim(sentence, [evidence], question) is states
+
+
+SD_ABBREVIATION = "South Dakota is a U.S. state with postal abbreviation SD."
+
+
+@pytest.mark.parametrize(
+    "sentence, said_before, states",
+    [
+        ("It is the 11th most populous state in the U.S.", "South Dakota is in the U.S.", False),  # nothing new
+        ("It is the 11th most populous state in the U.S.", "", True),  # U.S. was news here
+        ("Its abbreviation is SD.", "South Dakota is in the U.S.", True),
+        ("SD is a U.S. state.", "Its abbreviation is SD, in the U.S.", True),  # all said already: any counts
+        ("It is a state.", "Its abbreviation is SD, in the U.S.", False),
+    ],
+)
+def test_an_item_sentence_states_what_the_reply_before_it_had_not(sentence, said_before, states):
+    question = "Write about the US state of South Dakota: its postal abbreviation."
+    assert states_evidence_claim(sentence, [SD_ABBREVIATION], question, said_before) is states
+
+
+def test_a_number_the_question_gave_is_no_claim_a_rewrite_drops():
+    question = "Write about the US state of South Dakota: its two-letter postal abbreviation."
+    original = "its two-letter postal abbreviation"  # an item round's words for its item
+    assert dropped_claim(original, "Its postal abbreviation is SD.", [SD_ABBREVIATION], question) is None
+    found = dropped_claim("It has 2 airports in Pierre.", "It has airports in Pierre.", ["Nothing numbered."], "SD?")
+    assert found is not None and "number 2" in found  # one the question did not give still counts

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from ..arms import Query, Scribe
-from ..text import NOT_NAMES, QUERY_STOPWORDS, WORD, fold, stems
+from ..text import NOT_NAMES, QUERY_STOPWORDS, WORD, fold, split_sentences, stems
 from .signals import question_words
 
 # A word: letters (any script), digits, and the joiners inside names and numbers ("N'Djamena", "1,234").
@@ -92,6 +92,27 @@ def asked_parts(question: str) -> dict[frozenset[str], str]:
         if item and item not in parts:
             parts[item] = part.strip(" .!\n")
     return parts
+
+
+def distinct_parts(parts: dict[frozenset[str], str]) -> dict[frozenset[str], str]:
+    """asked_parts, each item by the stems no other part shares: a word two parts share names neither ("the US
+    state of Ohio: … the year it became a state" -> the year's item is {year, became}; "state", in every sentence
+    about a state, would have said it), and a part left with none is dropped (it described the subject)."""
+    out = {}
+    for item, words in parts.items():
+        shared = set().union(*(other for other in parts if other is not item))
+        if item - shared:
+            out[frozenset(item - shared)] = words
+    return out
+
+
+def kind_stems(text: str, question: str) -> set[str]:
+    """Stems of what the text calls its subject, in its "It is a …" and "<subject> is a …" sentences ("It is a
+    landlocked country with …" -> landlocked, country, with): words of the subject's kind, which state no item
+    ("the countries it borders" is not said by "country")."""
+    heads = ["It"] + ([re.escape(subject)] if (subject := subject_of(question)) else [])
+    called = re.compile(rf"(?:{'|'.join(heads)}) (?:is|was) an? ((?:[\w-]+ ){{0,3}}[\w-]+)")
+    return set().union(*(stems(m.group(1)) for s in split_sentences(text) if (m := called.match(s))))
 
 
 def speaks_of_asked(sentence: str, question: str) -> bool:

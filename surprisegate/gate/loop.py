@@ -226,6 +226,8 @@ class _ReplyLoop:
             reply.add(step, value)
             if (yield from self._went_into_repetition()):
                 continue  # the paragraph went on from a rewrite into a loop: written again from the model's own words
+            if crossed and self._may_trigger() and (yield from self.rewrites.item_first()):
+                continue  # an item round's sentence was checked before the trigger: it stood, or went back
             if crossed and self._may_trigger() and (yield from self._on_trigger()):
                 continue  # rewound: the next step continues after the injected evidence
             if self.rewrites.pending is not None and (
@@ -256,6 +258,8 @@ class _ReplyLoop:
     def _judged_at_end_of_turn(self) -> Generator[Event, None, bool]:
         """The turn ended with the first sentence still waiting for the probe: judge it; True when rewound.
         The last reply token counts as the triggering one (as if not yet fed), like any trigger's."""
+        if self.rewrites.item_pending:  # an item round's check comes first (rewrites.end_of_turn)
+            return False
         if not (self.scored and self._may_trigger() and self.reply.tokens and self.policy.end_of_turn()):
             return False
         context = self.decoding.context

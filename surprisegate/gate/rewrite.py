@@ -21,7 +21,7 @@ from ..backends import Backend, LocalBackend, SteerableBackend
 from ..backends.capabilities import VocabSize
 from ..config import Config
 from ..text import repeats, sentence_end, sentence_start, split_sentences, stems
-from .claims import asked_parts
+from .claims import asked_parts, distinct_parts, kind_stems
 from .events import Event, Rewind
 from .receipts import ConvergenceRecord
 from .reply import PARAGRAPH_END, Context, Decoding, Emitter, Reply, Snapshot
@@ -81,8 +81,18 @@ class EvidenceOpeners:
     ignored "… is Palikir." twice; the retry may only open "Federated", "States" or "Palikir". In process only,
     where banning most of the vocabulary for one step is one masked copy of the logits."""
 
-    def __init__(self, tokenize: Callable[[str], list[int]], n_vocab: int) -> None:
-        self.tokenize, self.n_vocab = tokenize, n_vocab
+    def __init__(
+        self, tokenize: Callable[[str], list[int]], n_vocab: int, token_bytes: Callable[[int], bytes] | None = None
+    ) -> None:
+        self.tokenize, self.n_vocab, self.token_bytes = tokenize, n_vocab, token_bytes
+        # A vocabulary that joins a space to the word after it ("▁the") writes a bare space only before what it
+        # splits (SmolLM2: " 1889" is " " + digits): there a bare space opens no word, and a retry let open so wrote
+        # " \n". One that writes every space apart (bytes) opens every word so.
+        self.spaces_apart = not self._holds_text(tokenize(" the")[0])
+
+    def _holds_text(self, token: int) -> bool:
+        """Whether the token holds more than whitespace (unknown without the backend's token_bytes: it does)."""
+        return self.token_bytes is None or bool(self.token_bytes(token).strip())
 
     @classmethod
     def of(cls, backend: Backend, config: Config) -> EvidenceOpeners | None:
@@ -90,7 +100,8 @@ class EvidenceOpeners:
         local = isinstance(backend, LocalBackend) and isinstance(backend, SteerableBackend)
         if not ((config.retry_opens_evidence or config.item_retry_opens_evidence) and local and n_vocab):
             return None
-        return cls(cast(SteerableBackend, backend).tokenize, n_vocab)
+        steerable = cast(SteerableBackend, backend)
+        return cls(steerable.tokenize, n_vocab, steerable.token_bytes)
 
     def openers(self, evidence: list[str], said: str, like: str = "", spaced: bool = False) -> frozenset[int]:
         """The first tokens of the evidence's unsaid words (of the shape of `like`, the doubted words), with and
@@ -98,7 +109,8 @@ class EvidenceOpeners:
         item's sentence opened "Lilongwe" glued onto "(MWK).")."""
         words = unsaid_evidence_words(evidence, said, like) or unsaid_evidence_words(evidence, said)
         forms = [" " + word for word in words] + ([] if spaced else words)
-        return frozenset(ids[0] for text in forms if (ids := self.tokenize(text)))
+        firsts = (ids[0] for text in forms if (ids := self.tokenize(text)))
+        return frozenset(token for token in firsts if self.spaces_apart or self._holds_text(token))
 
     def bans(self, evidence: list[str], said: str, like: str = "", spaced: bool = False) -> frozenset[int]:
         """Every token but the openers (none banned when the evidence has no word left to open with)."""
@@ -134,17 +146,21 @@ def rewrite_verdict(
     claim = unchecked.claim
     if claim is None:
         return True, rewrite_problem(checked[1], unchecked.evidence, question)
-    problem = rewrite_problem(checked[1], unchecked.evidence, claim.question) or item_unstated(checked[1], unchecked)
+    problem = rewrite_problem(checked[1], unchecked.evidence, claim.question)
+    problem = problem or item_unstated(checked[1], unchecked, reply.text()[: checked[0]])
     # The words before the rewind, in both sentences; with keeps_asked, the asked-for items past them are checked.
     kept = len(reply.text(unchecked.check_from)) - checked[0] if keeps_asked else None
     return True, problem or dropped_claim(claim.sentence, checked[1], unchecked.evidence, question, kept)
 
 
-def item_unstated(sentence: str, unchecked: Unchecked) -> str | None:
+def item_unstated(sentence: str, unchecked: Unchecked, said_before: str = "") -> str | None:
     """Why an item round's sentence must be dropped: it states no name or number its evidence gives ("The country's
-    international appeal …" stood on Canada's continent evidence through the word "country"); None otherwise."""
+    international appeal …" stood on Canada's continent evidence through the word "country"), none that the reply
+    before it (`said_before`) had not already said where the evidence names more; None otherwise."""
     claim = unchecked.claim
-    if not unchecked.item or claim is None or states_evidence_claim(sentence, unchecked.evidence, claim.question):
+    if not unchecked.item or claim is None:
+        return None
+    if states_evidence_claim(sentence, unchecked.evidence, claim.question, said_before):
         return None
     return f"states nothing its evidence gives of {unchecked.item!r}"
 
@@ -197,7 +213,8 @@ class UnsaidItems:
     its first sentence that repeats an earlier one (the model with nothing left to say loops)."""
 
     def __init__(self, question: str, times: int) -> None:
-        self.parts, self.left = (asked_parts(question) if times else {}), times  # asked items -> their words
+        self.parts, self.left = (distinct_parts(asked_parts(question)) if times else {}), times  # item -> its words
+        self.question = question
         self.asking: str | None = None  # the question's words for the item it just went on for
         self.from_token: int | None = None  # reply index where it first went on: held back from here
         self.open_from: int | None = None  # while it may go on from a loop: the open sentence, held back
@@ -219,8 +236,10 @@ class UnsaidItems:
         """The asked items the reply has not said, where it may still go on for them (a rewrite stands)."""
         if self.left <= 0 or not self.parts or not any(r.action == "rewound" for r in rounds):
             return []
-        said = stems(reply.text())
-        return [item for item in self.parts if not item & said]
+        text = reply.text()
+        said, kinds = stems(text), kind_stems(text, self.question)
+        # An item of several words is not said by a word of the subject's kind alone ("It is a landlocked country").
+        return [item for item in self.parts if not ((item - kinds if len(item) > 1 else item) or item) & said]
 
     def looped(self, reply: Reply, rounds: list[ConvergenceRecord], shown: int) -> int | None:
         """After a token: where the sentence it just finished starts (a reply index), when that sentence repeats
@@ -354,6 +373,17 @@ class RewriteCheck:
                 self.evidence_leaves(False, stood)
                 return True
         return False
+
+    @property
+    def item_pending(self) -> bool:
+        """An item round's sentence awaits its check: no trigger judges it first. A round on it would take over the
+        pending rewrite, and the item's own check with it ("The two-letter postal abbreviation is KY." again stood
+        for Kentucky's capital, then was rewritten as an ordinary doubted sentence)."""
+        return self.pending is not None and bool(self.pending.item)
+
+    def item_first(self) -> Generator[Event, None, bool]:
+        """At a trigger, an item round's sentence is checked first, as written so far (`check`)."""
+        return (yield from self.check(final=True)) if self.item_pending else False
 
     def end_of_turn(self) -> Generator[Event, None, bool]:
         """The model ended its turn: True when the reply is finished; False when it goes on (a failed rewrite went

@@ -255,7 +255,8 @@ def dropped_claim(
     pound, and its official languages are Arabic." from "pound" may not drop the languages)."""
     if claim_words(original, question) and not claim_words(rewrite, question):
         return "states no name or number any more (the sentence it replaces stated a claim)"
-    said, sourced = parse_numbers(rewrite), [n for e in evidence for n in parse_numbers(e)]
+    said, sourced = parse_numbers(rewrite) + parse_numbers(question), [n for e in evidence for n in parse_numbers(e)]
+    # A number the question gave is no claim of the sentence (an item round's "its two-letter postal abbreviation").
     dropped = [n for n in parse_numbers(original) if not any(_same_number(n, m) for m in said)]
     if dropped and not sourced:  # a number the evidence says nothing about: the rewrite should have kept it
         return f"drops the number {dropped[0]} the sentence it replaces stated, which its evidence does not give"
@@ -298,13 +299,16 @@ def claims_from_evidence(sentence: str, start: int, evidence: Iterable[str], que
     return any(s >= start and _holds_word(said, fold(sentence[s:e])) for s, e in claim_words(sentence, question))
 
 
-def states_evidence_claim(sentence: str, evidence: Iterable[str], question: str) -> bool:
+def states_evidence_claim(sentence: str, evidence: Iterable[str], question: str, said_before: str = "") -> bool:
     """Whether the sentence states one of its evidence's claim words (a name or number the question did not give),
     wherever it writes it: "Yerevan is its capital." does for "The capital of Armenia is Yerevan.", though a
     sentence's first word is no claim of its own (claim_words); "The country's international appeal …" does not
-    for "Canada is a country or territory in North America.". True when the evidence names nothing to state."""
-    said = fold(sentence)
+    for "Canada is a country or territory in North America.". True when the evidence names nothing to state.
+    `said_before`: the reply before the sentence; its claim words count only where the evidence names nothing
+    else ("… in the U.S." states nothing new of "South Dakota is a U.S. state with postal abbreviation SD.")."""
+    said, before = fold(sentence), fold(said_before)
     claims = [fold(text[s:e]) for text in evidence for s, e in claim_words(text, question)]
+    claims = [claim for claim in claims if not _holds_word(before, claim)] or claims
     return not claims or any(_holds_word(said, claim) for claim in claims)
 
 
