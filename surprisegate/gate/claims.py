@@ -100,9 +100,9 @@ def distinct_parts(parts: dict[frozenset[str], str]) -> dict[frozenset[str], str
     about a state, would have said it), and a part left with none is dropped (it described the subject)."""
     out = {}
     for item, words in parts.items():
-        shared = set().union(*(other for other in parts if other is not item))
-        if item - shared:
-            out[frozenset(item - shared)] = words
+        own = item - set().union(*(other for other in parts if other is not item))
+        if own:
+            out[own] = words
     return out
 
 

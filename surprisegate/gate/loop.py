@@ -226,8 +226,6 @@ class _ReplyLoop:
             reply.add(step, value)
             if (yield from self._went_into_repetition()):
                 continue  # the paragraph went on from a rewrite into a loop: written again from the model's own words
-            if crossed and self._may_trigger() and (yield from self.rewrites.item_first()):
-                continue  # an item round's sentence was checked before the trigger: it stood, or went back
             if crossed and self._may_trigger() and (yield from self._on_trigger()):
                 continue  # rewound: the next step continues after the injected evidence
             if self.rewrites.pending is not None and (
@@ -333,6 +331,8 @@ class _ReplyLoop:
     # --- a trigger and its round ------------------------------------------------------------------
     def _on_trigger(self) -> Generator[Event, None, bool]:
         """Record (detect) or act on (intervene) a crossing; True when the reply was rewound."""
+        if (yield from self.rewrites.item_first()):
+            return True  # an item round's sentence was checked before any trigger: it stood, or went back
         trigger = _trigger_of(self)
         if not self.intervening:
             self.would_trigger.append(rounded_trigger(trigger))

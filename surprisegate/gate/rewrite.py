@@ -205,6 +205,12 @@ def _first_clause_end(reply: Reply, start: int) -> int | None:
     return index if index is not None and index > start else None
 
 
+def _saying_words(item: frozenset[str], kinds: set[str]) -> frozenset[str]:
+    """The words of an asked item that say it in a reply: of several, those not of the subject's kind (kind_stems;
+    "It is a landlocked country" does not say "the countries it borders"), all of them where none is left."""
+    return (item - kinds if len(item) > 1 else item) or item
+
+
 class UnsaidItems:
     """config.unsaid_items_go_on: a paragraph whose course a rewrite changed may end before the items the model
     was going to write ("… the most populous country in the Americas." and the turn ends, where off went on to
@@ -238,8 +244,7 @@ class UnsaidItems:
             return []
         text = reply.text()
         said, kinds = stems(text), kind_stems(text, self.question)
-        # An item of several words is not said by a word of the subject's kind alone ("It is a landlocked country").
-        return [item for item in self.parts if not ((item - kinds if len(item) > 1 else item) or item) & said]
+        return [item for item in self.parts if not _saying_words(item, kinds) & said]
 
     def looped(self, reply: Reply, rounds: list[ConvergenceRecord], shown: int) -> int | None:
         """After a token: where the sentence it just finished starts (a reply index), when that sentence repeats
@@ -382,7 +387,8 @@ class RewriteCheck:
         return self.pending is not None and bool(self.pending.item)
 
     def item_first(self) -> Generator[Event, None, bool]:
-        """At a trigger, an item round's sentence is checked first, as written so far (`check`)."""
+        """At a trigger, an item round's sentence is checked first, as written so far (`check`, final: it stands or
+        goes back, so True whenever one was pending)."""
         return (yield from self.check(final=True)) if self.item_pending else False
 
     def end_of_turn(self) -> Generator[Event, None, bool]:
